@@ -1,0 +1,45 @@
+"""The `helmgr` command. Every command documents its options in `--help`.
+
+Exit codes (SPEC 10): 0 ok; 2 bad input, with one line on stderr naming the bad value; 1 an
+internal error (with its traceback, since it is a bug).
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from helmgr.cli.profile_cmd import profile
+from helmgr.cli.workload_cmd import workload
+from helmgr.errors import HelmInputError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="helmgr")
+def cli() -> None:
+    """HELM: adaptive EMB/KV memory split and cache-aware routing for generative recommenders."""
+
+
+cli.add_command(workload)
+cli.add_command(profile)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cli.main(args=argv, prog_name="helmgr", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        print("helmgr: aborted", file=sys.stderr)
+        return 130
+    except click.UsageError as exc:
+        print(f"helmgr: error: {exc.format_message()}", file=sys.stderr)
+        return 2
+    except HelmInputError as exc:
+        print(f"helmgr: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The embedding hot cache (SPEC 2.2): which item rows sit in HBM.
+
+Residency is a boolean mask indexed by item id, so checking a request's hundreds of ids is one
+numpy gather. Rows enter and leave at *refresh* (every refresh interval, from scores accumulated
+since the last one) and at *resize*. Between the two, the cache has a *wanted* set (the top
+`capacity` rows by score) and a *resident* subset of it: wanted rows that are not resident yet
+are "unfilled" and are filled by the node's refill mode, or by a miss that fetched them anyway.
+
+Scores come from an eviction policy: decayed access frequency (LFU with aging, as HugeCTR's HPS
+and FBGEMM's LFU cache) or last-access epoch (LRU). Uniform decay keeps the order of untouched
+rows: between refreshes, a sorted *frontier* of rows around the capacity edge
+is enough to resize without ranking everything again.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from helmgr.memory.pool import SizeInfo
+
+
+class EvictionPolicy:
+    """Turns one refresh interval's access counts into per-row scores (higher = keep)."""
+
+    name = ""
+
+    def update(self, scores: np.ndarray, counts: np.ndarray, epoch: int) -> None:
+        raise NotImplementedError
+
+
+class LFU(EvictionPolicy):
+    """Decayed frequency: score <- score * decay + count."""
+
+    name = "lfu"
+
+    def __init__(self, decay: float = 0.99):
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"LFU decay must be in [0, 1), got {decay}")
+        self.decay = decay
+
+    def update(self, scores, counts, epoch):
+        scores *= self.decay
+        scores += counts
+
+
+class LRU(EvictionPolicy):
+    """Recency at refresh granularity: rows touched in epoch e score e + (their share of the
+    epoch's top count), so the most recent epoch wins and ties inside it go to the busier row."""
+
+    name = "lru"
+
+    def update(self, scores, counts, epoch):
+        touched = counts > 0
+        scores[touched] = epoch + counts[touched] / (counts.max() + 1.0)
+
+
+POLICIES = {"lfu": LFU, "lru": LRU}
+
+
+class EmbCache:
+    def __init__(self, n_items: int, row_bytes: int, policy: str = "lfu", band_rows: int = 65536,
+                 decay: float = 0.99):
+        if n_items <= 0 or row_bytes <= 0:
+            raise ValueError(f"EMB cache needs n_items > 0 and row_bytes > 0, got {n_items}, {row_bytes}")
+        if policy not in POLICIES:
+            raise ValueError(f"unknown EMB policy {policy!r} (known: {', '.join(POLICIES)})")
+        self.n_items = n_items
+        self.row_bytes = row_bytes
+        self.policy = LFU(decay) if policy == "lfu" else LRU()
+        self.band_rows = max(1, band_rows)
+        self.capacity_rows = 0
+        self.scores = np.zeros(n_items, np.float32)
+        self.resident = np.zeros(n_items, bool)
+        self.wanted = np.zeros(n_items, bool)
+        self.n_resident = 0
+        self.n_wanted = 0
+        self.epoch = 0
+        self._pending: list[np.ndarray] = []
+        self._frontier: np.ndarray | None = None  # rows around the capacity edge, sorted
+        self._frontier_lo = 0                      # rank of _frontier[0]
+        self._fill_queue = np.zeros(0, np.int64)  # unfilled wanted rows (hottest first once sorted)
+        self._fill_pos = 0
+        self._fill_sorted = True
+        self.lookups = 0
+        self.hits = 0
+        self.unfilled_misses = 0
+        self.filled_rows = 0
+
+    # -- the hot path ---------------------------------------------------------------------
+    def lookup(self, ids: np.ndarray) -> tuple[int, int]:
+        """Count resident rows among `ids` and record the accesses for the next refresh.
+
+        Returns (hits, misses on unfilled rows). A miss on a wanted-but-unfilled row brings the
+        row over PCIe anyway, so it is admitted (this is the `lazy` refill)."""
+        if len(ids) == 0:
+            return 0, 0
+        self._pending.append(ids)
+        hits = int(np.count_nonzero(self.resident[ids]))
+        unfilled = 0
+        if self.n_wanted > self.n_resident and hits < len(ids):
+            missed = ids[~self.resident[ids]]
+            admit = missed[self.wanted[missed]]
+            if len(admit) > 1:                       # distinct rows, without np.unique's overhead
+                admit = np.sort(admit)
+                first = np.ones(len(admit), bool)
+                np.not_equal(admit[1:], admit[:-1], out=first[1:])
+                admit = admit[first]
+            unfilled = len(admit)
+            if unfilled:
+                self.resident[admit] = True
+                self.n_resident += unfilled
+                self.unfilled_misses += unfilled
+        self.lookups += len(ids)
+        self.hits += hits
+        return hits, unfilled
+
+    # -- filling --------------------------------------------------------------------------
+    @property
+    def unfilled_rows(self) -> int:
+        return self.n_wanted - self.n_resident
+
+    def next_unfilled(self, max_rows: int) -> np.ndarray:
+        """Up to `max_rows` unfilled wanted rows, hottest first (not yet marked resident). Taking
+        them all needs no order; taking a few sorts the queue once."""
+        out = []
+        taken = 0
+        if not self._fill_sorted and max_rows < self.unfilled_rows:
+            q = self._fill_queue[self._fill_pos:]
+            self._fill_queue = q[np.argsort(-self.scores[q], kind="stable")]
+            self._fill_pos, self._fill_sorted = 0, True
+        q = self._fill_queue
+        while taken < max_rows and self._fill_pos < len(q):
+            chunk = q[self._fill_pos:self._fill_pos + (max_rows - taken)]
+            self._fill_pos += len(chunk)
+            chunk = chunk[self.wanted[chunk] & ~self.resident[chunk]]
+            out.append(chunk)
+            taken += len(chunk)
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def fill(self, rows: np.ndarray) -> int:
+        """Make `rows` resident where they are still wanted; return how many were filled."""
+        rows = np.unique(rows)
+        rows = rows[self.wanted[rows] & ~self.resident[rows]]
+        self.resident[rows] = True
+        self.n_resident += len(rows)
+        self.filled_rows += len(rows)
+        return len(rows)
+
+    # -- resize and refresh ---------------------------------------------------------------
+    def resize(self, capacity_bytes: int) -> None:
+        """Change capacity. Shrinking evicts the coldest wanted rows at once; growing marks the
+        next hottest rows as wanted (unfilled until the refill mode or a miss brings them)."""
+        new = min(capacity_bytes // self.row_bytes, self.n_items)
+        old, self.capacity_rows = self.n_wanted, new
+        if new == old:
+            return
+        if not self._frontier_covers(old, new):
+            self._build_frontier(new)
+        if not self._frontier_covers(old, new):   # a jump wider than the frontier: select anew
+            self._select(new)
+            return
+        f, lo = self._frontier, self._frontier_lo
+        if new < old:
+            drop = f[new - lo:old - lo]
+            self.n_resident -= int(np.count_nonzero(self.resident[drop]))
+            self.resident[drop] = False
+            self.wanted[drop] = False
+        else:
+            add = f[old - lo:new - lo]
+            self.wanted[add] = True
+            rest = self._fill_queue[self._fill_pos:]
+            self._fill_queue, self._fill_pos = np.concatenate([rest, add]), 0
+            self._fill_sorted = self._fill_sorted and len(rest) == 0   # frontier order is hot-first
+        self.n_wanted = new
+
+    def refresh(self) -> None:
+        """Fold the accesses since the last refresh into the scores and re-select: rows that fell
+        out of the top `capacity` are evicted, rows that rose into it become unfilled."""
+        self.epoch += 1
+        if self._pending:
+            counts = np.bincount(np.concatenate(self._pending), minlength=self.n_items)
+            self._pending.clear()
+            self.policy.update(self.scores, counts.astype(np.float32), self.epoch)
+        self._select(self.capacity_rows)
+
+    def warm(self, scores: np.ndarray, per_refresh: float | None = None) -> None:
+        """Start from known scores (e.g. yesterday's popularity) with the wanted set filled, the
+        way production caches are loaded before taking traffic. With `per_refresh`, `scores` are
+        access shares and are scaled to the decayed counts that many accesses per refresh interval
+        would settle at, so that the first refreshes neither forget nor overweight them."""
+        if per_refresh is not None:
+            scores = np.asarray(scores, np.float64) / max(float(np.sum(scores)), 1e-300) * per_refresh
+            if isinstance(self.policy, LFU):
+                scores = scores / (1.0 - self.policy.decay)
+        self.scores[:] = scores
+        self._pending.clear()
+        self._select(self.capacity_rows)
+        self.resident[:] = self.wanted
+        self.n_resident = self.n_wanted
+        self._fill_queue, self._fill_pos = np.zeros(0, np.int64), 0
+
+    def _value_at_rank(self, r: int) -> np.float32:
+        """Score of the row at rank r (0 = hottest)."""
+        n = self.n_items
+        return np.partition(self.scores, n - 1 - r)[n - 1 - r]
+
+    def _select(self, c: int) -> None:
+        """wanted <- the top c rows by (score desc, row id asc); evict the rest."""
+        s = self.scores
+        if c >= self.n_items:
+            self.wanted[:] = True
+        elif c == 0:
+            self.wanted[:] = False
+        else:
+            theta = self._value_at_rank(c - 1)
+            np.greater(s, theta, out=self.wanted)
+            ties = np.flatnonzero(s == theta)[:c - int(np.count_nonzero(self.wanted))]
+            self.wanted[ties] = True
+        self.n_wanted = min(c, self.n_items)
+        self.resident &= self.wanted
+        self.n_resident = int(np.count_nonzero(self.resident))
+        self._fill_queue = np.flatnonzero(self.wanted & ~self.resident)
+        self._fill_pos, self._fill_sorted = 0, False     # sorted hottest-first when first asked
+        self._frontier = None
+
+    def _build_frontier(self, c: int) -> None:
+        """Sort the rows ranked about [c - band, c + band) by (score desc, row id asc); rows
+        tied at either edge are included, so the frontier's ranks start at `_frontier_lo`."""
+        n, s = self.n_items, self.scores
+        lo, hi = max(c - self.band_rows, 0), min(c + self.band_rows, n)
+        top = self._value_at_rank(lo) if lo > 0 else np.inf
+        bottom = self._value_at_rank(hi - 1)
+        band = np.flatnonzero((s <= top) & (s >= bottom))
+        self._frontier = band[np.argsort(-s[band], kind="stable")]
+        self._frontier_lo = int(np.count_nonzero(s > top)) if lo > 0 else 0
+
+    def _frontier_covers(self, a: int, b: int) -> bool:
+        f = self._frontier
+        return f is not None and self._frontier_lo <= min(a, b) and max(a, b) <= self._frontier_lo + len(f)
+
+    # -- the questions every cache answers ------------------------------------------------
+    def size_info(self) -> SizeInfo:
+        return SizeInfo(self.capacity_rows * self.row_bytes, self.n_resident * self.row_bytes, self.n_resident)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    def check_integrity(self) -> None:
+        assert self.n_resident == int(np.count_nonzero(self.resident))
+        assert self.n_wanted == int(np.count_nonzero(self.wanted))
+        assert not np.any(self.resident & ~self.wanted), "resident row that is not wanted"
+        assert self.n_wanted <= self.capacity_rows

@@ -1,0 +1,151 @@
+"""One GPU node: the pool and its two caches, the H2D link, the refill mode and the cost model.
+
+`Node.serve` is the whole per-request model of SPEC 2.5: look up the user's prefix in the KV cache
+(and host tier), look up the rows of the tokens to compute and of the candidates in the EMB
+cache, queue the misses (and any KV onload) on the link, then compute. It returns when the
+request completes; queueing in front of the node belongs to the simulator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from helmgr.costs import CostModel
+from helmgr.memory import EMB_MISS, KV_ONLOAD, EmbCache, H2DLink, HBMPool, KVCache, ResizePlan, make_refill
+from helmgr.profiles import GIB, NodeProfile
+
+# history(user, start, stop) -> item ids of the user's history positions [start, stop)
+History = Callable[[int, int, int], np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    ratio: float = 0.5
+    r_min: float = 0.05
+    r_max: float = 0.95
+    refill: str = "lazy"
+    refill_share: float = 0.25
+    emb_policy: str = "lfu"
+    emb_decay: float = 0.99          # per refresh: with 1-s refreshes, a ~100-s memory (docs/node.md)
+    kv_tail_first: bool = False
+    host_kv_gib: float = 0.0
+
+
+class Service(NamedTuple):
+    """One request's service on a node."""
+
+    start: float
+    end: float
+    kv_tokens: int          # prefix positions not recomputed (HBM hit + host onload)
+    ids: int                # rows looked up
+    misses: int             # rows fetched over PCIe
+    unfilled_misses: int    # of which on rows a resize/refresh left unfilled
+
+
+class NodeStats:
+    __slots__ = ("requests", "prefix_tokens", "kv_hit_tokens", "onload_tokens", "ids", "misses",
+                 "unfilled_misses", "busy_s", "refill_blocked_s")
+
+    def __init__(self):
+        self.requests = self.prefix_tokens = self.kv_hit_tokens = self.onload_tokens = 0
+        self.ids = self.misses = self.unfilled_misses = 0
+        self.busy_s = self.refill_blocked_s = 0.0
+
+    @property
+    def emb_hit_rate(self) -> float:
+        return 1.0 - self.misses / self.ids if self.ids else 0.0
+
+    @property
+    def kv_hit_rate(self) -> float:
+        """Share of prefix positions served from cache (HBM or host), token-weighted."""
+        return (self.kv_hit_tokens + self.onload_tokens) / self.prefix_tokens if self.prefix_tokens else 0.0
+
+
+class Node:
+    def __init__(self, profile: NodeProfile, n_items: int, config: NodeConfig = NodeConfig(), node_id: int = 0):
+        self.id = node_id
+        self.profile = profile
+        self.config = config
+        self.cost = CostModel.from_profile(profile)
+        model, hw = profile.model, profile.hardware
+        budget = profile.pool_budget_bytes
+        self.emb = EmbCache(n_items, model.row_bytes, config.emb_policy,
+                            band_rows=max(1024, budget // model.row_bytes // 64), decay=config.emb_decay)
+        self.kv = KVCache(model.kv_bytes_per_token, profile.page_bytes, tail_first=config.kv_tail_first,
+                          host_capacity_bytes=int(config.host_kv_gib * GIB))
+        self.pool = HBMPool(budget, profile.page_bytes, self.emb, self.kv, config.ratio, config.r_min, config.r_max)
+        self.link = H2DLink(hw.pcie_bw, hw.pcie_latency_s)
+        self.refill = make_refill(config.refill, **({"share": config.refill_share} if config.refill == "background" else {}))
+        self.blocked_until = 0.0
+        self.stats = NodeStats()
+
+    # -- memory ---------------------------------------------------------------------------
+    @property
+    def ratio(self) -> float:
+        return self.pool.ratio
+
+    def resize(self, ratio: float, now: float) -> tuple[ResizePlan, float | None]:
+        """Set the EMB share; returns the plan and when the refill mode wants its next step."""
+        plan = self.pool.resize(ratio)
+        wake = self.refill.on_grow(self, now) if self.emb.unfilled_rows else None
+        return plan, wake
+
+    def refresh(self, now: float) -> float | None:
+        """Re-rank the EMB cache from recent accesses; returns the refill mode's next step."""
+        self.emb.refresh()
+        return self.refill.on_grow(self, now) if self.emb.unfilled_rows else None
+
+    def refill_step(self, now: float) -> float | None:
+        return self.refill.on_step(self, now)
+
+    def block_until(self, t: float, now: float) -> None:
+        """A synchronous refill holds the node until `t`."""
+        if t > self.blocked_until:
+            self.stats.refill_blocked_s += t - max(now, self.blocked_until)
+            self.blocked_until = t
+
+    # -- serving --------------------------------------------------------------------------
+    def serve(self, now: float, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray,
+              history: History) -> Service:
+        """Serve one request starting at `now` (or when a sync refill releases the node)."""
+        start = now if now >= self.blocked_until else self.blocked_until
+        cost, emb, kv = self.cost, self.emb, self.kv
+        cached = min(kv.lookup(user), prefix_len)
+        onload = 0
+        if cached < prefix_len and kv.host is not None:
+            extra = min(kv.host_lookup(user), prefix_len) - cached
+            if extra > 0 and cost.kv_onload_s(extra) < cost.recompute_s(extra, cached) + cost.lookup_s(extra):
+                onload = extra
+        computed_from = cached + onload
+        hits, unfilled = emb.lookup(cand_ids)
+        h, u = emb.lookup(new_ids)
+        hits, unfilled = hits + h, unfilled + u
+        ids = len(cand_ids) + len(new_ids)
+        if computed_from < prefix_len:
+            hist = history(user, computed_from, prefix_len)
+            h, u = emb.lookup(hist)
+            hits, unfilled, ids = hits + h, unfilled + u, ids + len(hist)
+        misses = ids - hits
+        tokens = prefix_len - computed_from + len(new_ids)
+        ready = start + cost.host_s(misses)
+        if misses:
+            ready = self.link.transfer(ready, misses * cost.row_bytes, EMB_MISS)
+        if onload:
+            ready = self.link.transfer(ready, cost.kv_bytes(onload), KV_ONLOAD)
+        end = ready + cost.lookup_s(ids) + cost.compute_s(tokens, computed_from, len(cand_ids))
+        kv.insert(user, prefix_len + len(new_ids))
+        s = self.stats
+        s.requests += 1
+        s.prefix_tokens += prefix_len
+        s.kv_hit_tokens += cached
+        s.onload_tokens += onload
+        s.ids += ids
+        s.misses += misses
+        s.unfilled_misses += unfilled
+        s.busy_s += end - start
+        return Service(start, end, computed_from, ids, misses, unfilled)
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()

@@ -1,0 +1,197 @@
+"""Hardware and model presets as frozen dataclasses, loaded from the TOML files beside this module.
+
+Every number in the TOML files carries its public source in a comment; derived values are
+properties, never filled in at run time.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+
+from helmgr.errors import HelmInputError
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    """One GPU and its host link. Bandwidths are achieved figures, not datasheet peaks."""
+
+    name: str
+    hbm_gib: float
+    hbm_bw_gbs: float
+    pcie_bw_gbs: float
+    pcie_latency_us: float
+    peak_tflops: float
+    compute_efficiency: float
+    launch_us: float
+    host_lookup_ns: float
+    reserved_gib: float
+
+    @property
+    def hbm_bytes(self) -> int:
+        return int(self.hbm_gib * GIB)
+
+    @property
+    def hbm_bw(self) -> float:
+        """HBM bandwidth in bytes/s."""
+        return self.hbm_bw_gbs * 1e9
+
+    @property
+    def pcie_bw(self) -> float:
+        """Achieved pinned H2D bandwidth in bytes/s."""
+        return self.pcie_bw_gbs * 1e9
+
+    @property
+    def pcie_latency_s(self) -> float:
+        return self.pcie_latency_us * 1e-6
+
+    @property
+    def flops(self) -> float:
+        """Achieved FLOP/s: peak x efficiency."""
+        return self.peak_tflops * 1e12 * self.compute_efficiency
+
+    @property
+    def launch_s(self) -> float:
+        return self.launch_us * 1e-6
+
+    @property
+    def host_lookup_s(self) -> float:
+        return self.host_lookup_ns * 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """An HSTU-style model: its shape, its embedding rows, its default SLO."""
+
+    name: str
+    layers: int
+    heads: int
+    d_qk: int
+    d_v: int
+    d_model: int
+    dtype_bytes: int
+    features_per_token: int
+    emb_dim: int
+    emb_dtype_bytes: int
+    kernels_per_layer: int
+    fixed_kernels: int
+    candidates: int
+    weights_gib: float
+    activations_gib: float
+    slo_ms: float
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """layers x heads x (d_qk + d_v) x dtype_bytes (SPEC 2.3)."""
+        return self.layers * self.heads * (self.d_qk + self.d_v) * self.dtype_bytes
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes fetched per looked-up item id: one row per feature of the token."""
+        return self.features_per_token * self.emb_dim * self.emb_dtype_bytes
+
+    @property
+    def linear_flops_per_token(self) -> int:
+        """Per layer: the UVQK projection (d_model -> heads x (2 d_qk + 2 d_v)) and the output
+        projection (heads x d_v -> d_model), 2 FLOPs per multiply-add."""
+        uvqk = 2 * self.d_model * self.heads * (2 * self.d_qk + 2 * self.d_v)
+        out = 2 * self.heads * self.d_v * self.d_model
+        return uvqk + out
+
+    @property
+    def attention_flops_per_pair(self) -> int:
+        """Per layer and (query, key) pair: Q.K (2 d_qk) and the weighted V sum (2 d_v), all heads."""
+        return 2 * self.heads * (self.d_qk + self.d_v)
+
+    @property
+    def launches(self) -> int:
+        return self.layers * self.kernels_per_layer + self.fixed_kernels
+
+    @property
+    def slo_s(self) -> float:
+        return self.slo_ms * 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class NodeProfile:
+    """One serving node: a GPU, the model it runs, and the page size of its cache pool."""
+
+    hardware: HardwareProfile
+    model: ModelProfile
+    page_mib: float = 2.0
+
+    @property
+    def page_bytes(self) -> int:
+        return int(self.page_mib * MIB)
+
+    @property
+    def pool_budget_bytes(self) -> int:
+        """HBM left for the two caches after weights, activations and workspace (SPEC 1)."""
+        used = self.hardware.reserved_gib + self.model.weights_gib + self.model.activations_gib
+        return int((self.hardware.hbm_gib - used) * GIB)
+
+
+def _load(kind: str, name_or_path: str, cls):
+    path = Path(name_or_path)
+    if path.suffix == ".toml" and path.exists():
+        text = path.read_text()
+    else:
+        files = resources.files("helmgr.profiles").joinpath(kind)
+        candidate = files.joinpath(f"{name_or_path}.toml")
+        if not candidate.is_file():
+            known = ", ".join(sorted(available(kind)))
+            raise HelmInputError(f"unknown {kind} profile {name_or_path!r} (known: {known})")
+        text = candidate.read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise HelmInputError(f"{kind} profile {name_or_path!r} is not valid TOML: {exc}") from None
+    names = {f.name for f in fields(cls)}
+    missing = sorted(names - data.keys())
+    extra = sorted(data.keys() - names)
+    if missing or extra:
+        raise HelmInputError(
+            f"{kind} profile {name_or_path!r}: missing {missing or 'nothing'}, unknown {extra or 'nothing'}"
+        )
+    profile = cls(**data)
+    for f in fields(cls):
+        value = getattr(profile, f.name)
+        if f.name != "name" and not value > 0:
+            raise HelmInputError(f"{kind} profile {name_or_path!r}: {f.name} must be > 0, got {value}")
+    return profile
+
+
+def available(kind: str) -> list[str]:
+    files = resources.files("helmgr.profiles").joinpath(kind)
+    return [p.name.removesuffix(".toml") for p in files.iterdir() if p.name.endswith(".toml")]
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    """A preset by name (`a100-80g`, `h100-80g`, `h200-141g`) or a TOML file (e.g. calibrated)."""
+    return _load("hardware", name_or_path, HardwareProfile)
+
+
+def load_model(name_or_path: str) -> ModelProfile:
+    """A preset by name (`small`, `large`) or a TOML file."""
+    return _load("model", name_or_path, ModelProfile)
+
+
+def node_profile(hardware: str = "a100-80g", model: str = "large", page_mib: float = 2.0) -> NodeProfile:
+    """Load a node profile and check that its pool can hold at least two pages."""
+    profile = NodeProfile(load_hardware(hardware), load_model(model), page_mib)
+    if page_mib <= 0:
+        raise HelmInputError(f"page size must be > 0 MiB, got {page_mib}")
+    if profile.pool_budget_bytes <= 0:
+        raise HelmInputError(
+            f"profile {hardware}+{model} leaves no pool: budget {profile.pool_budget_bytes} bytes"
+        )
+    if profile.page_bytes * 2 > profile.pool_budget_bytes:
+        raise HelmInputError(
+            f"page of {page_mib} MiB is larger than half the pool budget "
+            f"({profile.pool_budget_bytes / GIB:.2f} GiB)"
+        )
+    return profile

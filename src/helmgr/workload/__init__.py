@@ -1,0 +1,12 @@
+"""Workloads (SPEC 3): the synthetic generator and trace replay, as chunked request streams."""
+from helmgr.workload.chunk import RequestChunk, RequestTable
+from helmgr.workload.stats import describe
+from helmgr.workload.stream import Trending, Workload
+from helmgr.workload.synthetic import REGIMES, SyntheticConfig, default_config, parse_regime, synthetic_workload
+from helmgr.workload.trace import FORMATS, OVERLAYS, read_trace, trace_workload
+
+__all__ = [
+    "RequestChunk", "RequestTable", "Workload", "Trending", "describe",
+    "REGIMES", "SyntheticConfig", "default_config", "parse_regime", "synthetic_workload",
+    "FORMATS", "OVERLAYS", "read_trace", "trace_workload",
+]

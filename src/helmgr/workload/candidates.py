@@ -1,0 +1,50 @@
+"""Candidate sets: the items a request scores (their rows are looked up, never KV-cached).
+
+Drawing 512 Zipf samples per request would dominate generation, so candidates are cut from
+pools of pre-drawn ids: each request copies a window of the pool at a random offset (a row of a
+sliding-window view, so a chunk's candidates are one gather of contiguous rows).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from helmgr.workload.popularity import ItemSpace, zipf_ranks
+
+
+def _windows(pool: np.ndarray, width: int) -> np.ndarray:
+    return sliding_window_view(pool, width) if width > 0 else np.zeros((len(pool), 0), pool.dtype)
+
+
+class SyntheticCandidates:
+    """`count` candidates per request: a share `head_share` from the global head, the rest from
+    the user's cluster tail (retrieval mixes popular and personalized items)."""
+
+    def __init__(self, rng: np.random.Generator, space: ItemSpace, count: int, head_share: float,
+                 head_exponent: float, tail_exponent: float, pool_size: int = 1 << 21):
+        self.space, self.count = space, count
+        self.n_head = int(round(head_share * count))
+        self.head = _windows(space.head_ids(zipf_ranks(rng, space.n_items, head_exponent, pool_size)), self.n_head)
+        tail = (-zipf_ranks(rng, space.segment, tail_exponent, pool_size)) % space.segment
+        self.tail = _windows(tail, count - self.n_head)
+
+    def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
+        """An (n, count) int64 array of candidates for requests of users in `clusters`."""
+        n = len(clusters)
+        out = np.empty((n, self.count), np.int64)
+        out[:, :self.n_head] = self.head[rng.integers(0, len(self.head), n)]
+        out[:, self.n_head:] = self.tail[rng.integers(0, len(self.tail), n)]
+        out[:, self.n_head:] += (clusters * self.space.segment)[:, None]
+        return out
+
+
+class PoolCandidates:
+    """`count` candidates per request drawn from an empirical item distribution (trace replay)."""
+
+    def __init__(self, rng: np.random.Generator, item_counts: np.ndarray, count: int, pool_size: int = 1 << 21):
+        p = item_counts / item_counts.sum()
+        self.count = count
+        self.pool = _windows(rng.choice(len(p), size=pool_size, p=p), count)
+
+    def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
+        return self.pool[rng.integers(0, len(self.pool), len(clusters))].copy()

@@ -1,0 +1,197 @@
+"""Trace replay (SPEC 3): real interaction logs as request streams.
+
+Two formats: RecBole atomic `.inter` files (a header of `name:type` columns, then one
+interaction per line; `user_id`, `item_id` and `timestamp` are used) and sequence files (`user item
+item ...` per line, in time order, no timestamps: times are synthesized). A user's interactions
+with the same timestamp form one request; every interaction before it is that request's prefix.
+
+Scaling: `time_compression` divides time (by default the whole log is fitted into the run),
+`clone_users` K replays each user K times under new ids with jittered times, and the overlays
+`trend` and `burst` apply the synthetic regimes' drift and bursts to the real log.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from helmgr.errors import HelmInputError, TraceFormatError
+from helmgr.workload.arrivals import BurstSource, Population, SessionShape, burst_schedule
+from helmgr.workload.candidates import PoolCandidates
+from helmgr.workload.chunk import RequestTable
+from helmgr.workload.history import TraceHistory
+from helmgr.workload.popularity import ItemSpace
+from helmgr.workload.stream import Trending, Workload
+
+FORMATS = ("inter", "sequences")
+OVERLAYS = ("trend", "burst")
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """Interactions with dense ids: user, item, time (seconds, or synthesized), in file order."""
+
+    user: np.ndarray
+    item: np.ndarray
+    time: np.ndarray
+    n_users: int
+    n_items: int
+
+
+def _dense(tokens: list[str]) -> tuple[np.ndarray, int]:
+    uniq, inverse = np.unique(np.array(tokens, dtype=object).astype(str), return_inverse=True)
+    return inverse.astype(np.int64), len(uniq)
+
+
+def read_inter(path: str) -> Log:
+    """A RecBole atomic .inter file: tab-separated, header `field:type ...`."""
+    with open(path, encoding="utf-8") as f:
+        header = f.readline().rstrip("\n").split("\t")
+        names = [h.split(":", 1)[0] for h in header]
+        need = ("user_id", "item_id", "timestamp")
+        missing = [n for n in need if n not in names]
+        if missing:
+            raise TraceFormatError(path, 1, f"header lacks column(s) {', '.join(missing)}")
+        cu, ci, ct = (names.index(n) for n in need)
+        users, items, times = [], [], []
+        for lineno, line in enumerate(f, start=2):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            cols = line.split("\t")
+            if len(cols) != len(names):
+                raise TraceFormatError(path, lineno, f"expected {len(names)} tab-separated fields, found {len(cols)}")
+            try:
+                t = float(cols[ct])
+            except ValueError:
+                raise TraceFormatError(path, lineno, f"timestamp {cols[ct]!r} is not a number") from None
+            if not np.isfinite(t):
+                raise TraceFormatError(path, lineno, f"timestamp {cols[ct]!r} is not finite")
+            if not cols[cu] or not cols[ci]:
+                raise TraceFormatError(path, lineno, "empty user_id or item_id")
+            users.append(cols[cu]); items.append(cols[ci]); times.append(t)
+    if not users:
+        raise TraceFormatError(path, 1, "no interactions after the header")
+    u, nu = _dense(users)
+    i, ni = _dense(items)
+    return Log(u, i, np.array(times), nu, ni)
+
+
+def read_sequences(path: str, seed: int = 0) -> Log:
+    """`user item item ...` per line. Times are synthesized: each user starts at a uniform time in
+    one day and acts at exponential gaps of 10 minutes."""
+    users, items, lens = [], [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            cols = line.split()
+            if not cols:
+                continue
+            if len(cols) < 2:
+                raise TraceFormatError(path, lineno, "a line needs a user id and at least one item id")
+            users.append(cols[0]); items.extend(cols[1:]); lens.append(len(cols) - 1)
+    if not users:
+        raise TraceFormatError(path, 1, "no sequences in the file")
+    u, nu = _dense(users)
+    i, ni = _dense(items)
+    lens = np.array(lens)
+    rng = np.random.default_rng([seed, 3])
+    start = np.repeat(rng.uniform(0, 86_400.0, len(lens)), lens)
+    gaps = rng.exponential(600.0, int(lens.sum()))
+    first = np.r_[0, np.cumsum(lens)[:-1]]
+    gaps[first] = 0.0
+    csum = np.cumsum(gaps)
+    t = start + csum - np.repeat(csum[first], lens)
+    return Log(np.repeat(u, lens), i, t, nu, ni)
+
+
+def read_trace(path: str, fmt: str, seed: int = 0) -> Log:
+    if fmt not in FORMATS:
+        raise HelmInputError(f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
+    if not Path(path).is_file():
+        raise HelmInputError(f"trace file {path!r} does not exist")
+    return read_inter(path) if fmt == "inter" else read_sequences(path, seed)
+
+
+class TraceUsers:
+    """Log users and their clones start at the log's beginning; injected burst users are new ids
+    that replay a log user's sequence from its middle (a history, but nothing cached)."""
+
+    def __init__(self, history: TraceHistory, n_logged: int):
+        self.history, self.n_logged = history, n_logged
+
+    def cluster(self, users: np.ndarray) -> np.ndarray:
+        return np.zeros(len(users), np.int64)
+
+    def base_len(self, users: np.ndarray) -> np.ndarray:
+        mid = self.history.lengths[self.history.base_of(users)] // 2
+        return np.where(users < self.n_logged, 0, mid).astype(np.int32)
+
+
+class TraceSource:
+    def __init__(self, table: RequestTable):
+        self.table = table
+
+    def reset(self) -> None:
+        pass
+
+    def arrivals(self, rng, t0, t1):
+        lo, hi = np.searchsorted(self.table.t, [t0, t1])
+        return self.table.take(np.arange(lo, hi))
+
+
+def _requests(log: Log, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Group each user's same-time interactions: (time, user, size) per request."""
+    u, t = log.user[order], log.time[order]
+    start = np.r_[True, (u[1:] != u[:-1]) | (t[1:] != t[:-1])]
+    idx = np.flatnonzero(start)
+    sizes = np.diff(np.r_[idx, len(u)])
+    return t[idx], u[idx], sizes.astype(np.int32)
+
+
+def trace_workload(path: str, fmt: str = "inter", duration_s: float = 120.0, seed: int = 0,
+                   time_compression: float | None = None, clone_users: int = 1, overlays: tuple[str, ...] = (),
+                   candidates: int = 512, drift_per_s: float = 30.0, jitter_share: float = 0.005) -> Workload:
+    if duration_s <= 0:
+        raise HelmInputError(f"duration must be > 0, got {duration_s}")
+    if clone_users < 1:
+        raise HelmInputError(f"clone-users must be >= 1, got {clone_users}")
+    if time_compression is not None and not time_compression > 0:
+        raise HelmInputError(f"time-compression must be > 0, got {time_compression}")
+    bad = [o for o in overlays if o not in OVERLAYS]
+    if bad:
+        raise HelmInputError(f"unknown overlay {bad[0]!r} (known: {', '.join(OVERLAYS)})")
+    log = read_trace(path, fmt, seed)
+    order = np.lexsort((np.arange(len(log.user)), log.time, log.user))
+    seq_offsets = np.r_[0, np.cumsum(np.bincount(log.user, minlength=log.n_users))]
+    history = TraceHistory(log.item[order], seq_offsets)
+    t, u, k = _requests(log, order)
+    t = t - log.time.min()
+    span = float(t.max()) or 1.0
+    room = 1.0 - (jitter_share if clone_users > 1 else 0.0)     # leave room for the clones' jitter
+    compression = time_compression or span / (duration_s * room * (1 - 1e-9))
+    t = t / compression
+    rng = np.random.default_rng([seed, 4])
+    parts = [RequestTable(t, u, k, np.zeros(len(t), bool))]
+    for c in range(1, clone_users):
+        jitter = rng.uniform(0.0, jitter_share * duration_s, log.n_users)[u]
+        parts.append(RequestTable(t + jitter, u + c * log.n_users, k, np.zeros(len(t), bool)))
+    table = RequestTable.concat(parts)
+    table = table.take(np.argsort(table.t, kind="stable"))
+    n_logged = log.n_users * clone_users
+    space = ItemSpace(log.n_items, 1)
+    item_counts = np.bincount(log.item, minlength=log.n_items).astype(np.float64)
+    sources = [TraceSource(table)]
+    bursts = []
+    if "burst" in overlays:
+        mean_rate = np.count_nonzero(table.t < duration_s) / duration_s
+        bursts = burst_schedule(np.random.default_rng([seed, 2]), duration_s, 30.0, (5.0, 20.0), (3.0, 5.0), log.n_items)
+        sources.append(BurstSource(bursts, lambda t: np.full(np.shape(t), mean_rate),
+                                   SessionShape(2.0, 1.0, 1.0), Population(n_logged, 0.0), 0.9, n_logged))
+    return Workload(
+        name=f"trace:{Path(path).name}" + "".join(f"+{o}" for o in overlays), duration_s=duration_s, seed=seed,
+        space=space, users=TraceUsers(history, n_logged), history=history,
+        candidates=PoolCandidates(np.random.default_rng([seed, 5]), item_counts, candidates),
+        sources=sources, bursts=bursts, trending=Trending(items=max(10, min(2000, log.n_items // 20))),
+        drift_per_s=drift_per_s if "trend" in overlays else 0.0, prior=item_counts / item_counts.sum(),
+    )

@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+
+from helmgr.memory.emb import EmbCache
+
+ROW = 64
+
+
+def cache(n=8, rows=3, policy="lfu", band=2, scores=None, decay=0.5):
+    c = EmbCache(n, ROW, policy, band_rows=band, decay=decay)
+    c.resize(rows * ROW)
+    c.warm(np.asarray(scores if scores is not None else np.arange(n)[::-1], np.float32))
+    return c
+
+
+def resident(c):
+    return set(np.flatnonzero(c.resident).tolist())
+
+
+def test_warm_start_holds_the_hottest_rows():
+    c = cache(scores=[5, 1, 7, 3, 9, 0, 2, 4])
+    assert resident(c) == {4, 2, 0}       # scores 9, 7, 5
+    assert c.unfilled_rows == 0
+    c.check_integrity()
+
+
+def test_lfu_eviction_order_with_decay():
+    # scores 4,3,2,1 for rows 0..3 (others 0); decay 0.5 then counts
+    c = cache(n=6, rows=2, scores=[4, 3, 2, 1, 0, 0])
+    c.lookup(np.array([3, 3, 3, 2, 5, 5, 5, 5]))
+    c.refresh()
+    # new scores: row0 2, row1 1.5, row2 1+1=2, row3 0.5+3=3.5, row5 4 -> top 2 = rows 5, 3
+    np.testing.assert_allclose(c.scores, [2, 1.5, 2, 3.5, 0, 4])
+    assert set(np.flatnonzero(c.wanted)) == {5, 3}
+    assert resident(c) == set()          # both were cold: wanted, not yet filled
+    assert c.unfilled_rows == 2
+    # shrinking to one row evicts the colder of the two (row 3)
+    c.resize(1 * ROW)
+    assert set(np.flatnonzero(c.wanted)) == {5}
+    c.check_integrity()
+
+
+def test_lfu_ties_break_by_row_id():
+    c = cache(n=5, rows=2, scores=[1, 1, 1, 1, 1])
+    assert resident(c) == {0, 1}
+    c.resize(3 * ROW)
+    assert set(np.flatnonzero(c.wanted)) == {0, 1, 2}
+
+
+def test_lru_keeps_the_most_recent_epoch():
+    c = cache(n=6, rows=2, policy="lru", scores=[0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    c.lookup(np.array([4]))
+    c.refresh()                           # epoch 1: row 4 -> 1.5
+    c.lookup(np.array([5, 5, 2]))
+    c.refresh()                           # epoch 2: row 5 -> 2 + 2/3, row 2 -> 2 + 1/3
+    assert set(np.flatnonzero(c.wanted)) == {5, 2}
+    c.resize(1 * ROW)
+    assert set(np.flatnonzero(c.wanted)) == {5}
+
+
+def test_lookup_counts_hits_and_records_accesses():
+    c = cache(n=8, rows=3)                # rows 0, 1, 2 resident
+    hits, unfilled = c.lookup(np.array([0, 1, 5, 7, 0]))
+    assert (hits, unfilled) == (3, 0)
+    assert c.hit_rate == pytest.approx(3 / 5)
+
+
+def test_growth_leaves_unfilled_rows_that_a_miss_admits():
+    c = cache(n=8, rows=2)                # rows 0, 1 resident
+    c.resize(4 * ROW)                     # rows 2, 3 wanted, unfilled
+    assert c.unfilled_rows == 2 and resident(c) == {0, 1}
+    hits, unfilled = c.lookup(np.array([2, 2, 6]))
+    assert (hits, unfilled) == (0, 1)     # row 2 admitted once; row 6 is not wanted
+    assert resident(c) == {0, 1, 2}
+    assert c.lookup(np.array([2]))[0] == 1
+    c.check_integrity()
+
+
+def test_fill_queue_is_hottest_first():
+    c = cache(n=10, rows=2)
+    c.resize(6 * ROW)
+    assert c.next_unfilled(2).tolist() == [2, 3]
+    assert c.next_unfilled(10).tolist() == [4, 5]
+    assert c.fill(np.array([2, 3, 9])) == 2
+    assert c.unfilled_rows == 2
+
+
+def reference_top(scores, c):
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    return set(order[:c])
+
+
+def test_resizes_match_a_full_sort():
+    rng = np.random.default_rng(0)
+    n = 500
+    scores = rng.integers(0, 40, n).astype(np.float32)   # many ties
+    c = EmbCache(n, ROW, band_rows=16)
+    c.resize(100 * ROW)
+    c.warm(scores)
+    for rows in rng.integers(0, n + 20, 60):
+        c.resize(int(rows) * ROW)
+        assert set(np.flatnonzero(c.wanted)) == reference_top(scores, min(int(rows), n))
+        c.check_integrity()
+
+
+def test_capacity_beyond_the_table_holds_everything():
+    c = cache(n=5, rows=50)
+    assert c.n_wanted == 5 and resident(c) == {0, 1, 2, 3, 4}

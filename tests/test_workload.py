@@ -1,0 +1,148 @@
+import numpy as np
+import pytest
+
+from helmgr.errors import HelmInputError
+from helmgr.workload import default_config, describe, parse_regime, synthetic_workload
+from helmgr.workload.chunk import ragged_positions
+from helmgr.workload.popularity import ItemSpace, zipf_pmf, zipf_ranks
+from helmgr.workload.users import PrefixTracker
+
+SMALL = dict(n_items=64_000, n_clusters=16, n_users=20_000, rps=200.0, duration_s=30.0)
+
+
+def stream(regime="steady", seed=0, **kw):
+    w = synthetic_workload(default_config(regime, **(SMALL | kw)), seed)
+    return w, list(w.chunks())
+
+
+def test_zipf_draws_follow_their_pmf():
+    rng = np.random.default_rng(0)
+    draws = zipf_ranks(rng, 100, 0.9, 400_000)
+    freq = np.bincount(draws, minlength=100) / len(draws)
+    np.testing.assert_allclose(freq, zipf_pmf(100, 0.9), atol=0.003)
+    assert zipf_pmf(1000, 1.0).sum() == pytest.approx(1.0)
+
+
+def test_ragged_positions_match_a_loop():
+    starts, counts = np.array([5, 0, 7]), np.array([2, 0, 3])
+    rows, pos = ragged_positions(starts, counts)
+    assert rows.tolist() == [0, 0, 2, 2, 2] and pos.tolist() == [5, 6, 7, 8, 9]
+
+
+def test_prefix_tracker_matches_a_loop():
+    rng = np.random.default_rng(1)
+    tracker, grown = PrefixTracker(), {}
+    for _ in range(4):
+        users = rng.integers(0, 3000, 500)
+        n_new = rng.integers(1, 6, 500).astype(np.int32)
+        expected = []
+        for u, k in zip(users.tolist(), n_new.tolist()):
+            expected.append(grown.get(u, 0))
+            grown[u] = grown.get(u, 0) + k
+        assert tracker.advance(users, n_new).tolist() == expected
+
+
+def test_item_space_shift_stays_in_the_segment():
+    space = ItemSpace(100, 4)
+    ids = np.array([0, 24, 25, 99])
+    assert space.shift(ids, 3).tolist() == [3, 2, 28, 77]
+    assert space.head_ids(np.array([0, 1])).tolist() == [0, 99]
+    assert space.tail_ids(np.array([0, 1]), np.array([2, 2])).tolist() == [50, 74]
+    assert space.prior(0.5, 0.9, 0.7).sum() == pytest.approx(1.0)
+
+
+def test_same_seed_same_stream_other_seed_differs():
+    _, a = stream(seed=3)
+    _, b = stream(seed=3)
+    _, c = stream(seed=4)
+    for x, y in zip(a, b):
+        for f in ("t", "user", "prefix_len", "item_ids", "cand_ids"):
+            np.testing.assert_array_equal(getattr(x, f), getattr(y, f))
+    assert not np.array_equal(np.concatenate([x.user for x in a])[:100], np.concatenate([x.user for x in c])[:100])
+
+
+def test_chunks_are_in_time_order_with_consistent_offsets():
+    w, chunks = stream()
+    t = np.concatenate([c.t for c in chunks])
+    assert np.all(np.diff(t) >= 0) and t[0] >= 0 and t[-1] < w.duration_s
+    for c in chunks:
+        assert c.item_offsets[-1] == len(c.item_ids) == c.new_tokens.sum()
+        assert np.all(np.diff(c.cand_offsets) == 512)
+        assert c.cand_ids.min() >= 0 and c.cand_ids.max() < w.n_items
+
+
+def test_new_tokens_become_the_next_requests_prefix():
+    w, chunks = stream()
+    seen: dict[int, int] = {}
+    checked = 0
+    for c in chunks:
+        for i in range(0, len(c), 7):
+            u, p, k = int(c.user[i]), int(c.prefix_len[i]), int(c.new_tokens[i])
+            np.testing.assert_array_equal(c.items(i), w.history(u, p, p + k))
+        for u, p, k in zip(c.user.tolist(), c.prefix_len.tolist(), c.new_tokens.tolist()):
+            if u in seen:
+                assert p == seen[u]
+                checked += 1
+            seen[u] = p + k
+    assert checked > 1000
+
+
+def test_burst_sessions_are_new_users_on_a_trending_set():
+    w, chunks = stream("burst", seed=1, duration_s=60.0)
+    assert w.bursts
+    users = np.concatenate([c.user[c.burst] for c in chunks])
+    assert len(users) and np.mean(users >= SMALL["n_users"]) > 0.8
+    b = w.bursts[0]
+    for c in chunks:
+        rows = np.flatnonzero(c.burst & (c.t >= b.start) & (c.t < b.end))
+        for i in rows[:20]:
+            lead = c.candidates(i)[:256]
+            assert np.all((lead - b.trend_start) % w.n_items < w.trending.items)
+
+
+def test_unknown_regime_is_a_named_error():
+    with pytest.raises(HelmInputError, match="unknown workload 'bursty'"):
+        parse_regime("bursty")
+    assert parse_regime("trend+burst") == {"trend", "burst"}
+
+
+@pytest.fixture(scope="module")
+def default_regimes():
+    """The default scenario's three regimes as `helmgr workload --duration 120 --seed 1` makes them."""
+    out = {}
+    for regime in ("steady", "trend", "burst"):
+        w = synthetic_workload(default_config(regime), seed=1)
+        out[regime] = describe(w.chunks(), w.duration_s, w.n_items)[0]
+    return out
+
+
+def test_burst_peaks_at_three_times_its_median(default_regimes):
+    s = default_regimes["burst"]
+    assert s["peak_rps_1s"] >= 3 * s["median_rps_1s"]
+
+
+def test_trend_turns_the_hot_set_over_twice_as_fast(default_regimes):
+    assert default_regimes["trend"]["hot_set_turnover_per_min"] >= 2 * default_regimes["steady"]["hot_set_turnover_per_min"]
+
+
+def test_steady_is_steady(default_regimes):
+    s = default_regimes["steady"]
+    assert s["rps"] == pytest.approx(800, rel=0.05)
+    assert s["peak_rps_1s"] < 1.3 * s["median_rps_1s"]
+    assert 0.5 < s["returning_share"] < 1.0
+
+
+def test_scalar_and_vector_hashes_agree():
+    from helmgr.workload.users import hash_uniform, hash_uniform_one
+    users = np.array([0, 1, 12345, 2**40 + 7])
+    np.testing.assert_array_equal(hash_uniform(users, 36), [hash_uniform_one(int(u), 36) for u in users])
+
+
+def test_history_one_user_equals_the_batch_path():
+    w, _ = stream()
+    users = np.array([3, 3, 99_999, 5])
+    starts = np.array([0, 10, 500, w.history.pool_size])     # the last one wraps around the pool
+    counts = np.array([10, 5, 40, 30])
+    flat = w.history.batch(users, starts, counts)
+    expected = np.concatenate([w.history(int(u), int(a), int(a + k)) for u, a, k in zip(users, starts, counts)])
+    np.testing.assert_array_equal(flat, expected)
