@@ -19,6 +19,13 @@ def run(capsys, *argv):
     (["profile", "--hardware", "tpu"], "unknown hardware profile 'tpu'"),
     (["workload", "--trace", "/nonexistent/x.inter"], "does not exist"),
     (["simulate-nothing"], "No such command"),
+    (["simulate", "--fail-node", "2@x"], "--fail-node '2@x'"),
+    (["simulate", "--fail-node", "9@1"], "node 9 does not exist"),
+    (["simulate", "--nodes", "0"], "'--nodes': 0"),
+    (["simulate", "--router", "random"], "'--router': 'random'"),
+    (["simulate", "--ratio", "-0.1"], "'--ratio': -0.1"),
+    (["sweep", "--ratios", "0.5:0.1:0.1"], "--ratios '0.5:0.1:0.1'"),
+    (["sweep", "--ratios", "0.2,1.5"], "got 1.5"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
@@ -58,3 +65,34 @@ def test_profile_json(capsys):
     s = json.loads(out)
     assert code == 0 and s["kv_bytes_per_token"] == 6144 and s["row_bytes"] == 4096
     assert s["emb_rows"] == int(0.25 * s["pool_budget_gib"] * 2**30 // 4096)
+
+
+SPEC_FIELDS = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
+               "window_slo_satisfaction", "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "h2d_gb",
+               "refill_blocked_s", "mean_ratio", "burst_violation_share", "wall_s")
+
+
+def test_simulate_json_has_the_spec_fields(capsys, tmp_path):
+    code, out, _ = run(capsys, "simulate", "--duration", "6", "--rps", "200", "--nodes", "2", "--json",
+                       "--out", str(tmp_path / "sim"))
+    assert code == 0
+    s = json.loads(out)
+    assert all(f in s for f in SPEC_FIELDS) and s["completed"] == s["requests"] > 0
+    assert {"summary.json", "summary.md", "latency_cdf.png", "p99_windows.png", "ratio_timeline.png",
+            "hit_rates.png"} <= {p.name for p in (tmp_path / "sim").iterdir()}
+
+
+def test_sweep_finds_the_best_ratio(capsys, tmp_path):
+    code, out, _ = run(capsys, "sweep", "--duration", "6", "--rps", "200", "--nodes", "2", "--ratios", "0.2,0.6",
+                       "--jobs", "1", "--json", "--out", str(tmp_path / "sw"))
+    assert code == 0
+    s = json.loads(out)
+    assert [r["ratio"] for r in s["rows"]] == [0.2, 0.6]
+    assert s["best_p99_ms"] == min(r["p99_ms"] for r in s["rows"])
+    assert {p.name for p in (tmp_path / "sw").iterdir()} == {"sweep.json", "sweep.md", "sweep.png"}
+
+
+def test_parse_ratios():
+    from helmgr.cli.sweep_cmd import parse_ratios
+    assert parse_ratios("0.05:0.95:0.05") == [round(0.05 * k, 10) for k in range(1, 20)]
+    assert parse_ratios("0.1,0.3") == [0.1, 0.3]

@@ -70,7 +70,7 @@ def test_growth_leaves_unfilled_rows_that_a_miss_admits():
     c.resize(4 * ROW)                     # rows 2, 3 wanted, unfilled
     assert c.unfilled_rows == 2 and resident(c) == {0, 1}
     hits, unfilled = c.lookup(np.array([2, 2, 6]))
-    assert (hits, unfilled) == (0, 1)     # row 2 admitted once; row 6 is not wanted
+    assert (hits, unfilled) == (0, 2)     # both accesses to row 2 missed it; row 6 is not wanted
     assert resident(c) == {0, 1, 2}
     assert c.lookup(np.array([2]))[0] == 1
     c.check_integrity()
@@ -106,3 +106,10 @@ def test_resizes_match_a_full_sort():
 def test_capacity_beyond_the_table_holds_everything():
     c = cache(n=5, rows=50)
     assert c.n_wanted == 5 and resident(c) == {0, 1, 2, 3, 4}
+
+
+def test_lookup_counts_survive_the_state_encoding_on_huge_requests():
+    c = cache(n=200_000, rows=100_000, scores=np.arange(200_000)[::-1])
+    c.resize(150_000 * ROW)                          # rows 100,000 .. 149,999 unfilled
+    ids = np.r_[np.arange(70_000), np.arange(100_000, 100_010)]
+    assert c.lookup(ids) == (70_000, 10)

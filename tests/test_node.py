@@ -16,21 +16,24 @@ def warm_node(profile=None, **config):
 
 
 def history(user, start, stop):
-    return np.arange(start, stop, dtype=np.int64)
+    """Position p holds item p, except position 101, which holds the cold item 150,000."""
+    ids = np.arange(start, stop, dtype=np.int64)
+    ids[ids == 101] = 150_000
+    return ids
 
 
 def test_kv_miss_then_hit_by_hand():
     n = warm_node()
     assert n.emb.capacity_rows == 13 * 1024
-    s = n.serve(0.0, 5, 100, np.array([1, 150_000]), np.array([2, 3, 160_000, 170_000]), history)
-    # KV miss: 100 prefix ids (all resident) + 2 new + 4 candidates = 106 ids, 3 misses, 102 tokens
+    s = n.serve(0.0, 5, 100, history(5, 100, 102), np.array([2, 3, 160_000, 170_000]), history)
+    # KV miss: 100 prefix ids (resident) + 2 new (100 hit, 150,000 miss) + 4 candidates (2 miss)
     assert (s.kv_tokens, s.ids, s.misses) == (0, 106, 3)
     ready = 3e-6 + 10e-6 + 3 * 64 / 10e9                        # host gather, then the copy
     flops = 2 * (640 * 102 + 32 * 102 * 103 // 2) + 2 * (640 * 4 + 32 * 4 * 103)
     assert s.end == pytest.approx(ready + 106 * 64 / 1e12 + flops / 5e13 + 50e-6)
     assert n.link.bytes_by_cause[EMB_MISS] == 192
     assert n.kv.peek(5) == 102
-    s2 = n.serve(1.0, 5, 102, np.array([7]), np.array([2]), history)
+    s2 = n.serve(1.0, 5, 102, history(5, 102, 103), np.array([2]), history)
     assert (s2.kv_tokens, s2.ids, s2.misses) == (102, 2, 0)
     flops2 = 2 * (640 * 1 + 32 * 103) + 2 * (640 + 32 * 104)
     assert s2.end == pytest.approx(1.0 + 2 * 64 / 1e12 + flops2 / 5e13 + 50e-6)

@@ -127,7 +127,7 @@ def test_trend_turns_the_hot_set_over_twice_as_fast(default_regimes):
 
 def test_steady_is_steady(default_regimes):
     s = default_regimes["steady"]
-    assert s["rps"] == pytest.approx(800, rel=0.05)
+    assert s["rps"] == pytest.approx(2400, rel=0.05)
     assert s["peak_rps_1s"] < 1.3 * s["median_rps_1s"]
     assert 0.5 < s["returning_share"] < 1.0
 
@@ -141,7 +141,7 @@ def test_scalar_and_vector_hashes_agree():
 def test_history_one_user_equals_the_batch_path():
     w, _ = stream()
     users = np.array([3, 3, 99_999, 5])
-    starts = np.array([0, 10, 500, w.history.pool_size])     # the last one wraps around the pool
+    starts = np.array([0, 10, 500, w.history.per_cluster])   # the last one wraps around its pool
     counts = np.array([10, 5, 40, 30])
     flat = w.history.batch(users, starts, counts)
     expected = np.concatenate([w.history(int(u), int(a), int(a + k)) for u, a, k in zip(users, starts, counts)])

@@ -109,7 +109,10 @@ class Node:
     # -- serving --------------------------------------------------------------------------
     def serve(self, now: float, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray,
               history: History) -> Service:
-        """Serve one request starting at `now` (or when a sync refill releases the node)."""
+        """Serve one request starting at `now` (or when a sync refill releases the node).
+
+        `new_ids` must be `history(user, prefix_len, prefix_len + len(new_ids))`: a request's new
+        tokens are the next positions of its user's history."""
         start = now if now >= self.blocked_until else self.blocked_until
         cost, emb, kv = self.cost, self.emb, self.kv
         cached = min(kv.lookup(user), prefix_len)
@@ -119,23 +122,23 @@ class Node:
             if extra > 0 and cost.kv_onload_s(extra) < cost.recompute_s(extra, cached) + cost.lookup_s(extra):
                 onload = extra
         computed_from = cached + onload
+        n_new = len(new_ids)
+        # the tokens to compute are history positions [computed_from, prefix_len + n_new): the new
+        # tokens are the next positions of the user's history (the workload's contract)
+        computed = new_ids if computed_from == prefix_len else history(user, computed_from, prefix_len + n_new)
         hits, unfilled = emb.lookup(cand_ids)
-        h, u = emb.lookup(new_ids)
+        h, u = emb.lookup(computed)
         hits, unfilled = hits + h, unfilled + u
-        ids = len(cand_ids) + len(new_ids)
-        if computed_from < prefix_len:
-            hist = history(user, computed_from, prefix_len)
-            h, u = emb.lookup(hist)
-            hits, unfilled, ids = hits + h, unfilled + u, ids + len(hist)
+        tokens = len(computed)
+        ids = len(cand_ids) + tokens
         misses = ids - hits
-        tokens = prefix_len - computed_from + len(new_ids)
         ready = start + cost.host_s(misses)
         if misses:
             ready = self.link.transfer(ready, misses * cost.row_bytes, EMB_MISS)
         if onload:
             ready = self.link.transfer(ready, cost.kv_bytes(onload), KV_ONLOAD)
         end = ready + cost.lookup_s(ids) + cost.compute_s(tokens, computed_from, len(cand_ids))
-        kv.insert(user, prefix_len + len(new_ids))
+        kv.insert(user, prefix_len + n_new)
         s = self.stats
         s.requests += 1
         s.prefix_tokens += prefix_len

@@ -28,3 +28,99 @@ def plot_workload(series: StreamSeries, title: str, path: Path, bursts=()) -> No
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_simulation(series, title: str, out: Path) -> list[str]:
+    """Latency CDF, P99 per window, ratio timeline per node, hit rates per window."""
+    names = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lat = np.sort(series.latency_ms)
+    if len(lat):
+        ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat))
+    ax.axvline(series.slo_ms, color="tab:red", ls="--", lw=1, label=f"SLO {series.slo_ms:g} ms")
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("CDF")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3, which="both")
+    _save(fig, out / "latency_cdf.png", names)
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.plot(series.window_start, series.window_p99_ms, marker=".", lw=1)
+    ax.axhline(series.slo_ms, color="tab:red", ls="--", lw=1, label="SLO")
+    _shade_bursts(ax, series.bursts)
+    ax.set_yscale("log")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("window P99 (ms)")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3, which="both")
+    _save(fig, out / "p99_windows.png", names)
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    end = series.window_start[-1] + (series.window_start[1] - series.window_start[0] if len(series.window_start) > 1 else 1)
+    for node in range(series.n_nodes):
+        pts = [(t, r) for t, n, r in series.timeline if n == node]
+        if pts:
+            t = [p[0] for p in pts] + [end]
+            r = [p[1] if p[1] is not None else np.nan for p in pts]
+            ax.step(t, r + [r[-1]], where="post", lw=1, label=f"node {node}" if series.n_nodes <= 8 else None)
+    _shade_bursts(ax, series.bursts)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("EMB ratio r")
+    ax.set_title(title)
+    if series.n_nodes <= 8:
+        ax.legend(ncol=4, fontsize=8)
+    ax.grid(alpha=0.3)
+    _save(fig, out / "ratio_timeline.png", names)
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.plot(series.window_start, series.window_emb_hit, label="EMB hit rate")
+    ax.plot(series.window_start, series.window_kv_hit, label="KV hit rate (tokens)")
+    _shade_bursts(ax, series.bursts)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("time (s)")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    _save(fig, out / "hit_rates.png", names)
+    return names
+
+
+def plot_sweep(rows: list[dict], title: str, path: Path) -> None:
+    """P99 and SLO attainment against the static ratio."""
+    r = [x["ratio"] for x in rows]
+    fig, (a, b) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    a.plot(r, [x["p99_ms"] for x in rows], marker="o")
+    a.axhline(rows[0]["slo_ms"], color="tab:red", ls="--", lw=1, label="SLO")
+    best = min(rows, key=lambda x: x["p99_ms"])
+    a.axvline(best["ratio"], color="tab:green", ls=":", label=f"best r = {best['ratio']:.2f}")
+    a.set_yscale("log")
+    a.set_ylabel("P99 (ms)")
+    a.set_title(title)
+    a.legend()
+    a.grid(alpha=0.3, which="both")
+    b.plot(r, [x["slo_attainment"] for x in rows], marker="o", label="requests within SLO")
+    b.plot(r, [x["window_slo_satisfaction"] for x in rows], marker="s", label="windows with P99 within SLO")
+    b.set_ylim(0, 1.02)
+    b.set_xlabel("EMB ratio r (static)")
+    b.set_ylabel("share")
+    b.legend()
+    b.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _shade_bursts(ax, bursts) -> None:
+    for b in bursts:
+        ax.axvspan(b.start, b.end, color="tab:red", alpha=0.12, lw=0)
+
+
+def _save(fig, path: Path, names: list[str]) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    names.append(path.name)

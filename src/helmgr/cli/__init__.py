@@ -10,6 +10,8 @@ import sys
 import click
 
 from helmgr.cli.profile_cmd import profile
+from helmgr.cli.simulate_cmd import simulate_cmd
+from helmgr.cli.sweep_cmd import sweep_cmd
 from helmgr.cli.workload_cmd import workload
 from helmgr.errors import HelmInputError
 
@@ -20,6 +22,8 @@ def cli() -> None:
     """HELM: adaptive EMB/KV memory split and cache-aware routing for generative recommenders."""
 
 
+cli.add_command(simulate_cmd)
+cli.add_command(sweep_cmd)
 cli.add_command(workload)
 cli.add_command(profile)
 

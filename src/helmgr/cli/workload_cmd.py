@@ -18,7 +18,7 @@ def workload_options(f):
                      help="Synthetic regime: steady, trend, burst, or a combination such as trend+burst."),
         click.option("--duration", type=positive, default=120.0, show_default=True, help="Simulated seconds."),
         click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Random seed."),
-        click.option("--rps", type=positive, default=None, help="Base request rate of the synthetic workload [default: 800]."),
+        click.option("--rps", type=positive, default=None, help="Base request rate of the synthetic workload [default: 2400]."),
         click.option("--trace", type=click.Path(dir_okay=False), default=None, help="Replay this log instead of the synthetic workload."),
         click.option("--trace-format", type=click.Choice(FORMATS), default="inter", show_default=True,
                      help="inter: RecBole atomic file; sequences: 'user item item ...' per line."),

@@ -1,7 +1,8 @@
 """The embedding hot cache (SPEC 2.2): which item rows sit in HBM.
 
-Residency is a boolean mask indexed by item id, so checking a request's hundreds of ids is one
-numpy gather. Rows enter and leave at *refresh* (every refresh interval, from scores accumulated
+Each row has a state (absent, resident, or wanted-but-unfilled) in one uint8 array indexed by
+item id: checking a request's hundreds of ids is one gather from a table small enough to stay
+in cache (1 MB per million rows) and a count. Rows enter and leave at *refresh* (every refresh interval, from scores accumulated
 since the last one) and at *resize*. Between the two, the cache has a *wanted* set (the top
 `capacity` rows by score) and a *resident* subset of it: wanted rows that are not resident yet
 are "unfilled" and are filled by the node's refill mode, or by a miss that fetched them anyway.
@@ -50,10 +51,13 @@ class LRU(EvictionPolicy):
 
     def update(self, scores, counts, epoch):
         touched = counts > 0
-        scores[touched] = epoch + counts[touched] / (counts.max() + 1.0)
+        scores[touched] = epoch + counts[touched] / (float(counts.max()) + 1.0)
 
 
 POLICIES = {"lfu": LFU, "lru": LRU}
+
+
+ABSENT, RESIDENT, UNFILLED = 0, 1, 2
 
 
 class EmbCache:
@@ -69,15 +73,14 @@ class EmbCache:
         self.band_rows = max(1, band_rows)
         self.capacity_rows = 0
         self.scores = np.zeros(n_items, np.float32)
-        self.resident = np.zeros(n_items, bool)
-        self.wanted = np.zeros(n_items, bool)
-        self.n_resident = 0
+        self.state = np.zeros(n_items, np.uint8)
         self.n_wanted = 0
+        self.n_resident = 0             # (also clears _maybe_unfilled: no wanted row is unfilled)
         self.epoch = 0
         self._pending: list[np.ndarray] = []
         self._frontier: np.ndarray | None = None  # rows around the capacity edge, sorted
         self._frontier_lo = 0                      # rank of _frontier[0]
-        self._fill_queue = np.zeros(0, np.int64)  # unfilled wanted rows (hottest first once sorted)
+        self._fill_queue: np.ndarray | None = np.zeros(0, np.int64)  # unfilled rows (hottest first once sorted)
         self._fill_pos = 0
         self._fill_sorted = True
         self.lookups = 0
@@ -85,33 +88,47 @@ class EmbCache:
         self.unfilled_misses = 0
         self.filled_rows = 0
 
+    @property
+    def resident(self) -> np.ndarray:
+        return self.state == RESIDENT
+
+    @property
+    def wanted(self) -> np.ndarray:
+        return self.state != ABSENT
+
     # -- the hot path ---------------------------------------------------------------------
     def lookup(self, ids: np.ndarray) -> tuple[int, int]:
         """Count resident rows among `ids` and record the accesses for the next refresh.
 
         Returns (hits, misses on unfilled rows). A miss on a wanted-but-unfilled row brings the
         row over PCIe anyway, so it is admitted (this is the `lazy` refill)."""
-        if len(ids) == 0:
+        n = len(ids)
+        if n == 0:
             return 0, 0
         self._pending.append(ids)
-        hits = int(np.count_nonzero(self.resident[ids]))
-        unfilled = 0
-        if self.n_wanted > self.n_resident and hits < len(ids):
-            missed = ids[~self.resident[ids]]
-            admit = missed[self.wanted[missed]]
-            if len(admit) > 1:                       # distinct rows, without np.unique's overhead
-                admit = np.sort(admit)
-                first = np.ones(len(admit), bool)
-                np.not_equal(admit[1:], admit[:-1], out=first[1:])
-                admit = admit[first]
-            unfilled = len(admit)
-            if unfilled:
-                self.resident[admit] = True
-                self.n_resident += unfilled
-                self.unfilled_misses += unfilled
-        self.lookups += len(ids)
+        st = self.state[ids]
+        wanted = int(np.count_nonzero(st))
+        hits = int(np.count_nonzero(st == RESIDENT)) if wanted and self._maybe_unfilled else wanted
+        unfilled = wanted - hits
+        self.lookups += n
         self.hits += hits
+        if unfilled:
+            self.state[ids[st == UNFILLED]] = RESIDENT
+            self._stale_count = True          # duplicates make the exact count a recount
+            self.unfilled_misses += unfilled
         return hits, unfilled
+
+    @property
+    def n_resident(self) -> int:
+        if self._stale_count:
+            self.n_resident = int(np.count_nonzero(self.state == RESIDENT))
+        return self._n_resident
+
+    @n_resident.setter
+    def n_resident(self, value: int) -> None:
+        self._n_resident = value
+        self._stale_count = False
+        self._maybe_unfilled = value < self.n_wanted
 
     # -- filling --------------------------------------------------------------------------
     @property
@@ -121,17 +138,20 @@ class EmbCache:
     def next_unfilled(self, max_rows: int) -> np.ndarray:
         """Up to `max_rows` unfilled wanted rows, hottest first (not yet marked resident). Taking
         them all needs no order; taking a few sorts the queue once."""
-        out = []
-        taken = 0
+        if self._fill_queue is None:
+            self._fill_queue = np.flatnonzero(self.state == UNFILLED)
+            self._fill_pos, self._fill_sorted = 0, False
         if not self._fill_sorted and max_rows < self.unfilled_rows:
             q = self._fill_queue[self._fill_pos:]
             self._fill_queue = q[np.argsort(-self.scores[q], kind="stable")]
             self._fill_pos, self._fill_sorted = 0, True
+        out = []
+        taken = 0
         q = self._fill_queue
         while taken < max_rows and self._fill_pos < len(q):
             chunk = q[self._fill_pos:self._fill_pos + (max_rows - taken)]
             self._fill_pos += len(chunk)
-            chunk = chunk[self.wanted[chunk] & ~self.resident[chunk]]
+            chunk = chunk[self.state[chunk] == UNFILLED]
             out.append(chunk)
             taken += len(chunk)
         return np.concatenate(out) if out else np.zeros(0, np.int64)
@@ -139,9 +159,9 @@ class EmbCache:
     def fill(self, rows: np.ndarray) -> int:
         """Make `rows` resident where they are still wanted; return how many were filled."""
         rows = np.unique(rows)
-        rows = rows[self.wanted[rows] & ~self.resident[rows]]
-        self.resident[rows] = True
-        self.n_resident += len(rows)
+        rows = rows[self.state[rows] == UNFILLED]
+        self.state[rows] = RESIDENT
+        self.n_resident = self.n_resident + len(rows)
         self.filled_rows += len(rows)
         return len(rows)
 
@@ -161,16 +181,19 @@ class EmbCache:
         f, lo = self._frontier, self._frontier_lo
         if new < old:
             drop = f[new - lo:old - lo]
-            self.n_resident -= int(np.count_nonzero(self.resident[drop]))
-            self.resident[drop] = False
-            self.wanted[drop] = False
+            resident = self.n_resident - int(np.count_nonzero(self.state[drop] == RESIDENT))
+            self.state[drop] = ABSENT
+            self.n_wanted = new
+            self.n_resident = resident
         else:
             add = f[old - lo:new - lo]
-            self.wanted[add] = True
-            rest = self._fill_queue[self._fill_pos:]
-            self._fill_queue, self._fill_pos = np.concatenate([rest, add]), 0
-            self._fill_sorted = self._fill_sorted and len(rest) == 0   # frontier order is hot-first
-        self.n_wanted = new
+            self.state[add] = UNFILLED
+            self.n_wanted = new
+            self._maybe_unfilled = True
+            if self._fill_queue is not None:       # else it is found (add included) when asked for
+                rest = self._fill_queue[self._fill_pos:]
+                self._fill_queue, self._fill_pos = np.concatenate([rest, add]), 0
+                self._fill_sorted = self._fill_sorted and len(rest) == 0   # frontier order is hot-first
 
     def refresh(self) -> None:
         """Fold the accesses since the last refresh into the scores and re-select: rows that fell
@@ -194,7 +217,7 @@ class EmbCache:
         self.scores[:] = scores
         self._pending.clear()
         self._select(self.capacity_rows)
-        self.resident[:] = self.wanted
+        self.state[self.state == UNFILLED] = RESIDENT
         self.n_resident = self.n_wanted
         self._fill_queue, self._fill_pos = np.zeros(0, np.int64), 0
 
@@ -204,24 +227,25 @@ class EmbCache:
         return np.partition(self.scores, n - 1 - r)[n - 1 - r]
 
     def _select(self, c: int) -> None:
-        """wanted <- the top c rows by (score desc, row id asc); evict the rest."""
-        s = self.scores
-        if c >= self.n_items:
-            self.wanted[:] = True
-        elif c == 0:
-            self.wanted[:] = False
+        """Wanted <- the top c rows by (score desc, row id asc); evict the rest; rows newly
+        wanted are unfilled. Eight vectorized passes over the rows, one partition."""
+        s, n = self.scores, self.n_items
+        c = min(c, n)
+        if c == 0:
+            want = np.zeros(n, bool)
         else:
             theta = self._value_at_rank(c - 1)
-            np.greater(s, theta, out=self.wanted)
-            ties = np.flatnonzero(s == theta)[:c - int(np.count_nonzero(self.wanted))]
-            self.wanted[ties] = True
-        self.n_wanted = min(c, self.n_items)
-        self.resident &= self.wanted
-        self.n_resident = int(np.count_nonzero(self.resident))
-        self._fill_queue = np.flatnonzero(self.wanted & ~self.resident)
-        self._fill_pos, self._fill_sorted = 0, False     # sorted hottest-first when first asked
+            want = s >= theta
+            extra = int(np.count_nonzero(want)) - c
+            if extra > 0:                          # ties at the threshold: keep the lowest ids
+                tied = np.flatnonzero(s == theta)
+                want[tied[len(tied) - extra:]] = False
+        keep = want & (self.state == RESIDENT)
+        np.subtract(want.view(np.uint8) * np.uint8(UNFILLED), keep.view(np.uint8), out=self.state)
+        self.n_wanted = c
+        self.n_resident = int(np.count_nonzero(keep))
+        self._fill_queue = None                    # found when first asked for
         self._frontier = None
-
     def _build_frontier(self, c: int) -> None:
         """Sort the rows ranked about [c - band, c + band) by (score desc, row id asc); rows
         tied at either edge are included, so the frontier's ranks start at `_frontier_lo`."""
@@ -246,7 +270,8 @@ class EmbCache:
         return self.hits / self.lookups if self.lookups else 0.0
 
     def check_integrity(self) -> None:
-        assert self.n_resident == int(np.count_nonzero(self.resident))
-        assert self.n_wanted == int(np.count_nonzero(self.wanted))
-        assert not np.any(self.resident & ~self.wanted), "resident row that is not wanted"
+        st = self.state
+        assert self.n_resident == int(np.count_nonzero(st == RESIDENT))
+        assert self.n_wanted == int(np.count_nonzero(st != ABSENT))
+        assert np.all((st == ABSENT) | (st == RESIDENT) | (st == UNFILLED)), "unknown row state"
         assert self.n_wanted <= self.capacity_rows

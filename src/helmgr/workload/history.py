@@ -15,53 +15,49 @@ from helmgr.workload.users import SyntheticUsers, hash_uniform, hash_uniform_one
 
 
 class SyntheticHistory:
-    """Histories drawn once into shared pools: user u reads the pools from its own hashed offset,
-    so a user's sequence costs nothing to store and is a Zipf sample like everyone's. Each
-    position is a global-head item (share `head_share`) or an item of the user's cluster tail."""
+    """Each interest cluster has a pool of `per_cluster` history positions drawn once from its
+    mixture (a global-head item with probability `head_share`, else an item of the cluster's
+    tail). A user reads its cluster's pool from its own hashed offset, so a history costs no
+    storage and asking for one is a slice (a view), never a computation."""
 
     def __init__(self, rng: np.random.Generator, space: ItemSpace, users: SyntheticUsers, head_share: float,
-                 head_exponent: float, tail_exponent: float, pool_size: int = 1 << 21):
+                 head_exponent: float, tail_exponent: float, per_cluster: int = 1 << 16):
         self.space, self.users = space, users
-        self.pool_size = pool_size
-        self.span = pool_size - 4 * users.len_cap    # offsets leave room for histories to grow
+        self.per_cluster = per_cluster
+        self.span = per_cluster - 4 * users.len_cap    # offsets leave room for histories to grow
         if self.span <= 0:
-            raise ValueError(f"history pool of {pool_size} is too small for length cap {users.len_cap}")
-        head = space.head_ids(zipf_ranks(rng, space.n_items, head_exponent, pool_size))
-        tail_local = (-zipf_ranks(rng, space.segment, tail_exponent, pool_size)) % space.segment
-        self.is_head = rng.random(pool_size) < head_share
-        # head id where the position is a head item, else the cluster-local id (cluster added later)
-        self.mixed = np.where(self.is_head, head, tail_local)
+            raise ValueError(f"history pool of {per_cluster} is too small for length cap {users.len_cap}")
+        size = space.n_clusters * per_cluster
+        head = space.head_ids(zipf_ranks(rng, space.n_items, head_exponent, size))
+        tail_local = (-zipf_ranks(rng, space.segment, tail_exponent, size)) % space.segment
+        cluster = np.repeat(np.arange(space.n_clusters), per_cluster)
+        self.pool = np.where(rng.random(size) < head_share, head, cluster * space.segment + tail_local)
         self._salt = users.seed * 7 + 5
-        self._cache: dict[int, tuple[int, int]] = {}
+        self._cache: dict[int, int] = {}
 
-    def _user(self, user: int) -> tuple[int, int]:
-        """(pool offset, cluster segment base) of one user, memoized."""
+    def _base(self, user: int) -> int:
+        """Where user's history starts in the flat pool, memoized."""
         got = self._cache.get(user)
         if got is None:
-            offset = int(hash_uniform_one(user, self._salt) * self.span)
             cluster = int(hash_uniform_one(user, self.users.seed * 7 + 1) * self.users.n_clusters)
-            got = (offset, cluster * self.space.segment)
+            got = cluster * self.per_cluster + int(hash_uniform_one(user, self._salt) * self.span)
             if len(self._cache) > 1 << 20:
                 self._cache.clear()
             self._cache[user] = got
         return got
 
     def __call__(self, user: int, start: int, stop: int) -> np.ndarray:
-        offset, base = self._user(user)
-        a, b = offset + start, offset + stop
-        if b > self.pool_size:
-            return self._lookup(np.arange(a, b), base)
-        return self.mixed[a:b] + np.where(self.is_head[a:b], 0, base)
-
-    def _lookup(self, idx: np.ndarray, base: np.ndarray | int) -> np.ndarray:
-        idx = idx % self.pool_size
-        return self.mixed[idx] + np.where(self.is_head[idx], 0, base)
+        base = self._base(user)
+        offset = base % self.per_cluster
+        if offset + stop <= self.per_cluster:
+            return self.pool[base + start:base + stop]
+        return self.pool[base - offset + (offset + np.arange(start, stop)) % self.per_cluster]
 
     def batch(self, users: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         rows, pos = ragged_positions(starts, counts)
         offsets = (hash_uniform(users, self._salt) * self.span).astype(np.int64)
-        bases = self.users.cluster(users) * self.space.segment
-        return self._lookup(offsets[rows] + pos, bases[rows])
+        cluster_base = self.users.cluster(users) * self.per_cluster
+        return self.pool[cluster_base[rows] + (offsets[rows] + pos) % self.per_cluster]
 
 
 class TraceHistory:

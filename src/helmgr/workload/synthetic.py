@@ -38,27 +38,27 @@ class SyntheticConfig:
 
     regime: str = "steady"
     duration_s: float = 120.0
-    rps: float = 800.0                   # base request rate, whole cluster
+    rps: float = 2400.0                  # base request rate, whole cluster (docs/tradeoff.md)
     n_users: int = 1_000_000
     n_items: int = 1_000_000
     n_clusters: int = 64                 # interest clusters; each owns n_items / n_clusters items
     candidates: int = 512                # candidates per request
     head_exponent: float = 0.9           # Zipf exponent of global popularity
-    tail_exponent: float = 0.7           # Zipf exponent inside a cluster's items
-    cand_head_share: float = 0.5         # share of candidates from the global head
-    hist_head_share: float = 0.5         # share of history positions from the global head
-    activity_exponent: float = 0.9       # Zipf exponent of user activity (who comes back)
+    tail_exponent: float = 0.6           # Zipf exponent inside a cluster's items
+    cand_head_share: float = 0.8         # share of candidates from the global head
+    hist_head_share: float = 0.2         # share of history positions from the global head
+    activity_exponent: float = 0.3       # Zipf exponent of user activity: mild, no user sends a session a second
     len_median: float = 1000.0           # history length: lognormal median ...
     len_sigma: float = 0.7               # ... and sigma
     len_cap: int = 8192                  # ... capped at the model's max sequence length
-    session: SessionShape = SessionShape(mean_requests=8.0, think_s=5.0, new_tokens=4.0)
+    session: SessionShape = SessionShape(mean_requests=12.0, think_s=3.0, new_tokens=4.0)
     drift_per_s: float = 30.0            # trend: item ranks rotated per second
     ramp: float = 0.5                    # trend: traffic grows by this share over the run
-    burst_every_s: float = 30.0          # burst: mean gap between bursts
-    burst_len_s: tuple[float, float] = (5.0, 20.0)
+    burst_every_s: float = 40.0          # burst: mean gap between bursts
+    burst_len_s: tuple[float, float] = (2.0, 6.0)
     burst_mult: tuple[float, float] = (3.0, 5.0)
     burst_new_share: float = 0.9         # burst: share of burst sessions from new users
-    burst_session: SessionShape = SessionShape(mean_requests=2.0, think_s=1.0, new_tokens=4.0)
+    burst_session: SessionShape = SessionShape(mean_requests=1.0, think_s=1.0, new_tokens=4.0)
     trending: Trending = field(default_factory=Trending)
 
     def validate(self) -> "SyntheticConfig":

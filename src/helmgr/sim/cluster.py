@@ -1,0 +1,256 @@
+"""The cluster simulator's event loop (SPEC 4).
+
+Events live in one heap of `(time, priority, seq, kind, node, generation)`; arrivals come from the
+workload's chunks, already in time order, and are merged with the heap: an arrival is handled
+after every event due at or before its time. Only the loop advances `now`. Every random draw
+comes from generators seeded by the run's seed, so a run replays bit for bit.
+"""
+from __future__ import annotations
+
+from collections import deque
+from heapq import heappop, heappush
+
+import numpy as np
+
+from helmgr.errors import HelmInputError
+from helmgr.node import Node, NodeConfig
+from helmgr.profiles import NodeProfile
+from helmgr.sim.config import SimConfig
+from helmgr.sim.metrics import Recorder
+from helmgr.sim.policies import MemoryPolicy
+from helmgr.sim.routers import Router
+from helmgr.workload import Workload
+
+# event kinds, in the order they run when due at the same time (arrivals run last)
+DEPART, REFILL, DOWN, UP, REFRESH, TICK, WINDOW = range(7)
+
+
+class Cluster:
+    def __init__(self, cfg: SimConfig, workload: Workload, profile: NodeProfile, router: Router,
+                 policy: MemoryPolicy, on_progress=None):
+        self.cfg, self.workload, self.profile = cfg, workload, profile
+        self.router, self.policy = router, policy
+        self.on_progress = on_progress
+        n = cfg.nodes
+        self.node_config = NodeConfig(ratio=cfg.ratio, r_min=cfg.r_min, r_max=cfg.r_max, refill=cfg.refill,
+                                      refill_share=cfg.refill_share, emb_policy=cfg.emb_policy,
+                                      kv_tail_first=cfg.kv_tail_first, host_kv_gib=cfg.host_kv_gib)
+        self.ids_per_refresh = self._ids_per_refresh()
+        self.nodes = [self._fresh_node(i) for i in range(n)]
+        self.retired: list[Node] = []            # nodes replaced after a failure, for the totals
+        self.queues = [deque() for _ in range(n)]
+        self.shared: deque = deque()             # the central queue, when cfg.central_queue
+        self.busy = [False] * n
+        self.up = [True] * n
+        self.gen = [0] * n
+        self.inflight: list[list] = [[] for _ in range(n)]
+        self.refill_at: list[float | None] = [None] * n
+        self.rng = np.random.default_rng([cfg.seed, 101])
+        router.bind(n, self.up, np.random.default_rng([cfg.seed, 102]))
+        self.heap: list = []
+        self.seq = 0
+        self.now = 0.0
+        self.rec = Recorder(n)
+        self.rerouted = 0
+        self._service_draws: list[float] = []
+        for i, node in enumerate(self.nodes):
+            self.rec.ratio_change(0.0, i, node.ratio)
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _ids_per_refresh(self) -> float:
+        """Accesses a node sees per refresh, estimated from the first simulated second: scales the
+        warm-start prior into count units."""
+        first = next(iter(self.workload.chunks(1.0)), None)
+        if first is None or not len(first):
+            return 1.0
+        per_s = (len(first.cand_ids) + len(first.item_ids) + 0.5 * float(first.prefix_len.sum())) / max(first.t[-1], 1e-9)
+        return per_s * self.cfg.refresh_s / self.cfg.nodes
+
+    def _fresh_node(self, i: int) -> Node:
+        node = Node(self.profile, self.workload.n_items, self.node_config, node_id=i)
+        if self.workload.prior is not None:
+            node.emb.warm(self.workload.prior, per_refresh=self.ids_per_refresh)
+        return node
+
+    def push(self, t: float, kind: int, node: int = -1) -> None:
+        self.seq += 1
+        heappush(self.heap, (t, kind, self.seq, kind, node, self.gen[node] if node >= 0 else 0))
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> None:
+        cfg, end = self.cfg, self.workload.duration_s
+        self.push(cfg.tick_s, TICK)
+        self.push(cfg.refresh_s, REFRESH)
+        self.push(cfg.window_s, WINDOW)
+        for f in cfg.faults:
+            self.push(f.down_s, DOWN, f.node)
+            if f.up_s is not None:
+                self.push(f.up_s, UP, f.node)
+        heap, handle = self.heap, self._handle
+        rid = 0
+        for chunk in self.workload.chunks(1.0):
+            ts, users, prefix = chunk.t.tolist(), chunk.user.tolist(), chunk.prefix_len.tolist()
+            io, co, burst = chunk.item_offsets.tolist(), chunk.cand_offsets.tolist(), chunk.burst.tolist()
+            items, cands = chunk.item_ids, chunk.cand_ids
+            for i, t in enumerate(ts):
+                while heap and heap[0][0] <= t:
+                    handle(heappop(heap))
+                self.now = t
+                self.arrive([rid, t, users[i], prefix[i], items[io[i]:io[i + 1]], cands[co[i]:co[i + 1]], burst[i], 0])
+                rid += 1
+            if self.on_progress:
+                self.on_progress(min(ts[-1] if ts else end, end))
+        self.stop_periodic = True
+        while heap:
+            handle(heappop(heap))
+        self.rec.requests = rid
+
+    stop_periodic = False
+
+    def _handle(self, ev) -> None:
+        t, _, _, kind, node, gen = ev
+        self.now = t
+        if kind == DEPART:
+            if gen == self.gen[node]:
+                self.depart(node)
+        elif kind == REFILL:
+            if gen == self.gen[node]:
+                self.refill_at[node] = None
+                self._schedule_refill(node, self.nodes[node].refill_step(t))
+        elif kind == TICK:
+            self.tick()
+        elif kind == REFRESH:
+            self.refresh()
+        elif kind == WINDOW:
+            self.rec.window(t, [len(q) for q in self.queues])
+            if not self.stop_periodic:
+                self.push(t + self.cfg.window_s, WINDOW)
+        elif kind == DOWN:
+            self.node_down(node)
+        elif kind == UP:
+            self.node_up(node)
+
+    # -- requests -------------------------------------------------------------------------
+    def arrive(self, req: list) -> None:
+        user, prefix = req[2], req[3]
+        if not any(self.up):
+            raise HelmInputError(f"every node is down at t={self.now:.3f} s; nothing can serve")
+        if self.cfg.central_queue:
+            idle = next((i for i in range(len(self.busy)) if self.up[i] and not self.busy[i]), None)
+            if idle is None:
+                self.shared.append(req)
+            else:
+                self.start(idle, [req])
+            return
+        n = self.router.route(user, prefix, prefix + len(req[4]))
+        self.router.dispatched(n, user, prefix + len(req[4]))
+        if self.busy[n]:
+            self.queues[n].append(req)
+        else:
+            self.start(n, [req])
+
+    def start(self, n: int, batch: list) -> None:
+        node, now = self.nodes[n], self.now
+        q = self.shared if self.cfg.central_queue else self.queues[n]
+        while len(batch) < self.cfg.max_batch and q:
+            batch.append(q.popleft())
+        end = now
+        served = []
+        if self.cfg.bypass_caches:
+            begin = max(now, node.blocked_until)
+            end = begin + sum(self._service_time() for _ in batch)
+            served = [(req, begin) for req in batch]
+        else:
+            t = now
+            launch = node.cost.launch_overhead_s
+            for k, req in enumerate(batch):
+                svc = node.serve(t, req[2], req[3], req[4], req[5], self.workload.history)
+                served.append((req, svc))
+                end = svc.end
+                t = svc.end - launch      # a batch shares its kernel launches
+        self.busy[n] = True
+        self.inflight[n] = served
+        self.push(end, DEPART, n)
+
+    def _service_time(self) -> float:
+        if not self._service_draws:
+            self._service_draws = self.rng.exponential(self.cfg.service_mean_s, 4096).tolist()
+        return self._service_draws.pop()
+
+    def depart(self, n: int) -> None:
+        now, rec, router = self.now, self.rec, self.router
+        central = self.cfg.central_queue
+        for req, svc in self.inflight[n]:
+            rec.complete(req, svc, n, now)
+            if not central:
+                router.completed(n)
+        self.inflight[n] = []
+        self.busy[n] = False
+        q = self.shared if central else self.queues[n]
+        if q:
+            self.start(n, [q.popleft()])
+
+    # -- memory ---------------------------------------------------------------------------
+    def _schedule_refill(self, n: int, wake: float | None) -> None:
+        if wake is not None and self.refill_at[n] is None:
+            self.refill_at[n] = wake
+            self.push(wake, REFILL, n)
+
+    def tick(self) -> None:
+        now = self.now
+        for i, node in enumerate(self.nodes):
+            if not self.up[i]:
+                continue
+            ratio = self.policy.decide(i, node, now)
+            if ratio is not None and node.pool.pages_for(ratio) != node.pool.emb_pages:
+                _, wake = node.resize(ratio, now)
+                self._schedule_refill(i, wake)
+                self.rec.ratio_change(now, i, node.ratio)
+        if not self.stop_periodic:
+            self.push(now + self.cfg.tick_s, TICK)
+
+    def refresh(self) -> None:
+        for i, node in enumerate(self.nodes):
+            if self.up[i]:
+                self._schedule_refill(i, node.refresh(self.now))
+        if not self.stop_periodic:
+            self.push(self.now + self.cfg.refresh_s, REFRESH)
+
+    # -- faults ---------------------------------------------------------------------------
+    def node_down(self, n: int) -> None:
+        """Node n fails: its queued and in-service requests are routed again (counted)."""
+        if not self.up[n]:
+            return
+        self.up[n] = False
+        self.gen[n] += 1
+        stranded = [req for req, _ in self.inflight[n]] + list(self.queues[n])
+        self.inflight[n], self.queues[n] = [], deque()
+        self.busy[n] = False
+        self.refill_at[n] = None
+        self.router.node_down(n)
+        self.rec.ratio_change(self.now, n, None)
+        for req in stranded:
+            req[7] = 1
+        self.rerouted += len(stranded)
+        if self.cfg.central_queue:
+            self.shared.extendleft(reversed(stranded))
+            self._start_idle()
+        else:
+            for req in stranded:
+                self.arrive(req)
+
+    def _start_idle(self) -> None:
+        for i in range(len(self.busy)):
+            if self.up[i] and not self.busy[i] and self.shared:
+                self.start(i, [self.shared.popleft()])
+
+    def node_up(self, n: int) -> None:
+        if self.up[n]:
+            return
+        self.retired.append(self.nodes[n])
+        self.nodes[n] = self._fresh_node(n)     # HBM state is gone: cold KV, EMB reloaded warm
+        self.up[n] = True
+        self.router.node_up(n)
+        self.rec.ratio_change(self.now, n, self.nodes[n].ratio)
+        if self.cfg.central_queue:
+            self._start_idle()

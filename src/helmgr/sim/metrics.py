@@ -1,0 +1,147 @@
+"""Metrics (SPEC 4): per request, per window, per node and in total, and the JSON of SPEC 10."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from helmgr.memory import CAUSES
+
+
+class Recorder:
+    """Appends one entry per completed request (plain lists; arrays are built once at the end)."""
+
+    def __init__(self, n_nodes: int):
+        self.n_nodes = n_nodes
+        self.requests = 0
+        self.arrival, self.start, self.end, self.node, self.burst, self.rerouted = [], [], [], [], [], []
+        self.ids, self.misses, self.prefix, self.kv_tokens, self.unfilled = [], [], [], [], []
+        self.timeline: list[tuple[float, int, float | None]] = []   # (t, node, ratio or None = down)
+        self.window_t: list[float] = []
+        self.window_queues: list[list[int]] = []
+
+    def complete(self, req: list, svc, node: int, now: float) -> None:
+        self.arrival.append(req[1])
+        self.end.append(now)
+        self.node.append(node)
+        self.burst.append(req[6])
+        self.rerouted.append(req[7])
+        self.prefix.append(req[3])
+        if isinstance(svc, float):       # a queueing check: svc is the service start
+            self.start.append(svc)
+            self.ids.append(0); self.misses.append(0); self.kv_tokens.append(0); self.unfilled.append(0)
+        else:
+            self.start.append(svc.start)
+            self.ids.append(svc.ids); self.misses.append(svc.misses)
+            self.kv_tokens.append(svc.kv_tokens); self.unfilled.append(svc.unfilled_misses)
+
+    def ratio_change(self, t: float, node: int, ratio: float | None) -> None:
+        self.timeline.append((t, node, ratio))
+
+    def window(self, t: float, queues: list[int]) -> None:
+        self.window_t.append(t)
+        self.window_queues.append(queues)
+
+
+@dataclass(frozen=True)
+class Series:
+    """What the plots draw."""
+
+    latency_ms: np.ndarray
+    window_start: np.ndarray
+    window_p99_ms: np.ndarray
+    window_emb_hit: np.ndarray
+    window_kv_hit: np.ndarray
+    window_requests: np.ndarray
+    timeline: list
+    bursts: list
+    slo_ms: float
+    n_nodes: int
+
+
+def window_stats(arrival, latency, window_s, duration, *per_request):
+    """Group requests by the window they arrived in: (window starts, P99 per window, request
+    counts, and per-window sums of each extra per-request array)."""
+    n_win = max(1, int(np.ceil(duration / window_s - 1e-9)))
+    w = np.minimum((arrival / window_s).astype(np.int64), n_win - 1)
+    counts = np.bincount(w, minlength=n_win)
+    order = np.argsort(w, kind="stable")
+    bounds = np.r_[0, np.cumsum(counts)]
+    lat_sorted = latency[order]
+    p99 = np.full(n_win, np.nan)
+    for k in np.flatnonzero(counts):
+        p99[k] = np.percentile(lat_sorted[bounds[k]:bounds[k + 1]], 99)
+    sums = [np.bincount(w, weights=x, minlength=n_win) for x in per_request]
+    return np.arange(n_win) * window_s, p99, counts, sums
+
+
+def mean_ratio(timeline, n_nodes: int, duration: float) -> float:
+    """Time-weighted mean EMB share over nodes and time, over the time nodes were up."""
+    total, weight = 0.0, 0.0
+    last: dict[int, tuple[float, float | None]] = {}
+    for t, node, ratio in sorted(timeline, key=lambda e: (e[0], e[1])) + [(duration, n, None) for n in range(n_nodes)]:
+        t = min(t, duration)
+        if node in last:
+            t0, r0 = last[node]
+            if r0 is not None and t > t0:
+                total += r0 * (t - t0)
+                weight += t - t0
+        last[node] = (t, ratio)
+    return total / weight if weight else float("nan")
+
+
+def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_s: float, bursts,
+              wall_s: float, rerouted: int, warmup_s: float = 0.0) -> tuple[dict, Series]:
+    """Totals count every request; latency, SLO, hit-rate and rate figures cover the requests
+    that arrived after `warmup_s` (and the windows after it)."""
+    all_arrival = np.asarray(rec.arrival)
+    keep = all_arrival >= warmup_s
+    arrival = all_arrival[keep]
+    latency = np.asarray(rec.end)[keep] - arrival
+    ids, misses = np.asarray(rec.ids, float)[keep], np.asarray(rec.misses, float)[keep]
+    prefix, kv = np.asarray(rec.prefix, float)[keep], np.asarray(rec.kv_tokens, float)[keep]
+    measured = len(latency)
+    span = max(duration - warmup_s, 1e-9)
+    pct = np.percentile(latency, [50, 95, 99, 99.9]) * 1e3 if measured else np.full(4, np.nan)
+    starts, p99, counts, (w_ids, w_miss, w_prefix, w_kv) = window_stats(all_arrival, np.asarray(rec.end) - all_arrival,
+                                                                        window_s, duration, *(
+                                                                            np.asarray(x, float) for x in
+                                                                            (rec.ids, rec.misses, rec.prefix, rec.kv_tokens)))
+    busy = (counts > 0) & (starts >= warmup_s - 1e-9)
+    ok = latency <= slo_s
+    violated = []
+    for b in bursts:
+        k0, k1 = int(b.start // window_s), int(np.ceil(b.end / window_s))
+        seen = p99[k0:k1][busy[k0:k1]]
+        violated.append(bool(np.any(seen > slo_s)))
+    link = {c: sum(n.link.bytes_by_cause[c] for n in nodes) for c in CAUSES}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w_emb = 1.0 - w_miss / w_ids
+        w_kv = w_kv / w_prefix
+    summary = {
+        "requests": rec.requests,
+        "completed": len(all_arrival),
+        "p50_ms": float(pct[0]), "p95_ms": float(pct[1]), "p99_ms": float(pct[2]), "p999_ms": float(pct[3]),
+        "slo_ms": slo_s * 1e3,
+        "slo_attainment": float(ok.mean()) if measured else 0.0,
+        "window_slo_satisfaction": float(np.mean(p99[busy] <= slo_s)) if busy.any() else 0.0,
+        "throughput_rps": measured / span,
+        "goodput_rps": float(ok.sum()) / span,
+        "emb_hit_rate": float(1.0 - misses.sum() / ids.sum()) if ids.sum() else 0.0,
+        "kv_hit_rate": float(kv.sum() / prefix.sum()) if prefix.sum() else 0.0,
+        "h2d_gb": sum(link.values()) / 1e9,
+        "refill_blocked_s": float(sum(n.stats.refill_blocked_s for n in nodes)),
+        "mean_ratio": mean_ratio(rec.timeline, rec.n_nodes, duration),
+        "burst_violation_share": float(np.mean(violated)) if violated else None,
+        "wall_s": wall_s,
+        "h2d_gb_by_cause": {c: b / 1e9 for c, b in link.items()},
+        "unfilled_misses": int(np.sum(rec.unfilled)),
+        "rerouted": rerouted,
+        "bursts": len(bursts),
+        "utilization": float(sum(n.stats.busy_s for n in nodes) / (duration * rec.n_nodes)),
+        "warmup_s": warmup_s,
+        "max_queue": int(max((max(q) for q in rec.window_queues), default=0)),
+    }
+    series = Series(latency * 1e3, starts, p99 * 1e3, w_emb, w_kv, counts, rec.timeline, list(bursts),
+                    slo_s * 1e3, rec.n_nodes)
+    return summary, series

@@ -1,0 +1,187 @@
+"""Routers (SPEC 7): where each request goes. Baselines here; the HELM router builds on them.
+
+A router keeps its own view of load: requests dispatched to a node and not yet completed,
+updated at dispatch and completion (never a stale poll). The cluster tells it which nodes are up.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+
+import numpy as np
+
+from helmgr.workload.users import hash_uniform_one
+
+DOWN = 1 << 40                          # the load a router sees on a node that is down
+
+
+class Router:
+    name = ""
+
+    def bind(self, n_nodes: int, up: list[bool], rng: np.random.Generator) -> None:
+        self.n = n_nodes
+        self.up = up                      # shared with the cluster: True while a node serves
+        self.rng = rng
+        self.load = [0] * n_nodes         # dispatched, not yet completed
+
+    def route(self, user: int, prefix_len: int, tokens: int) -> int:
+        raise NotImplementedError
+
+    def dispatched(self, node: int, user: int, tokens: int) -> None:
+        self.load[node] += 1
+
+    def completed(self, node: int) -> None:
+        self.load[node] -= 1
+
+    def node_down(self, node: int) -> None:
+        self.load[node] = DOWN          # never the least loaded while down
+
+    def node_up(self, node: int) -> None:
+        self.load[node] = 0
+
+    def _least_loaded(self, start: int) -> int:
+        """Fewest outstanding requests; ties go to the first from `start` on, so equal nodes take
+        turns instead of the lowest index winning (a C-level scan: min, then index)."""
+        load = self.load
+        m = min(load)
+        try:
+            return load.index(m, start)
+        except ValueError:
+            return load.index(m)
+
+
+class RoundRobin(Router):
+    name = "round-robin"
+
+    def bind(self, n_nodes, up, rng):
+        super().bind(n_nodes, up, rng)
+        self.next = 0
+
+    def route(self, user, prefix_len, tokens):
+        for _ in range(self.n):
+            j = self.next
+            self.next = j + 1 if j + 1 < self.n else 0
+            if self.up[j]:
+                return j
+        raise RuntimeError("no node is up")
+
+
+class LeastLoaded(Router):
+    name = "least-loaded"
+
+    def bind(self, n_nodes, up, rng):
+        super().bind(n_nodes, up, rng)
+        self.start = 0
+
+    def route(self, user, prefix_len, tokens):
+        s = self.start
+        self.start = s + 1 if s + 1 < self.n else 0
+        return self._least_loaded(s)
+
+
+class PowerOfTwo(Router):
+    """Two distinct nodes drawn at random; the less loaded one wins (Mitzenmacher 2001)."""
+
+    name = "p2c"
+    BLOCK = 4096
+
+    def bind(self, n_nodes, up, rng):
+        super().bind(n_nodes, up, rng)
+        self._draws, self._pos = [], 0
+
+    def _draw(self) -> tuple[int, int]:
+        if self._pos >= len(self._draws):
+            a = self.rng.integers(0, self.n, self.BLOCK)
+            b = (a + self.rng.integers(1, max(self.n, 2), self.BLOCK)) % self.n
+            self._draws, self._pos = list(zip(a.tolist(), b.tolist())), 0
+        pair = self._draws[self._pos]
+        self._pos += 1
+        return pair
+
+    def route(self, user, prefix_len, tokens):
+        for _ in range(4 * self.n):
+            a, b = self._draw()
+            if self.up[a] and self.up[b]:
+                return a if self.load[a] <= self.load[b] else b
+            if self.up[a] or self.up[b]:
+                return a if self.up[a] else b
+        return self._least_loaded(0)
+
+
+class Affinity(Router):
+    """Consistent hashing of user ids on a ring of 64 virtual nodes per node; a down node's users
+    move to the next node on the ring."""
+
+    name = "affinity"
+    VNODES = 64
+
+    def bind(self, n_nodes, up, rng):
+        super().bind(n_nodes, up, rng)
+        points = sorted((hash_uniform_one(node * 1_000_003 + v, 11), node)
+                        for node in range(n_nodes) for v in range(self.VNODES))
+        self.ring = [p for p, _ in points]
+        self.owner = [o for _, o in points]
+
+    def route(self, user, prefix_len, tokens):
+        i = bisect.bisect(self.ring, hash_uniform_one(user, 13))
+        m = len(self.ring)
+        for k in range(m):
+            node = self.owner[(i + k) % m]
+            if self.up[node]:
+                return node
+        raise RuntimeError("no node is up")
+
+
+class PrefixAware(Router):
+    """KV-prefix-aware routing after SGLang's cache-aware router (sgl-router `cache_aware`): the
+    router keeps its own approximate map of where each user's prefix was sent and how long it was
+    then. If the cluster is imbalanced (max - min outstanding > `abs_threshold` and max >
+    `rel_threshold` x min) it sends the request to the least-loaded node; otherwise to the node
+    holding the user's prefix when the match covers at least `cache_threshold` of it, else to the
+    least-loaded node. SGLang's defaults are 32 / 1.0001 / 0.5 for LLM batch sizes; with one
+    request in service per node, 4 outstanding requests is the comparable imbalance."""
+
+    name = "prefix-aware"
+    MEMORY = 1 << 20
+
+    def __init__(self, abs_threshold: int = 4, rel_threshold: float = 1.5, cache_threshold: float = 0.5):
+        self.abs_threshold, self.rel_threshold, self.cache_threshold = abs_threshold, rel_threshold, cache_threshold
+
+    def bind(self, n_nodes, up, rng):
+        super().bind(n_nodes, up, rng)
+        self.where: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        self.start = 0
+
+    def route(self, user, prefix_len, tokens):
+        s = self.start
+        self.start = s + 1 if s + 1 < self.n else 0
+        least = self._least_loaded(s)
+        seen = self.where.get(user)
+        if seen is None or not self.up[seen[0]]:
+            return least
+        node, cached = seen
+        lo = self.load[least]
+        hi = max(l for l in self.load if l < DOWN)
+        if hi - lo > self.abs_threshold and hi > self.rel_threshold * lo:
+            return least
+        if prefix_len and min(cached, prefix_len) >= self.cache_threshold * prefix_len:
+            return node
+        return least
+
+    def dispatched(self, node, user, tokens):
+        self.load[node] += 1
+        self.where[user] = (node, tokens)
+        self.where.move_to_end(user)
+        if len(self.where) > self.MEMORY:
+            self.where.popitem(last=False)
+
+
+ROUTERS = {r.name: r for r in (RoundRobin, LeastLoaded, PowerOfTwo, Affinity, PrefixAware)}
+
+
+def make_router(name: str) -> Router:
+    from helmgr.errors import HelmInputError
+    try:
+        return ROUTERS[name]()
+    except KeyError:
+        raise HelmInputError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})") from None

@@ -1,0 +1,40 @@
+"""One simulation run: build the cluster, run it, summarize it."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from helmgr.profiles import node_profile
+from helmgr.sim.cluster import Cluster
+from helmgr.sim.config import SimConfig
+from helmgr.sim.metrics import Series, summarize
+from helmgr.sim.policies import MemoryPolicy, make_policy
+from helmgr.sim.routers import Router, make_router
+from helmgr.workload import Workload
+
+
+@dataclass(frozen=True)
+class SimResult:
+    summary: dict
+    series: Series
+    cluster: Cluster
+
+
+def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = None,
+             router: Router | None = None, on_progress=None) -> SimResult:
+    """Run `workload` through a cluster built from `cfg`. `policy`/`router` override the names in
+    `cfg` (for policies that need arguments)."""
+    cfg = cfg.validate()
+    profile = node_profile(cfg.hardware, cfg.model)
+    slo_s = (cfg.slo_ms if cfg.slo_ms is not None else profile.model.slo_ms) * 1e-3
+    wall = time.perf_counter()
+    cluster = Cluster(cfg, workload, profile, router or make_router(cfg.router), policy or make_policy(cfg.policy),
+                      on_progress)
+    cluster.run()
+    wall = time.perf_counter() - wall
+    summary, series = summarize(cluster.rec, cluster.nodes + cluster.retired, workload.duration_s, slo_s,
+                                cfg.window_s, workload.bursts, wall, cluster.rerouted, min(cfg.warmup_s, 0.5 * workload.duration_s))
+    head = {"workload": workload.name, "nodes": cfg.nodes, "policy": cfg.policy if policy is None else policy.name,
+            "router": cfg.router if router is None else router.name, "ratio": cfg.ratio, "seed": cfg.seed,
+            "hardware": cfg.hardware, "model": cfg.model, "duration_s": workload.duration_s}
+    return SimResult(head | summary, series, cluster)

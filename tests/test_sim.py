@@ -1,0 +1,128 @@
+import json
+import math
+
+import numpy as np
+import pytest
+
+from helmgr.errors import HelmInputError
+from helmgr.sim import SimConfig, parse_fault, simulate
+from helmgr.sim.metrics import mean_ratio, window_stats
+from helmgr.sim.policies import Scheduled
+from helmgr.workload import default_config, synthetic_workload
+from helmgr.workload.arrivals import SessionShape
+
+SMALL = dict(n_items=100_000, n_clusters=16, n_users=50_000)
+
+
+def small(regime="steady", seed=0, **kw):
+    return synthetic_workload(default_config(regime, **(SMALL | dict(rps=400.0, duration_s=20.0) | kw)), seed)
+
+
+def poisson(rate, duration, seed):
+    """Poisson arrivals: one request per session, ids irrelevant."""
+    return synthetic_workload(default_config("steady", rps=rate, duration_s=duration, n_items=1000, n_clusters=1,
+                                             candidates=1, n_users=100_000, session=SessionShape(1.0, 1.0, 1.0)), seed)
+
+
+def erlang_c_wait(c: int, lam: float, mu: float) -> float:
+    """Mean wait in queue of M/M/c (Erlang C)."""
+    a = lam / mu
+    head = sum(a**k / math.factorial(k) for k in range(c))
+    tail = a**c / math.factorial(c) * c / (c - a)
+    return tail / (head + tail) / (c * mu - lam)
+
+
+@pytest.mark.parametrize("c,lam,mu,duration", [(1, 1000.0, 2000.0, 200.0), (4, 2800.0, 1000.0, 200.0)])
+def test_queueing_matches_erlang_c(c, lam, mu, duration):
+    cfg = SimConfig(nodes=c, central_queue=True, bypass_caches=True, service_mean_s=1 / mu, warmup_s=0, seed=3)
+    rec = simulate(cfg, poisson(lam, duration, 3)).cluster.rec
+    wait = np.mean(np.asarray(rec.start) - np.asarray(rec.arrival))
+    assert len(rec.start) > 150_000
+    assert wait == pytest.approx(erlang_c_wait(c, lam, mu), rel=0.03)
+
+
+def test_same_seed_same_json():
+    cfg = SimConfig(nodes=4, seed=5, warmup_s=2.0)
+    a = simulate(cfg, small(seed=5)).summary
+    b = simulate(cfg, small(seed=5)).summary
+    a.pop("wall_s"), b.pop("wall_s")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    c = simulate(SimConfig(nodes=4, seed=6, warmup_s=2.0), small(seed=6)).summary
+    assert c["p99_ms"] != a["p99_ms"]
+
+
+def test_every_request_completes_and_metrics_are_sane():
+    s = simulate(SimConfig(nodes=4, warmup_s=2.0), small()).summary
+    assert s["completed"] == s["requests"] > 5000
+    assert s["p50_ms"] <= s["p95_ms"] <= s["p99_ms"] <= s["p999_ms"]
+    assert 0 < s["emb_hit_rate"] <= 1 and 0 < s["kv_hit_rate"] <= 1
+    assert s["mean_ratio"] == pytest.approx(0.5, abs=1e-3)
+    assert s["goodput_rps"] <= s["throughput_rps"]
+    assert s["h2d_gb"] == pytest.approx(sum(s["h2d_gb_by_cause"].values()))
+
+
+def test_failed_node_requests_are_rerouted_and_none_lost():
+    cfg = SimConfig(nodes=4, faults=(parse_fault("2@5:12", 4),), warmup_s=0.0)
+    r = simulate(cfg, small(rps=2000.0, duration_s=15.0))      # ~90 % busy: node 2 has work at 5 s
+    s = r.summary
+    assert s["completed"] == s["requests"]
+    assert s["rerouted"] > 0
+    nodes = np.asarray(r.cluster.rec.node)
+    arrival = np.asarray(r.cluster.rec.arrival)
+    served_while_down = (nodes == 2) & (arrival > 5.01) & (arrival < 12.0)
+    assert not served_while_down.any()
+    assert ((nodes == 2) & (arrival > 12.5)).any()             # back, and serving again
+
+
+def test_sync_refill_stalls_the_next_window_lazy_does_not():
+    """Grow EMB from 0.3 to 0.6 of a loaded node's pool at t = 8 s: sync copies ~23 GB on the
+    critical path (~1 s at 24 GB/s); lazy lets misses bring rows in."""
+    p99 = {}
+    for mode in ("sync", "lazy"):
+        cfg = SimConfig(nodes=1, ratio=0.3, refill=mode, warmup_s=0.0)
+        w = synthetic_workload(default_config("steady", rps=150.0, duration_s=12.0, n_users=50_000), 0)
+        r = simulate(cfg, w, policy=Scheduled([(8.0, 0.6)]))
+        starts, window_p99, _, _ = window_stats(np.asarray(r.cluster.rec.arrival),
+                                                np.asarray(r.cluster.rec.end) - np.asarray(r.cluster.rec.arrival),
+                                                1.0, 12.0)
+        p99[mode] = window_p99[8]
+        if mode == "sync":
+            assert r.summary["refill_blocked_s"] == pytest.approx(r.cluster.nodes[0].link.bytes_by_cause["refill"]
+                                                                  / 24e9, rel=0.01)
+    assert p99["sync"] > 0.5                                     # the stall is on the critical path
+    assert p99["lazy"] < 0.1 * p99["sync"]
+
+
+def test_window_stats_by_hand():
+    arrival = np.array([0.1, 0.2, 0.5, 1.5, 2.9])
+    latency = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    starts, p99, counts, (s,) = window_stats(arrival, latency, 1.0, 3.0, np.ones(5))
+    assert starts.tolist() == [0.0, 1.0, 2.0] and counts.tolist() == [3, 1, 1] and s.tolist() == [3, 1, 1]
+    assert p99[0] == pytest.approx(np.percentile([1, 2, 3], 99)) and p99[1] == 4.0
+
+
+def test_mean_ratio_is_time_weighted():
+    # node 0 at 0.2 for 10 s then 0.6 for 10 s; node 1 at 0.4 for 20 s -> (2 + 6 + 8) / 40
+    timeline = [(0.0, 0, 0.2), (0.0, 1, 0.4), (10.0, 0, 0.6)]
+    assert mean_ratio(timeline, 2, 20.0) == pytest.approx(0.4)
+    # node 1 down from 5 s: its time after that does not count -> (2 + 6 + 2) / 25
+    assert mean_ratio(timeline + [(5.0, 1, None)], 2, 20.0) == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("text,msg", [("2@", "not of the form"), ("x@1", "not of the form"),
+                                      ("9@1", "node 9 does not exist"), ("1@5:3", "not after")])
+def test_bad_faults(text, msg):
+    with pytest.raises(HelmInputError, match=msg):
+        parse_fault(text, 4)
+
+
+def test_bad_config():
+    with pytest.raises(HelmInputError, match="nodes must be >= 1"):
+        SimConfig(nodes=0).validate()
+    with pytest.raises(HelmInputError, match="fault on node 5"):
+        SimConfig(nodes=2, faults=(parse_fault("5@1"),)).validate()
+
+
+def test_all_nodes_down_is_a_named_error():
+    with pytest.raises(HelmInputError, match="every node is down"):
+        simulate(SimConfig(nodes=1, faults=(parse_fault("0@2"),)), small(duration_s=5.0))
