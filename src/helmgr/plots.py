@@ -16,8 +16,7 @@ def plot_workload(series: StreamSeries, title: str, path: Path, bursts=()) -> No
     fig, (a, b) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
     t = np.arange(len(series.rps_1s))
     a.step(t, series.rps_1s, where="post", lw=1.0)
-    for burst in bursts:
-        a.axvspan(burst.start, burst.end, color="tab:red", alpha=0.15, lw=0)
+    _shade_bursts(a, bursts)
     a.set_ylabel("requests / s")
     a.set_title(title)
     a.grid(alpha=0.3)
@@ -39,11 +38,7 @@ def plot_simulation(series, title: str, out: Path) -> list[str]:
         ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat))
     ax.axvline(series.slo_ms, color="tab:red", ls="--", lw=1, label=f"SLO {series.slo_ms:g} ms")
     ax.set_xscale("log")
-    ax.set_xlabel("latency (ms)")
-    ax.set_ylabel("CDF")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(alpha=0.3, which="both")
+    _decorate(ax, "latency (ms)", "CDF", title)
     _save(fig, out / "latency_cdf.png", names)
 
     fig, ax = plt.subplots(figsize=(9, 4))
@@ -51,11 +46,7 @@ def plot_simulation(series, title: str, out: Path) -> list[str]:
     ax.axhline(series.slo_ms, color="tab:red", ls="--", lw=1, label="SLO")
     _shade_bursts(ax, series.bursts)
     ax.set_yscale("log")
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("window P99 (ms)")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(alpha=0.3, which="both")
+    _decorate(ax, "time (s)", "window P99 (ms)", title)
     _save(fig, out / "p99_windows.png", names)
 
     fig, ax = plt.subplots(figsize=(9, 4))
@@ -112,6 +103,14 @@ def plot_sweep(rows: list[dict], title: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _decorate(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3, which="both")
 
 
 def _shade_bursts(ax, bursts) -> None:

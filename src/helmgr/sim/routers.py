@@ -23,6 +23,7 @@ class Router:
         self.up = up                      # shared with the cluster: True while a node serves
         self.rng = rng
         self.load = [0] * n_nodes         # dispatched, not yet completed
+        self._turn = 0                    # where the next tie-break scan starts
 
     def route(self, user: int, prefix_len: int, tokens: int) -> int:
         raise NotImplementedError
@@ -39,10 +40,12 @@ class Router:
     def node_up(self, node: int) -> None:
         self.load[node] = 0
 
-    def _least_loaded(self, start: int) -> int:
-        """Fewest outstanding requests; ties go to the first from `start` on, so equal nodes take
-        turns instead of the lowest index winning (a C-level scan: min, then index)."""
-        load = self.load
+    def _least_loaded(self) -> int:
+        """Fewest outstanding requests; ties go to the first node from a start that advances
+        every call, so equal nodes take turns instead of the lowest index winning (a C-level
+        scan: min, then index)."""
+        load, start = self.load, self._turn
+        self._turn = start + 1 if start + 1 < self.n else 0
         m = min(load)
         try:
             return load.index(m, start)
@@ -69,14 +72,8 @@ class RoundRobin(Router):
 class LeastLoaded(Router):
     name = "least-loaded"
 
-    def bind(self, n_nodes, up, rng):
-        super().bind(n_nodes, up, rng)
-        self.start = 0
-
     def route(self, user, prefix_len, tokens):
-        s = self.start
-        self.start = s + 1 if s + 1 < self.n else 0
-        return self._least_loaded(s)
+        return self._least_loaded()
 
 
 class PowerOfTwo(Router):
@@ -105,7 +102,7 @@ class PowerOfTwo(Router):
                 return a if self.load[a] <= self.load[b] else b
             if self.up[a] or self.up[b]:
                 return a if self.up[a] else b
-        return self._least_loaded(0)
+        return self._least_loaded()
 
 
 class Affinity(Router):
@@ -150,12 +147,9 @@ class PrefixAware(Router):
     def bind(self, n_nodes, up, rng):
         super().bind(n_nodes, up, rng)
         self.where: OrderedDict[int, tuple[int, int]] = OrderedDict()
-        self.start = 0
 
     def route(self, user, prefix_len, tokens):
-        s = self.start
-        self.start = s + 1 if s + 1 < self.n else 0
-        least = self._least_loaded(s)
+        least = self._least_loaded()
         seen = self.where.get(user)
         if seen is None or not self.up[seen[0]]:
             return least
