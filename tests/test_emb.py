@@ -113,3 +113,11 @@ def test_lookup_counts_survive_the_state_encoding_on_huge_requests():
     c.resize(150_000 * ROW)                          # rows 100,000 .. 149,999 unfilled
     ids = np.r_[np.arange(70_000), np.arange(100_000, 100_010)]
     assert c.lookup(ids) == (70_000, 10)
+
+
+def test_shadow_rows_count_the_hits_a_bigger_cache_would_have():
+    c = cache(n=10, rows=3)                          # rows 0-2 wanted; shadow: rows 3, 4
+    c.track_shadow(2)
+    c.lookup(np.array([0, 3, 3, 4, 9]))
+    c.refresh()
+    assert c.shadow_hits == 3                        # 3, 3, 4; row 9 is beyond the shadow

@@ -66,3 +66,12 @@ def test_host_tier_is_lru_with_its_own_budget():
     assert [u for u in range(4) if c.host_lookup(u)] == [0, 1, 2, 3]
     c.host.put(7, 3)                                    # 30 more bytes: evicts users 0 and 1
     assert c.host_lookup(0) == 0 and c.host_lookup(1) == 0 and c.host_lookup(7) == 3
+
+
+def test_ghosts_remember_evicted_users_up_to_their_budget():
+    c = kv(30)
+    c.track_ghosts(40)
+    c.insert(1, 3); c.insert(2, 3); c.insert(3, 3)   # evicts 1 (30 B in ghosts), then 2 (60 B > 40)
+    assert list(c.ghost.items()) == [(2, 3)]
+    c.insert(2, 3)                                    # back in the cache: no longer a ghost
+    assert 2 not in c.ghost and 3 in c.ghost

@@ -45,13 +45,15 @@ class Service(NamedTuple):
 
 
 class NodeStats:
-    __slots__ = ("requests", "prefix_tokens", "kv_hit_tokens", "onload_tokens", "ids", "misses",
-                 "unfilled_misses", "busy_s", "refill_blocked_s")
+    __slots__ = ("requests", "cold_requests", "prefix_tokens", "kv_hit_tokens", "onload_tokens", "ids", "misses",
+                 "unfilled_misses", "kv_shadow_tokens", "busy_s", "refill_blocked_s", "emb_wait_s", "recompute_s")
 
     def __init__(self):
-        self.requests = self.prefix_tokens = self.kv_hit_tokens = self.onload_tokens = 0
-        self.ids = self.misses = self.unfilled_misses = 0
+        self.requests = self.cold_requests = self.prefix_tokens = self.kv_hit_tokens = self.onload_tokens = 0
+        self.ids = self.misses = self.unfilled_misses = self.kv_shadow_tokens = 0
         self.busy_s = self.refill_blocked_s = 0.0
+        self.emb_wait_s = 0.0       # host gathers + H2D copies (queueing included) before compute
+        self.recompute_s = 0.0      # prefix positions recomputed (FLOPs time)
 
     @property
     def emb_hit_rate(self) -> float:
@@ -138,8 +140,17 @@ class Node:
         if onload:
             ready = self.link.transfer(ready, cost.kv_bytes(onload), KV_ONLOAD)
         end = ready + cost.lookup_s(ids) + cost.compute_s(tokens, computed_from, len(cand_ids))
-        kv.insert(user, prefix_len + n_new)
         s = self.stats
+        if computed_from < prefix_len:
+            s.recompute_s += cost.recompute_s(prefix_len - computed_from, computed_from)
+            if computed_from == 0:
+                s.cold_requests += 1
+            if kv.ghost is not None:           # before the insert below takes the user out of it
+                shadow = min(kv.ghost.get(user, 0), prefix_len) - computed_from
+                if shadow > 0:
+                    s.kv_shadow_tokens += shadow
+        kv.insert(user, prefix_len + n_new)
+        s.emb_wait_s += ready - start
         s.requests += 1
         s.prefix_tokens += prefix_len
         s.kv_hit_tokens += cached

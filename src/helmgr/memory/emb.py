@@ -87,6 +87,15 @@ class EmbCache:
         self.hits = 0
         self.unfilled_misses = 0
         self.filled_rows = 0
+        self.shadow_rows = 0                       # > 0: count accesses to the rows just outside
+        self.shadow_hits = 0                       # ... summed over refresh intervals
+        self._shadow = np.zeros(0, np.int64)
+
+    def track_shadow(self, rows: int) -> None:
+        """Count, at every refresh, the accesses that went to the `rows` rows ranked just below
+        the wanted set: the hits a cache that much larger would have had."""
+        self.shadow_rows = rows
+        self._shadow = self._rows_below(self.state != ABSENT, self.n_wanted)
 
     @property
     def resident(self) -> np.ndarray:
@@ -202,6 +211,8 @@ class EmbCache:
         if self._pending:
             counts = np.bincount(np.concatenate(self._pending), minlength=self.n_items)
             self._pending.clear()
+            if len(self._shadow):
+                self.shadow_hits += int(counts[self._shadow].sum())
             self.policy.update(self.scores, counts.astype(np.float32), self.epoch)
         self._select(self.capacity_rows)
 
@@ -228,7 +239,8 @@ class EmbCache:
 
     def _select(self, c: int) -> None:
         """Wanted <- the top c rows by (score desc, row id asc); evict the rest; rows newly
-        wanted are unfilled. Eight vectorized passes over the rows, one partition."""
+        wanted are unfilled. Eight vectorized passes over the rows, one partition (two when
+        shadow rows are tracked)."""
         s, n = self.scores, self.n_items
         c = min(c, n)
         if c == 0:
@@ -240,12 +252,22 @@ class EmbCache:
             if extra > 0:                          # ties at the threshold: keep the lowest ids
                 tied = np.flatnonzero(s == theta)
                 want[tied[len(tied) - extra:]] = False
+        if self.shadow_rows:
+            self._shadow = self._rows_below(want, c)
         keep = want & (self.state == RESIDENT)
         np.subtract(want.view(np.uint8) * np.uint8(UNFILLED), keep.view(np.uint8), out=self.state)
         self.n_wanted = c
         self.n_resident = int(np.count_nonzero(keep))
         self._fill_queue = None                    # found when first asked for
         self._frontier = None
+    def _rows_below(self, want: np.ndarray, c: int) -> np.ndarray:
+        """The `shadow_rows` rows ranked just below the top c."""
+        n = self.n_items
+        if c >= n:
+            return np.zeros(0, np.int64)
+        floor = self._value_at_rank(min(c + self.shadow_rows, n) - 1)
+        return np.flatnonzero(~want & (self.scores >= floor))
+
     def _build_frontier(self, c: int) -> None:
         """Sort the rows ranked about [c - band, c + band) by (score desc, row id asc); rows
         tied at either edge are included, so the frontier's ranks start at `_frontier_lo`."""

@@ -60,6 +60,23 @@ class KVCache(_LRUTokens):
         self.tail_first = tail_first
         self.host = HostKVTier(bytes_per_token, host_capacity_bytes) if host_capacity_bytes > 0 else None
         self.evicted_tokens = 0
+        self.ghost: OrderedDict[int, int] | None = None   # recently evicted users (a shadow queue)
+        self.ghost_bytes = 0
+        self._ghost_used = 0
+
+    def track_ghosts(self, capacity_bytes: int) -> None:
+        """Remember the last `capacity_bytes` of evicted prefixes (keys and lengths only), so a
+        policy can count the hits a cache that much larger would have had (Cliffhanger's shadow
+        queues)."""
+        self.ghost, self.ghost_bytes, self._ghost_used = OrderedDict(), capacity_bytes, 0
+
+    def _ghost_put(self, user: int, tokens: int) -> None:
+        g = self.ghost
+        self._ghost_used -= g.pop(user, 0) * self.bytes_per_token
+        g[user] = tokens
+        self._ghost_used += tokens * self.bytes_per_token
+        while self._ghost_used > self.ghost_bytes and g:
+            self._ghost_used -= g.popitem(last=False)[1] * self.bytes_per_token
 
     def lookup(self, user: int) -> int:
         """Cached prefix tokens of `user` (0 on a miss); a hit becomes most recently used."""
@@ -79,6 +96,8 @@ class KVCache(_LRUTokens):
         bpt = self.bytes_per_token
         old = self.entries.pop(user, 0)
         self.used_bytes -= old * bpt
+        if self.ghost is not None and user in self.ghost:
+            self._ghost_used -= self.ghost.pop(user) * bpt
         fit = self.capacity_bytes // bpt
         if tokens > fit:
             if not self.tail_first:
@@ -114,6 +133,8 @@ class KVCache(_LRUTokens):
             need_bytes -= drop * bpt
             self.evicted_tokens += drop
             self._spill(user, tokens)
+            if self.ghost is not None:
+                self._ghost_put(user, tokens)
 
     def _spill(self, user: int, tokens: int) -> None:
         if self.host is not None and tokens > 0:

@@ -17,7 +17,7 @@ from helmgr.node import Node, NodeConfig
 from helmgr.profiles import NodeProfile
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Recorder
-from helmgr.sim.policies import MemoryPolicy
+from helmgr.sim.policies import MemoryPolicy, NodeWindow
 from helmgr.sim.routers import Router
 from helmgr.workload import Workload
 
@@ -51,6 +51,11 @@ class Cluster:
         self.seq = 0
         self.now = 0.0
         self.rec = Recorder(n)
+        self._win_latency: list[list[float]] = [[] for _ in range(n)]
+        self._win_arrivals = [0] * n
+        self._win_prev: list[tuple] = [self._counters(node) for node in self.nodes]
+        for i, node in enumerate(self.nodes):
+            policy.attach(i, node)
         self.rerouted = 0
         self._service_draws: list[float] = []
         for i, node in enumerate(self.nodes):
@@ -122,9 +127,7 @@ class Cluster:
         elif kind == REFRESH:
             self.refresh()
         elif kind == WINDOW:
-            self.rec.window(t, [len(q) for q in self.queues])
-            if not self.stop_periodic:
-                self.push(t + self.cfg.window_s, WINDOW)
+            self.window()
         elif kind == DOWN:
             self.node_down(node)
         elif kind == UP:
@@ -144,6 +147,7 @@ class Cluster:
             return
         n = self.router.route(user, prefix, prefix + len(req[4]))
         self.router.dispatched(n, user, prefix + len(req[4]))
+        self._win_arrivals[n] += 1
         if self.busy[n]:
             self.queues[n].append(req)
         else:
@@ -180,8 +184,10 @@ class Cluster:
     def depart(self, n: int) -> None:
         now, rec, router = self.now, self.rec, self.router
         central = self.cfg.central_queue
+        lat = self._win_latency[n]
         for req, svc in self.inflight[n]:
             rec.complete(req, svc, n, now)
+            lat.append(now - req[1])
             if not central:
                 router.completed(n)
         self.inflight[n] = []
@@ -189,6 +195,32 @@ class Cluster:
         q = self.shared if central else self.queues[n]
         if q:
             self.start(n, [q.popleft()])
+
+    # -- windows --------------------------------------------------------------------------
+    @staticmethod
+    def _counters(node: Node) -> tuple:
+        s = node.stats
+        return (s.requests, s.busy_s, s.ids, s.misses, s.prefix_tokens, s.kv_hit_tokens + s.onload_tokens,
+                s.cold_requests, s.emb_wait_s, s.recompute_s, node.link.busy_s, node.emb.shadow_hits,
+                s.kv_shadow_tokens)
+
+    def window(self) -> None:
+        """Close a metrics window: record it, and show each up node's window to the policy."""
+        now, span = self.now, self.cfg.window_s
+        self.rec.window(now, [len(q) for q in self.queues])
+        for i, node in enumerate(self.nodes):
+            cur = self._counters(node)
+            d = [a - b for a, b in zip(cur, self._win_prev[i])]
+            self._win_prev[i] = cur
+            lat = self._win_latency[i]
+            p99 = float(np.percentile(lat, 99)) if lat else None
+            w = NodeWindow(i, now, span, node.ratio, self._win_arrivals[i], len(lat), p99, len(self.queues[i]),
+                           d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11])
+            self._win_latency[i], self._win_arrivals[i] = [], 0
+            if self.up[i]:
+                self.policy.observe(i, w, node)
+        if not self.stop_periodic:
+            self.push(now + span, WINDOW)
 
     # -- memory ---------------------------------------------------------------------------
     def _schedule_refill(self, n: int, wake: float | None) -> None:
@@ -249,6 +281,8 @@ class Cluster:
             return
         self.retired.append(self.nodes[n])
         self.nodes[n] = self._fresh_node(n)     # HBM state is gone: cold KV, EMB reloaded warm
+        self._win_prev[n] = self._counters(self.nodes[n])
+        self.policy.attach(n, self.nodes[n])
         self.up[n] = True
         self.router.node_up(n)
         self.rec.ratio_change(self.now, n, self.nodes[n].ratio)

@@ -1,12 +1,49 @@
-"""Memory policies (SPEC 5): what sets each node's EMB:KV ratio. Called at every controller tick
-with the node; returns the new ratio, or None to leave it."""
+"""Memory policies (SPEC 5): what sets each node's EMB:KV ratio.
+
+A policy is attached to every node when it starts (`attach`), sees a `NodeWindow` of that node at
+the end of every metrics window (`observe`), and is asked at every controller tick for the next
+ratio (`decide`; None leaves it). Observations are plain data, the same for every policy.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from helmgr.errors import HelmInputError
 
 
+@dataclass(frozen=True, slots=True)
+class NodeWindow:
+    """One node's last metrics window."""
+
+    node: int
+    t: float                 # window end
+    span_s: float
+    ratio: float
+    arrivals: int            # routed to this node in the window
+    completed: int
+    p99_s: float | None      # of requests completed in the window
+    queue_len: int
+    busy_s: float
+    emb_ids: int
+    emb_misses: int
+    kv_prefix_tokens: int
+    kv_hit_tokens: int
+    cold_requests: int       # requests with nothing of their prefix cached
+    emb_wait_s: float        # time on host gathers + H2D copies
+    recompute_s: float       # time recomputing prefixes
+    h2d_busy_s: float
+    emb_shadow_hits: int     # accesses to rows just outside the EMB cache (when tracked)
+    kv_shadow_tokens: int    # prefix tokens recently evicted KV would have saved (when tracked)
+
+
 class MemoryPolicy:
     name = ""
+
+    def attach(self, index: int, node) -> None:
+        """Called when node `index` starts (and restarts after a failure)."""
+
+    def observe(self, index: int, window: NodeWindow, node) -> None:
+        """Called at the end of every metrics window."""
 
     def decide(self, index: int, node, now: float) -> float | None:
         return None
@@ -37,7 +74,54 @@ class Scheduled(MemoryPolicy):
         return ratio
 
 
-POLICIES = {"static": Static}
+class Adaptive(MemoryPolicy):
+    """A shared-memory cache manager after Cliffhanger (Cidon et al., NSDI 2016) and Memshare
+    (Cidon et al., ATC 2017): each cache keeps a shadow queue of the data just outside it — for
+    EMB the `shadow_share` of the pool's bytes in rows ranked just below capacity, for KV the
+    most recently evicted prefixes of the same size — and counts the hits it would have had.
+    Every `interval_s` the memory credit moves `step` of the pool toward the cache whose shadow
+    saved more time per byte, if it saved `margin` times more. A hit is valued in time saved
+    (an EMB row fetch; a prefix token's recompute), so that the two caches' hits compare."""
+
+    name = "adaptive"
+
+    def __init__(self, step: float = 0.02, interval_s: float = 2.0, shadow_share: float = 0.05, margin: float = 1.2):
+        self.step, self.interval_s, self.shadow_share, self.margin = step, interval_s, shadow_share, margin
+        self.state: dict[int, dict] = {}
+
+    def attach(self, index, node):
+        shadow_bytes = int(self.shadow_share * node.profile.pool_budget_bytes)
+        node.emb.track_shadow(max(1, shadow_bytes // node.emb.row_bytes))
+        node.kv.track_ghosts(shadow_bytes)
+        self.state[index] = {"emb": 0, "kv": 0, "tokens": 0, "prefix": 0, "elapsed": 0.0, "target": None}
+
+    def observe(self, index, w, node):
+        st = self.state[index]
+        st["emb"] += w.emb_shadow_hits
+        st["kv"] += w.kv_shadow_tokens
+        st["prefix"] += w.kv_prefix_tokens
+        st["tokens"] += w.completed
+        st["elapsed"] += w.span_s
+        if st["elapsed"] < self.interval_s:
+            return
+        cost = node.cost
+        row_s = cost.host_s(1) + cost.row_bytes / cost.pcie_bw
+        mean_prefix = max(1, st["prefix"] // max(1, st["tokens"]))
+        token_s = cost.recompute_s(mean_prefix, 0) / mean_prefix
+        emb_gain, kv_gain = st["emb"] * row_s, st["kv"] * token_s      # same shadow bytes on both sides
+        if emb_gain > self.margin * kv_gain:
+            st["target"] = min(node.ratio + self.step, 1.0)
+        elif kv_gain > self.margin * emb_gain:
+            st["target"] = max(node.ratio - self.step, 0.0)
+        st.update(emb=0, kv=0, tokens=0, prefix=0, elapsed=0.0)
+
+    def decide(self, index, node, now):
+        target = self.state[index]["target"]
+        self.state[index]["target"] = None
+        return target
+
+
+POLICIES = {"static": Static, "adaptive": Adaptive}
 
 
 def make_policy(name: str) -> MemoryPolicy:
