@@ -42,6 +42,8 @@ class Service(NamedTuple):
     ids: int                # rows looked up
     misses: int             # rows fetched over PCIe
     unfilled_misses: int    # of which on rows a resize/refresh left unfilled
+    fetch_s: float          # host gathers + H2D copies before compute, link queueing included
+    recompute_s: float      # prefix positions recomputed
 
 
 class NodeStats:
@@ -141,8 +143,10 @@ class Node:
             ready = self.link.transfer(ready, cost.kv_bytes(onload), KV_ONLOAD)
         end = ready + cost.lookup_s(ids) + cost.compute_s(tokens, computed_from, len(cand_ids))
         s = self.stats
+        recompute = 0.0
         if computed_from < prefix_len:
-            s.recompute_s += cost.recompute_s(prefix_len - computed_from, computed_from)
+            recompute = cost.recompute_s(prefix_len - computed_from, computed_from)
+            s.recompute_s += recompute
             if computed_from == 0:
                 s.cold_requests += 1
             if kv.ghost is not None:           # before the insert below takes the user out of it
@@ -159,7 +163,7 @@ class Node:
         s.misses += misses
         s.unfilled_misses += unfilled
         s.busy_s += end - start
-        return Service(start, end, computed_from, ids, misses, unfilled)
+        return Service(start, end, computed_from, ids, misses, unfilled, ready - start, recompute)
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()

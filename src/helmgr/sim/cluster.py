@@ -52,6 +52,7 @@ class Cluster:
         self.now = 0.0
         self.rec = Recorder(n)
         self._win_latency: list[list[float]] = [[] for _ in range(n)]
+        self._win_parts: list[list[tuple[float, float]]] = [[] for _ in range(n)]   # (fetch, recompute)
         self._win_arrivals = [0] * n
         self._win_prev: list[tuple] = [self._counters(node) for node in self.nodes]
         for i, node in enumerate(self.nodes):
@@ -185,9 +186,12 @@ class Cluster:
         now, rec, router = self.now, self.rec, self.router
         central = self.cfg.central_queue
         lat = self._win_latency[n]
+        parts = self._win_parts[n]
         for req, svc in self.inflight[n]:
             rec.complete(req, svc, n, now)
             lat.append(now - req[1])
+            if not isinstance(svc, float):
+                parts.append((svc.fetch_s, svc.recompute_s))
             if not central:
                 router.completed(n)
         self.inflight[n] = []
@@ -214,9 +218,14 @@ class Cluster:
             self._win_prev[i] = cur
             lat = self._win_latency[i]
             p99 = float(np.percentile(lat, 99)) if lat else None
+            tail_fetch = tail_recompute = 0.0
+            if p99 is not None and self._win_parts[i]:
+                parts = np.asarray(self._win_parts[i])
+                tail = np.asarray(lat) >= p99
+                tail_fetch, tail_recompute = (float(x) for x in parts[tail].sum(axis=0))
             w = NodeWindow(i, now, span, node.ratio, self._win_arrivals[i], len(lat), p99, len(self.queues[i]),
-                           d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11])
-            self._win_latency[i], self._win_arrivals[i] = [], 0
+                           d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], tail_fetch, tail_recompute)
+            self._win_latency[i], self._win_parts[i], self._win_arrivals[i] = [], [], 0
             if self.up[i]:
                 self.policy.observe(i, w, node)
         if not self.stop_periodic:

@@ -34,6 +34,8 @@ class NodeWindow:
     h2d_busy_s: float
     emb_shadow_hits: int     # accesses to rows just outside the EMB cache (when tracked)
     kv_shadow_tokens: int    # prefix tokens recently evicted KV would have saved (when tracked)
+    tail_fetch_s: float = 0.0      # EMB fetch time of the requests at or above the window's P99
+    tail_recompute_s: float = 0.0  # prefix recompute time of the same requests
 
 
 class MemoryPolicy:
@@ -121,7 +123,29 @@ class Adaptive(MemoryPolicy):
         return target
 
 
-POLICIES = {"static": Static, "adaptive": Adaptive}
+class LatencyDriven(MemoryPolicy):
+    """After RobinHood (Berger et al., OSDI 2018): every window, look at the requests in the
+    node's latency tail (at or above its P99) and move `step` of the pool toward the cache whose
+    misses cost those requests more time — EMB fetches (host gather + H2D, queueing included)
+    or prefix recomputes (KV misses)."""
+
+    name = "latency-driven"
+
+    def __init__(self, step: float = 0.02, margin: float = 1.2):
+        self.step, self.margin = step, margin
+        self.target: dict[int, float | None] = {}
+
+    def observe(self, index, w, node):
+        if w.tail_fetch_s > self.margin * w.tail_recompute_s:
+            self.target[index] = min(node.ratio + self.step, 1.0)
+        elif w.tail_recompute_s > self.margin * w.tail_fetch_s:
+            self.target[index] = max(node.ratio - self.step, 0.0)
+
+    def decide(self, index, node, now):
+        return self.target.pop(index, None)
+
+
+POLICIES = {"static": Static, "adaptive": Adaptive, "latency-driven": LatencyDriven}
 
 
 def make_policy(name: str) -> MemoryPolicy:
