@@ -57,3 +57,17 @@ def test_policies_see_every_node_every_window_and_the_windows_add_up():
     assert sum(x.emb_ids for x in policy.windows) <= sum(n.stats.ids for n in r.cluster.nodes)
     p99 = [x.p99_s for x in policy.windows if x.p99_s is not None]
     assert p99 and all(np.isfinite(p99))
+
+
+def test_independent_sizes_each_cache_from_its_own_curve():
+    """No KV reuse: the KV curve is flat at 1, so KV asks for nothing and EMB gets the pool
+    (clamped to r_max). A catalogue that fits in 2 % of the pool: EMB asks for that little and KV,
+    whose users overflow it, gets the rest (clamped to r_min)."""
+    wa = synthetic_workload(default_config("steady", rps=250, duration_s=8, n_users=1_000_000, activity_exponent=0.0,
+                                           session=SessionShape(1.0, 1.0, 4.0), head_exponent=0.6,
+                                           tail_exponent=0.5), 0)
+    assert ratios(simulate(SimConfig(nodes=1, ratio=0.3, policy="independent", warmup_s=0), wa)) == [0.3, 0.95]
+    wb = synthetic_workload(default_config("steady", rps=400, duration_s=8, n_items=20_000, n_clusters=16,
+                                           n_users=5000, activity_exponent=0.0,
+                                           session=SessionShape(30.0, 2.0, 4.0)), 0)
+    assert ratios(simulate(SimConfig(nodes=1, ratio=0.7, policy="independent", warmup_s=0), wb)) == [0.7, 0.05]

@@ -84,6 +84,7 @@ class Node:
         self.refill = make_refill(config.refill, **({"share": config.refill_share} if config.refill == "background" else {}))
         self.blocked_until = 0.0
         self.stats = NodeStats()
+        self.kv_log: list[tuple[int, int]] | None = None   # (user, prefix tokens) per request, when on
 
     # -- memory ---------------------------------------------------------------------------
     @property
@@ -154,6 +155,8 @@ class Node:
                 if shadow > 0:
                     s.kv_shadow_tokens += shadow
         kv.insert(user, prefix_len + n_new)
+        if self.kv_log is not None:
+            self.kv_log.append((user, prefix_len + n_new))
         s.emb_wait_s += ready - start
         s.requests += 1
         s.prefix_tokens += prefix_len

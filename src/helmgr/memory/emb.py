@@ -87,6 +87,7 @@ class EmbCache:
         self.hits = 0
         self.unfilled_misses = 0
         self.filled_rows = 0
+        self.access_log = None                     # callable(ids): the interval's accesses, in order
         self.shadow_rows = 0                       # > 0: count accesses to the rows just outside
         self.shadow_hits = 0                       # ... summed over refresh intervals
         self._shadow = np.zeros(0, np.int64)
@@ -209,8 +210,11 @@ class EmbCache:
         out of the top `capacity` are evicted, rows that rose into it become unfilled."""
         self.epoch += 1
         if self._pending:
-            counts = np.bincount(np.concatenate(self._pending), minlength=self.n_items)
+            accesses = np.concatenate(self._pending)
             self._pending.clear()
+            if self.access_log is not None:
+                self.access_log(accesses)
+            counts = np.bincount(accesses, minlength=self.n_items)
             if len(self._shadow):
                 self.shadow_hits += int(counts[self._shadow].sum())
             self.policy.update(self.scores, counts.astype(np.float32), self.epoch)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from helmgr.errors import HelmInputError
+from helmgr.memory.mrc import miss_ratio_curve, shards_mrc, shards_sample, stack_distances
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +148,65 @@ class LatencyDriven(MemoryPolicy):
         return self.target.pop(index, None)
 
 
-POLICIES = {"static": Static, "adaptive": Adaptive, "latency-driven": LatencyDriven}
+class Independent(MemoryPolicy):
+    """Each cache sized for itself, the way TorchRec's planner sizes an embedding cache and a KV
+    manager sizes its pool, without regard to the other: every `interval_s` each cache's
+    miss-ratio curve is built from its own recent accesses — EMB rows by SHARDS sampling at
+    `emb_rate`, KV prefixes (byte-weighted) exactly — and each asks for the smallest capacity
+    whose miss ratio is within `tolerance` of what the whole pool would give it. The pool is
+    split in proportion to the two requests."""
+
+    name = "independent"
+
+    def __init__(self, interval_s: float = 5.0, emb_rate: float = 0.005, tolerance: float = 0.02,
+                 points: int = 64):
+        self.interval_s, self.emb_rate, self.tolerance, self.points = interval_s, emb_rate, tolerance, points
+        self.state: dict[int, dict] = {}
+
+    def attach(self, index, node):
+        st = {"emb": [], "n_emb": 0, "elapsed": 0.0, "target": None}
+        self.state[index] = st
+
+        def log(ids, st=st):
+            st["n_emb"] += len(ids)
+            st["emb"].append(ids[shards_sample(ids, self.emb_rate)])
+        node.emb.access_log = log
+        node.kv_log = []
+
+    def _need(self, curve: np.ndarray, sizes: np.ndarray) -> float:
+        """Smallest size whose miss ratio is within tolerance of the full pool's."""
+        ok = np.flatnonzero(curve <= curve[-1] + self.tolerance)
+        return float(sizes[ok[0]])
+
+    def observe(self, index, w, node):
+        st = self.state[index]
+        st["elapsed"] += w.span_s
+        if st["elapsed"] < self.interval_s:
+            return
+        budget = node.profile.pool_budget_bytes
+        sizes = np.linspace(0, budget, self.points + 1)
+        emb_need = kv_need = 0.0
+        if st["emb"]:
+            sampled = np.concatenate(st["emb"])
+            d = stack_distances(sampled) / self.emb_rate * node.emb.row_bytes
+            misses = len(d) - np.searchsorted(np.sort(d), sizes, side="left")
+            emb_need = self._need(np.clip(misses / (self.emb_rate * st["n_emb"]), 0, 1), sizes)
+        if node.kv_log:
+            users, tokens = (np.asarray(x) for x in zip(*node.kv_log))
+            d = stack_distances(users, tokens * node.kv.bytes_per_token)
+            kv_need = self._need(miss_ratio_curve(d, sizes), sizes)
+        if emb_need + kv_need > 0:
+            st["target"] = emb_need / (emb_need + kv_need)
+        st.update(emb=[], n_emb=0, elapsed=0.0)
+        node.kv_log = []
+
+    def decide(self, index, node, now):
+        target = self.state[index]["target"]
+        self.state[index]["target"] = None
+        return target
+
+
+POLICIES = {"static": Static, "adaptive": Adaptive, "latency-driven": LatencyDriven, "independent": Independent}
 
 
 def make_policy(name: str) -> MemoryPolicy:
