@@ -13,7 +13,7 @@ from heapq import heappop, heappush
 import numpy as np
 
 from helmgr.errors import HelmInputError
-from helmgr.node import Node, NodeConfig
+from helmgr.node import Node, NodeConfig, Service
 from helmgr.profiles import NodeProfile
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Recorder
@@ -58,6 +58,7 @@ class Cluster:
         for i, node in enumerate(self.nodes):
             policy.attach(i, node)
         self.rerouted = 0
+        self.stop_periodic = False               # set once the last arrival is in: ticks etc. stop
         self._service_draws: list[float] = []
         for i, node in enumerate(self.nodes):
             self.rec.ratio_change(0.0, i, node.ratio)
@@ -111,8 +112,6 @@ class Cluster:
             handle(heappop(heap))
         self.rec.requests = rid
 
-    stop_periodic = False
-
     def _handle(self, ev) -> None:
         t, _, _, kind, node, gen = ev
         self.now = t
@@ -161,10 +160,10 @@ class Cluster:
             batch.append(q.popleft())
         end = now
         served = []
-        if self.cfg.bypass_caches:
+        if self.cfg.bypass_caches:                # queueing checks: exponential service, no caches
             begin = max(now, node.blocked_until)
             end = begin + sum(self._service_time() for _ in batch)
-            served = [(req, begin) for req in batch]
+            served = [(req, Service(begin, end, 0, 0, 0, 0, 0.0, 0.0)) for req in batch]
         else:
             t = now
             launch = node.cost.launch_overhead_s
@@ -190,8 +189,7 @@ class Cluster:
         for req, svc in self.inflight[n]:
             rec.complete(req, svc, n, now)
             lat.append(now - req[1])
-            if not isinstance(svc, float):
-                parts.append((svc.fetch_s, svc.recompute_s))
+            parts.append((svc.fetch_s, svc.recompute_s))
             if not central:
                 router.completed(n)
         self.inflight[n] = []

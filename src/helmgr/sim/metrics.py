@@ -27,13 +27,11 @@ class Recorder:
         self.burst.append(req[6])
         self.rerouted.append(req[7])
         self.prefix.append(req[3])
-        if isinstance(svc, float):       # a queueing check: svc is the service start
-            self.start.append(svc)
-            self.ids.append(0); self.misses.append(0); self.kv_tokens.append(0); self.unfilled.append(0)
-        else:
-            self.start.append(svc.start)
-            self.ids.append(svc.ids); self.misses.append(svc.misses)
-            self.kv_tokens.append(svc.kv_tokens); self.unfilled.append(svc.unfilled_misses)
+        self.start.append(svc.start)
+        self.ids.append(svc.ids)
+        self.misses.append(svc.misses)
+        self.kv_tokens.append(svc.kv_tokens)
+        self.unfilled.append(svc.unfilled_misses)
 
     def ratio_change(self, t: float, node: int, ratio: float | None) -> None:
         self.timeline.append((t, node, ratio))

@@ -12,7 +12,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from helmgr.workload.popularity import ItemSpace, zipf_ranks
 
 
-def _windows(pool: np.ndarray, width: int) -> np.ndarray:
+def windows(pool: np.ndarray, width: int) -> np.ndarray:
+    """Every window of `width` consecutive pool entries, as rows of a view (no copy)."""
     return sliding_window_view(pool, width) if width > 0 else np.zeros((len(pool), 0), pool.dtype)
 
 
@@ -24,9 +25,9 @@ class SyntheticCandidates:
                  head_exponent: float, tail_exponent: float, pool_size: int = 1 << 21):
         self.space, self.count = space, count
         self.n_head = int(round(head_share * count))
-        self.head = _windows(space.head_ids(zipf_ranks(rng, space.n_items, head_exponent, pool_size)), self.n_head)
+        self.head = windows(space.head_ids(zipf_ranks(rng, space.n_items, head_exponent, pool_size)), self.n_head)
         tail = (-zipf_ranks(rng, space.segment, tail_exponent, pool_size)) % space.segment
-        self.tail = _windows(tail, count - self.n_head)
+        self.tail = windows(tail, count - self.n_head)
 
     def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
         """An (n, count) int64 array of candidates for requests of users in `clusters`."""
@@ -44,7 +45,7 @@ class PoolCandidates:
     def __init__(self, rng: np.random.Generator, item_counts: np.ndarray, count: int, pool_size: int = 1 << 21):
         p = item_counts / item_counts.sum()
         self.count = count
-        self.pool = _windows(rng.choice(len(p), size=pool_size, p=p), count)
+        self.pool = windows(rng.choice(len(p), size=pool_size, p=p), count)
 
     def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
         return self.pool[rng.integers(0, len(self.pool), len(clusters))].copy()

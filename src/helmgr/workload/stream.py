@@ -12,7 +12,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from helmgr.workload.arrivals import Burst
-from helmgr.workload.candidates import _windows
+from helmgr.workload.candidates import windows
 from helmgr.workload.chunk import RequestChunk, RequestTable, offsets_from_counts
 from helmgr.workload.popularity import ItemSpace, zipf_ranks
 from helmgr.workload.users import PrefixTracker
@@ -61,7 +61,7 @@ class Workload:
         self._n_trend = n_q
         if n_q:
             rng = np.random.default_rng([seed, 17])
-            self._trend_pool = _windows(zipf_ranks(rng, trending.items, trending.exponent, 1 << 18), n_q)
+            self._trend_pool = windows(zipf_ranks(rng, trending.items, trending.exponent, 1 << 18), n_q)
 
     @property
     def n_items(self) -> int:
