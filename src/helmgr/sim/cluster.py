@@ -7,6 +7,7 @@ comes from generators seeded by the run's seed, so a run replays bit for bit.
 """
 from __future__ import annotations
 
+import copy
 from collections import deque
 from heapq import heappop, heappush
 
@@ -59,6 +60,8 @@ class Cluster:
             policy.attach(i, node)
         self.rerouted = 0
         self.stop_periodic = False               # set once the last arrival is in: ticks etc. stop
+        self.next_rid = 0
+        self.watch_from, self.watch_done = 1 << 62, 0
         self._service_draws: list[float] = []
         for i, node in enumerate(self.nodes):
             self.rec.ratio_change(0.0, i, node.ratio)
@@ -85,7 +88,16 @@ class Cluster:
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> None:
-        cfg, end = self.cfg, self.workload.duration_s
+        """The whole workload: begin, feed every chunk, finish."""
+        self.begin()
+        for chunk in self.workload.chunks(1.0):
+            self.feed(chunk)
+            if self.on_progress and len(chunk):
+                self.on_progress(min(float(chunk.t[-1]), self.workload.duration_s))
+        self.finish()
+
+    def begin(self) -> None:
+        cfg = self.cfg
         self.push(cfg.tick_s, TICK)
         self.push(cfg.refresh_s, REFRESH)
         self.push(cfg.window_s, WINDOW)
@@ -93,24 +105,41 @@ class Cluster:
             self.push(f.down_s, DOWN, f.node)
             if f.up_s is not None:
                 self.push(f.up_s, UP, f.node)
+        self.next_rid = 0
+
+    def feed(self, chunk) -> None:
+        """Arrive every request of `chunk`, each after the events due at or before its time."""
         heap, handle = self.heap, self._handle
-        rid = 0
-        for chunk in self.workload.chunks(1.0):
-            ts, users, prefix = chunk.t.tolist(), chunk.user.tolist(), chunk.prefix_len.tolist()
-            io, co, burst = chunk.item_offsets.tolist(), chunk.cand_offsets.tolist(), chunk.burst.tolist()
-            items, cands = chunk.item_ids, chunk.cand_ids
-            for i, t in enumerate(ts):
-                while heap and heap[0][0] <= t:
-                    handle(heappop(heap))
-                self.now = t
-                self.arrive([rid, t, users[i], prefix[i], items[io[i]:io[i + 1]], cands[co[i]:co[i + 1]], burst[i], 0])
-                rid += 1
-            if self.on_progress:
-                self.on_progress(min(ts[-1] if ts else end, end))
+        ts, users, prefix = chunk.t.tolist(), chunk.user.tolist(), chunk.prefix_len.tolist()
+        io, co, burst = chunk.item_offsets.tolist(), chunk.cand_offsets.tolist(), chunk.burst.tolist()
+        items, cands = chunk.item_ids, chunk.cand_ids
+        rid = self.next_rid
+        for i, t in enumerate(ts):
+            while heap and heap[0][0] <= t:
+                handle(heappop(heap))
+            self.now = t
+            self.arrive([rid, t, users[i], prefix[i], items[io[i]:io[i + 1]], cands[co[i]:co[i + 1]], burst[i], 0])
+            rid += 1
+        self.next_rid = rid
+
+    def finish(self) -> None:
+        """No more arrivals: stop the periodic events and run until every request is done."""
         self.stop_periodic = True
+        heap, handle = self.heap, self._handle
         while heap:
             handle(heappop(heap))
-        self.rec.requests = rid
+        self.rec.requests = self.next_rid
+
+    def watch(self) -> None:
+        """Count completions of the requests fed from now on (for `run_until_served`)."""
+        self.watch_from, self.watch_done = self.next_rid, 0
+
+    def run_until_served(self) -> None:
+        """Process events until every watched request has completed. Later arrivals could never
+        have delayed them (queues and the link are FIFO), so this is their whole story."""
+        heap, handle = self.heap, self._handle
+        while self.watch_done < self.next_rid - self.watch_from and heap:
+            handle(heappop(heap))
 
     def _handle(self, ev) -> None:
         t, _, _, kind, node, gen = ev
@@ -188,6 +217,8 @@ class Cluster:
         parts = self._win_parts[n]
         for req, svc in self.inflight[n]:
             rec.complete(req, svc, n, now)
+            if req[0] >= self.watch_from:
+                self.watch_done += 1
             lat.append(now - req[1])
             parts.append((svc.fetch_s, svc.recompute_s))
             if not central:
@@ -238,15 +269,34 @@ class Cluster:
     def tick(self) -> None:
         now = self.now
         for i, node in enumerate(self.nodes):
-            if not self.up[i]:
-                continue
-            ratio = self.policy.decide(i, node, now)
-            if ratio is not None and node.pool.pages_for(ratio) != node.pool.emb_pages:
-                _, wake = node.resize(ratio, now)
-                self._schedule_refill(i, wake)
-                self.rec.ratio_change(now, i, node.ratio)
+            if self.up[i]:
+                ratio = self.policy.decide(i, node, now)
+                if ratio is not None:
+                    self.set_ratio(i, ratio)
         if not self.stop_periodic:
             self.push(now + self.cfg.tick_s, TICK)
+
+    def set_ratio(self, i: int, ratio: float) -> None:
+        """Resize node i's pool now (if that moves a page) and start its refill."""
+        node = self.nodes[i]
+        if node.pool.pages_for(ratio) != node.pool.emb_pages:
+            _, wake = node.resize(ratio, self.now)
+            self._schedule_refill(i, wake)
+            self.rec.ratio_change(self.now, i, node.ratio)
+
+    # -- replays (the oracle) --------------------------------------------------------------
+    def advance(self, t: float) -> None:
+        """Process every event due at or before t; the clock then reads t."""
+        heap, handle = self.heap, self._handle
+        while heap and heap[0][0] <= t:
+            handle(heappop(heap))
+        self.now = max(self.now, t)
+
+    def fork(self) -> "Cluster":
+        """An independent copy to replay from: same state, a fresh recorder, shared workload."""
+        memo = {id(self.workload): self.workload, id(self.profile): self.profile,
+                id(self.rec): Recorder(self.cfg.nodes)}
+        return copy.deepcopy(self, memo)
 
     def refresh(self) -> None:
         for i, node in enumerate(self.nodes):
