@@ -96,3 +96,28 @@ def test_parse_ratios():
     from helmgr.cli.sweep_cmd import parse_ratios
     assert parse_ratios("0.05:0.95:0.05") == [round(0.05 * k, 10) for k in range(1, 20)]
     assert parse_ratios("0.1,0.3") == [0.1, 0.3]
+
+
+def test_compare_reports_every_policy_and_its_distance_from_the_oracle(capsys, tmp_path):
+    code, out, _ = run(capsys, "compare", "--duration", "5", "--rps", "300", "--nodes", "2", "--ratios", "0.2,0.8",
+                       "--policies", "static,adaptive,static-best,oracle", "--jobs", "1", "--json",
+                       "--out", str(tmp_path / "cmp"))
+    assert code == 0
+    s = json.loads(out)
+    assert [r["policy"] for r in s["results"]] == ["static", "adaptive", "static-best", "oracle"]
+    assert len(s["r_star"]) == 5 and set(s["r_star"]) <= {0.2, 0.8}
+    for r in s["results"]:
+        assert all(f in r for f in SPEC_FIELDS) and r["oracle_distance"] >= 0
+    static = s["results"][0]
+    assert static["oracle_distance"] == pytest.approx(sum(abs(0.5 - x) for x in s["r_star"]) / 5)
+    assert {p.name for p in (tmp_path / "cmp").iterdir()} == {"compare.json", "compare.md", "compare_p99_slo.png",
+                                                              "compare_ratios.png", "compare_cdf.png"}
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["compare", "--policies", "static,magic"], "unknown magic"),
+    (["compare", "--routers", "nope"], "unknown nope"),
+])
+def test_compare_bad_lists(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and needle in err and err.count("\n") == 1

@@ -126,3 +126,12 @@ def test_bad_config():
 def test_all_nodes_down_is_a_named_error():
     with pytest.raises(HelmInputError, match="every node is down"):
         simulate(SimConfig(nodes=1, faults=(parse_fault("0@2"),)), small(duration_s=5.0))
+
+
+def test_window_ratios_and_oracle_distance_by_hand():
+    from helmgr.sim.metrics import oracle_distance, window_ratios
+    # node 0: 0.2 until 1.5 s then 0.6; node 1: 0.4 throughout; node 1 down from 2.0 s
+    timeline = [(0.0, 0, 0.2), (0.0, 1, 0.4), (1.5, 0, 0.6), (2.0, 1, None)]
+    r = window_ratios(timeline, 2, 3.0)
+    np.testing.assert_allclose(r, [0.3, 0.4, 0.6])             # window 1: (0.2 + 0.6) / 2 and 0.4
+    assert oracle_distance(timeline, 2, 3.0, np.array([0.3, 0.5, 0.5])) == pytest.approx((0 + 0.1 + 0.1) / 3)

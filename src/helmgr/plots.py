@@ -123,3 +123,61 @@ def _save(fig, path: Path, names: list[str]) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     names.append(path.name)
+
+
+def plot_compare(rows: list[dict], timelines: dict, r_star, title: str, out: Path) -> None:
+    """Bars of P99 and window SLO satisfaction per policy; ratio per window against r*; CDFs."""
+    from helmgr.sim.metrics import window_ratios
+    labels = [f"{r['policy']}\n{r['router']}" if len({x['router'] for x in rows}) > 1 else r["policy"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    a.bar(labels, [r["p99_ms"] for r in rows], color="tab:blue")
+    a.axhline(rows[0]["slo_ms"], color="tab:red", ls="--", lw=1, label="SLO")
+    a.set_yscale("log")
+    a.set_ylabel("P99 (ms)")
+    a.legend()
+    b.bar(labels, [r["window_slo_satisfaction"] for r in rows], color="tab:green")
+    b.set_ylim(0, 1.02)
+    b.set_ylabel("window SLO satisfaction")
+    for ax in (a, b):
+        ax.tick_params(axis="x", rotation=30)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out / "compare_p99_slo.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for r in rows:
+        series = timelines.get((r["policy"], r["router"]))
+        if series is None:
+            ax.axhline(r["ratio"], lw=1, ls=":", label=f"{r['policy']} ({r['ratio']:g})")
+        elif r["policy"] != "oracle":
+            ax.plot(window_ratios(series.timeline, series.n_nodes, r["duration_s"]), lw=1, label=r["policy"])
+    if r_star is not None:
+        ax.step(np.arange(len(r_star)), r_star, where="post", color="k", lw=1.5, label="oracle r*")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("window (s)")
+    ax.set_ylabel("mean EMB ratio")
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncol=3)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "compare_ratios.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        series = timelines.get((r["policy"], r["router"]))
+        if series is not None and len(series.latency_ms):
+            lat = np.sort(series.latency_ms)
+            ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat), lw=1, label=r["policy"])
+    ax.axvline(rows[0]["slo_ms"], color="tab:red", ls="--", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("CDF")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(out / "compare_cdf.png", dpi=110)
+    plt.close(fig)

@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from helmgr.cli.compare_cmd import compare_cmd
 from helmgr.cli.profile_cmd import profile
 from helmgr.cli.simulate_cmd import simulate_cmd
 from helmgr.cli.sweep_cmd import sweep_cmd
@@ -23,6 +24,7 @@ def cli() -> None:
 
 
 cli.add_command(simulate_cmd)
+cli.add_command(compare_cmd)
 cli.add_command(sweep_cmd)
 cli.add_command(workload)
 cli.add_command(profile)

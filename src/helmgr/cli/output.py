@@ -18,7 +18,7 @@ from rich.table import Table
 
 from helmgr.errors import HelmInputError
 
-stderr = Console(stderr=True)
+stderr = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 stdout = Console()
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout and nothing else there.")

@@ -143,3 +143,32 @@ def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_
     series = Series(latency * 1e3, starts, p99 * 1e3, w_emb, w_kv, counts, rec.timeline, list(bursts),
                     slo_s * 1e3, rec.n_nodes)
     return summary, series
+
+
+def window_ratios(timeline, n_nodes: int, duration: float, window_s: float = 1.0, per_window: int = 100) -> np.ndarray:
+    """Mean EMB ratio over the up nodes in each window, sampled `per_window` times a window
+    (every 10 ms by default, the controller's tick). NaN for a window with no node up."""
+    n_win = max(1, int(np.ceil(duration / window_s - 1e-9)))
+    samples = (np.arange(n_win * per_window) + 0.5) * (window_s / per_window)
+    total = np.zeros(len(samples))
+    count = np.zeros(len(samples))
+    for node in range(n_nodes):
+        pts = sorted((t, r) for t, n, r in timeline if n == node)
+        if not pts:
+            continue
+        times = np.array([t for t, _ in pts])
+        values = np.array([np.nan if r is None else r for _, r in pts])
+        idx = np.searchsorted(times, samples, side="right") - 1
+        v = np.where(idx >= 0, values[np.maximum(idx, 0)], np.nan)
+        up = ~np.isnan(v)
+        total[up] += v[up]
+        count[up] += 1
+    with np.errstate(invalid="ignore"):
+        mean = total / count
+    return np.nanmean(mean.reshape(n_win, per_window), axis=1) if count.any() else np.full(n_win, np.nan)
+
+
+def oracle_distance(timeline, n_nodes: int, duration: float, r_star: np.ndarray, window_s: float = 1.0) -> float:
+    """Mean |r - r*| over windows, r being the mean of the nodes' ratios (r* is cluster-wide)."""
+    r = window_ratios(timeline, n_nodes, duration, window_s)[:len(r_star)]
+    return float(np.nanmean(np.abs(r - np.asarray(r_star)[:len(r)])))
