@@ -110,6 +110,9 @@ def test_compare_reports_every_policy_and_its_distance_from_the_oracle(capsys, t
         assert all(f in r for f in SPEC_FIELDS) and r["oracle_distance"] >= 0
     static = s["results"][0]
     assert static["oracle_distance"] == pytest.approx(sum(abs(0.5 - x) for x in s["r_star"]) / 5)
+    assert len(s["held_r_star"]) == 5 and set(s["held_r_star"]) <= {0.2, 0.8}
+    assert static["held_oracle_distance"] == pytest.approx(sum(abs(0.5 - x) for x in s["held_r_star"]) / 5)
+    assert all("held_oracle_distance" in r for r in s["results"])
     assert {p.name for p in (tmp_path / "cmp").iterdir()} == {"compare.json", "compare.md", "compare_p99_slo.png",
                                                               "compare_ratios.png", "compare_cdf.png"}
 

@@ -9,6 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
 import click
+import numpy as np
 from rich.table import Table
 
 from helmgr.cli.output import emit_json, json_option, out_option, progress, result_dir, stderr
@@ -22,7 +23,7 @@ from helmgr.sim.oracle import run_oracle
 
 ALL = ("static", "static-best", "independent", "adaptive", "latency-driven", "oracle")
 COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "mean_ratio",
-           "oracle_distance", "burst_violation_share", "wall_s")
+           "oracle_distance", "held_oracle_distance", "burst_violation_share", "wall_s")
 
 
 def _names(text: str, known, what: str) -> list[str]:
@@ -55,7 +56,9 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     """Run every policy on the same workload and seed; P99, SLO and distance from the oracle.
 
     static-best is the grid ratio with the lowest P99 (a sweep of this run, in hindsight); the
-    oracle picks the best cluster-wide ratio per 1-s window by replaying it at every grid ratio.
+    oracle picks the best cluster-wide ratio per 1-s window by replaying it at every grid ratio
+    from its own state (r*). held r* is, per window, the best of the sweep's held ratios; each
+    policy's mean |r - r*| and |r - held r*| are reported.
 
     \b
     helmgr compare --workload burst --out results/compare-burst
@@ -68,7 +71,7 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     workload_args = (regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     w = build_workload(*workload_args)
     jobs = jobs or os.cpu_count() or 1
-    rows, timelines, r_star = [], {}, None
+    rows, timelines, r_star, held_r_star = [], {}, None, None
     for rt in router_names:
         cfg = build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                            max_batch, seed)
@@ -85,6 +88,8 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
                 timelines[(n, rt)] = series
             if "static-best" in names:
                 sweep = sweep_rows(workload_args, cfg, grid, min(jobs, len(grid)), done)
+                held = np.array([x.pop("window_p99_ms") for x in sweep])           # ratios x windows
+                held_r_star = np.asarray(grid)[np.argmin(np.where(np.isnan(held), np.inf, held), axis=0)]
                 best = dict(min(sweep, key=lambda x: x["p99_ms"]))
                 best["policy"] = "static-best"
                 rows.append(best)
@@ -96,15 +101,18 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
                 rows.append(o.summary)
                 timelines[("oracle", rt)] = o.series
                 r_star = o.r_star
-    if r_star is not None:
+    for key, ref in (("oracle_distance", r_star), ("held_oracle_distance", held_r_star)):
+        if ref is None:
+            continue
         for row in rows:
-            if row["policy"] == "static-best" or (row["policy"] == "static" and row.get("oracle_distance") is None):
-                row["oracle_distance"] = float(abs(row["ratio"] - r_star).mean())
-            elif row["policy"] != "oracle":
-                series = timelines[(row["policy"], row["router"])]
-                row["oracle_distance"] = oracle_distance(series.timeline, row["nodes"], row["duration_s"], r_star)
+            series = timelines.get((row["policy"], row["router"]))
+            if series is None:                           # static-best: one ratio held throughout
+                row[key] = float(np.abs(row["ratio"] - ref).mean())
+            elif not (key == "oracle_distance" and row["policy"] == "oracle"):
+                row[key] = oracle_distance(series.timeline, row["nodes"], row["duration_s"], ref)
     result = {"workload": w.name, "nodes": nodes, "seed": seed, "grid": grid, "wall_s": time.perf_counter() - wall,
-              "r_star": None if r_star is None else [float(x) for x in r_star], "results": rows}
+              "r_star": None if r_star is None else [float(x) for x in r_star],
+              "held_r_star": None if held_r_star is None else [float(x) for x in held_r_star], "results": rows}
     with result_dir(out_dir) as scratch:
         if scratch is not None:
             from helmgr.plots import plot_compare

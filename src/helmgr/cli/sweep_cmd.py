@@ -39,13 +39,15 @@ def parse_ratios(text: str) -> list[float]:
 
 
 def run_one(args) -> dict:
-    """One sweep point (runs in a worker process: builds its own workload)."""
+    """One sweep point (runs in a worker process: builds its own workload). The summary gains
+    `window_p99_ms`, each 1-s window's P99 under this held ratio."""
     workload_args, cfg = args
     result = simulate(cfg, build_workload(*workload_args))
-    return result.summary
+    return result.summary | {"window_p99_ms": [float(x) for x in result.series.window_p99_ms]}
 
 
 def sweep_rows(workload_args, cfg, ratios, jobs, on_done=None) -> list[dict]:
+    """One static run per ratio, in `jobs` processes."""
     tasks = [(workload_args, replace(cfg, ratio=r, policy="static")) for r in ratios]
     if jobs <= 1:
         rows = []
@@ -86,6 +88,8 @@ def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression
     with progress("sweeping", len(grid)) as bar:
         task = bar.add_task(f"sweep {w.name}", total=len(grid))
         rows = sweep_rows(workload_args, cfg, grid, min(jobs, len(grid)), lambda: bar.advance(task))
+    for row in rows:
+        row.pop("window_p99_ms")
     best = min(rows, key=lambda x: x["p99_ms"])
     worst = max(rows, key=lambda x: x["p99_ms"])
     summary = {"workload": w.name, "nodes": nodes, "router": router, "seed": seed, "best_ratio": best["ratio"],
