@@ -48,11 +48,13 @@ class Service(NamedTuple):
 
 class NodeStats:
     __slots__ = ("requests", "cold_requests", "prefix_tokens", "kv_hit_tokens", "onload_tokens", "ids", "misses",
-                 "unfilled_misses", "kv_shadow_tokens", "busy_s", "refill_blocked_s", "emb_wait_s", "recompute_s")
+                 "unfilled_misses", "kv_shadow_tokens", "token_ids", "token_misses", "busy_s", "refill_blocked_s",
+                 "emb_wait_s", "recompute_s")
 
     def __init__(self):
         self.requests = self.cold_requests = self.prefix_tokens = self.kv_hit_tokens = self.onload_tokens = 0
         self.ids = self.misses = self.unfilled_misses = self.kv_shadow_tokens = 0
+        self.token_ids = self.token_misses = 0     # rows of computed tokens (not candidates) and their misses
         self.busy_s = self.refill_blocked_s = 0.0
         self.emb_wait_s = 0.0       # host gathers + H2D copies (queueing included) before compute
         self.recompute_s = 0.0      # prefix positions recomputed (FLOPs time)
@@ -164,6 +166,8 @@ class Node:
         s.onload_tokens += onload
         s.ids += ids
         s.misses += misses
+        s.token_ids += tokens
+        s.token_misses += tokens - h
         s.unfilled_misses += unfilled
         s.busy_s += end - start
         return Service(start, end, computed_from, ids, misses, unfilled, ready - start, recompute)

@@ -63,6 +63,7 @@ class KVCache(_LRUTokens):
         self.ghost: OrderedDict[int, int] | None = None   # recently evicted users (a shadow queue)
         self.ghost_bytes = 0
         self._ghost_used = 0
+        self.events: list[tuple[int, int]] | None = None   # (user, tokens now cached), when on
 
     def track_ghosts(self, capacity_bytes: int) -> None:
         """Remember the last `capacity_bytes` of evicted prefixes (keys and lengths only), so a
@@ -103,13 +104,19 @@ class KVCache(_LRUTokens):
             if not self.tail_first:
                 self._spill(user, old)
                 self._spill(user, tokens)
+                if self.events is not None and old:
+                    self.events.append((user, 0))
                 return 0
             tokens = fit
         if tokens <= 0:
+            if self.events is not None and old:
+                self.events.append((user, 0))
             return 0
         self._evict(self.used_bytes + tokens * bpt - self.capacity_bytes)
         self.entries[user] = tokens
         self.used_bytes += tokens * bpt
+        if self.events is not None:
+            self.events.append((user, tokens))
         return tokens
 
     def resize(self, capacity_bytes: int) -> None:
@@ -129,6 +136,8 @@ class KVCache(_LRUTokens):
                 del self.entries[user]
             else:
                 self.entries[user] = tokens - drop
+            if self.events is not None:
+                self.events.append((user, tokens - drop))
             self.used_bytes -= drop * bpt
             need_bytes -= drop * bpt
             self.evicted_tokens += drop

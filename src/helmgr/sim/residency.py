@@ -1,0 +1,156 @@
+"""What the HELM router knows about each node (SPEC 7): a residency index fed by node events.
+
+Node side, a `ResidencyReporter` turns one node's state changes into versioned reports:
+- **KV events** `(user, tokens now cached)` on every insert, eviction and trim, numbered per node
+  and sent in batches (`KVBatch`);
+- an **EMB summary** after every refresh and resize (`EmbSummary`): the node's resident rows as a
+  packed bitmap over item ids (testing a request's ids against it is one gather), the miss rate of
+  its recent history-row lookups (for the prefix rows a recompute would look up, which the router
+  has no ids for), and its refill state.
+
+Router side, a `ResidencyIndex` applies them. Reports may come late, out of order or not at all
+(a remote replica's are sent over the network): a summary older than the one held is dropped, a
+gap in KV event numbers is counted and the batch applied anyway. Wrong knowledge makes a worse
+choice — a request sent to a node that no longer holds the prefix pays the recompute there —
+never a broken one.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from helmgr.memory.emb import RESIDENT
+from helmgr.memory.refill import BackgroundRefill
+
+UNKNOWN_MISS = 0.5          # history-row miss rate assumed for a node that has not reported one
+# columns of ResidencyIndex.node (one float64 row per node, read by the router's compiled kernel)
+BLOCKED, REFILL_UNTIL, CHUNK_S, HISTORY_MISS = range(4)
+
+
+class KVBatch(NamedTuple):
+    node: int
+    first: int                          # version of the first event; the rest follow by one
+    events: list[tuple[int, int]]       # (user, tokens now cached); 0 = evicted
+
+
+class EmbSummary(NamedTuple):
+    node: int
+    version: int
+    bits: np.ndarray                    # packed little-endian bitmap over item ids, 1 = resident
+    history_miss: float                 # miss rate of computed-token rows since the last summary
+    blocked_until: float                # a sync refill holds the node until then
+    refill_until: float                 # background refill traffic expected until then
+    refill_chunk_s: float               # link time of one background chunk (what a miss may wait behind)
+
+
+class ResidencyReporter:
+    """Publishes one node's residency. Switches on the node's KV event log. A node that restarts
+    gets a reporter that carries on its predecessor's version numbers."""
+
+    def __init__(self, index: int, node, after: "ResidencyReporter | None" = None):
+        self.index, self.node = index, node
+        node.kv.events = []
+        self.kv_version = after.kv_version if after else 0
+        self.emb_version = after.emb_version if after else 0
+        self._tokens = (node.stats.token_ids, node.stats.token_misses)
+
+    def kv_batch(self) -> KVBatch | None:
+        """The KV events since the last batch, or None."""
+        events = self.node.kv.events
+        if not events:
+            return None
+        batch = KVBatch(self.index, self.kv_version + 1, events)
+        self.kv_version += len(events)
+        self.node.kv.events = []
+        return batch
+
+    def summary(self, now: float) -> EmbSummary:
+        node = self.node
+        s = node.stats
+        ids, misses = s.token_ids - self._tokens[0], s.token_misses - self._tokens[1]
+        self._tokens = (s.token_ids, s.token_misses)
+        refill_until = chunk_s = 0.0
+        if isinstance(node.refill, BackgroundRefill) and node.emb.unfilled_rows:
+            bw = node.link.bandwidth
+            refill_until = now + node.emb.unfilled_rows * node.emb.row_bytes / (node.refill.share * bw)
+            chunk_s = node.refill.chunk_bytes / bw
+        self.emb_version += 1
+        return EmbSummary(self.index, self.emb_version,
+                          np.packbits(node.emb.state == RESIDENT, bitorder="little"),
+                          misses / ids if ids else -1.0, node.blocked_until, refill_until, chunk_s)
+
+
+class ResidencyIndex:
+    """The router's view: who holds which prefix, which rows each node has, each node's refill."""
+
+    def __init__(self, n_nodes: int, n_items: int):
+        self.n_items = n_items
+        self.holders: dict[int, dict[int, int]] = {}      # user -> {node: cached tokens}
+        self.kv_version = [0] * n_nodes
+        self.bits = np.zeros((n_nodes, (n_items + 7) // 8), np.uint8)   # nothing known: all misses
+        self.emb_version = [0] * n_nodes
+        self.node = np.zeros((n_nodes, 4))              # BLOCKED, REFILL_UNTIL, CHUNK_S, HISTORY_MISS
+        self.node[:, HISTORY_MISS] = UNKNOWN_MISS
+        self.gaps = 0                   # KV batches that skipped versions (lost events)
+        self.stale = 0                  # reports dropped as older than what was held
+
+    def apply_kv(self, batch: KVBatch) -> None:
+        n, first, events = batch
+        held = self.kv_version[n]
+        last = first + len(events) - 1
+        if last <= held:
+            self.stale += 1
+            return
+        if first > held + 1:
+            self.gaps += 1
+        elif first <= held:                     # overlap: skip what was applied already
+            events = events[held + 1 - first:]
+        holders = self.holders
+        for user, tokens in events:
+            where = holders.get(user)
+            if tokens:
+                if where is None:
+                    holders[user] = {n: tokens}
+                else:
+                    where[n] = tokens
+            elif where is not None:
+                where.pop(n, None)
+                if not where:
+                    del holders[user]
+        self.kv_version[n] = last
+
+    def expect(self, node: int, user: int, tokens: int) -> None:
+        """The router sent `user`'s request to `node`: its prefix will be cached there."""
+        where = self.holders.get(user)
+        if where is None:
+            self.holders[user] = {node: tokens}
+        else:
+            where[node] = tokens
+
+    def apply_summary(self, s: EmbSummary) -> None:
+        n = s.node
+        if s.version <= self.emb_version[n]:
+            self.stale += 1
+            return
+        self.emb_version[n] = s.version
+        self.bits[n] = s.bits
+        row = self.node[n]
+        row[BLOCKED], row[REFILL_UNTIL], row[CHUNK_S] = s.blocked_until, s.refill_until, s.refill_chunk_s
+        if s.history_miss >= 0:
+            row[HISTORY_MISS] = s.history_miss
+
+    def forget(self, node: int) -> None:
+        """Node `node` lost its HBM (it went down): nothing of it is known any more. Versions are
+        kept, so late reports from before the failure are still recognized as stale."""
+        for user in [u for u, where in self.holders.items() if node in where]:
+            where = self.holders[user]
+            del where[node]
+            if not where:
+                del self.holders[user]
+        self.bits[node] = 0
+        self.node[node] = (0.0, 0.0, 0.0, UNKNOWN_MISS)
+
+    def resident(self, node: int, ids: np.ndarray) -> np.ndarray:
+        """0/1 per id: whether `node` reported the row resident."""
+        return (self.bits[node, ids >> 3] >> (ids & 7).astype(np.uint8)) & 1
