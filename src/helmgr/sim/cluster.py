@@ -19,6 +19,7 @@ from helmgr.profiles import NodeProfile
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Recorder
 from helmgr.sim.policies import MemoryPolicy, NodeWindow
+from helmgr.sim.residency import ResidencyReporter
 from helmgr.sim.routers import Router
 from helmgr.workload import Workload
 
@@ -51,6 +52,12 @@ class Cluster:
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
+        self.index = router.attach(self.nodes[0].cost, workload.n_items)
+        self.reporters: list[ResidencyReporter] | None = None
+        if self.index is not None:
+            self.reporters = [ResidencyReporter(i, node) for i, node in enumerate(self.nodes)]
+            for i in range(n):
+                self.report(i, emb=True)
         self.rec = Recorder(n)
         self._win_latency: list[list[float]] = [[] for _ in range(n)]
         self._win_parts: list[list[tuple[float, float]]] = [[] for _ in range(n)]   # (fetch, recompute)
@@ -174,7 +181,7 @@ class Cluster:
             else:
                 self.start(idle, [req])
             return
-        n = self.router.route(user, prefix, prefix + len(req[4]))
+        n = self.router.route_request(self.now, user, prefix, req[4], req[5])
         self.router.dispatched(n, user, prefix + len(req[4]))
         self._win_arrivals[n] += 1
         if self.busy[n]:
@@ -201,6 +208,8 @@ class Cluster:
                 served.append((req, svc))
                 end = svc.end
                 t = svc.end - launch      # a batch shares its kernel launches
+            if self.reporters is not None:
+                self.report(n)
         self.busy[n] = True
         self.inflight[n] = served
         self.push(end, DEPART, n)
@@ -222,12 +231,22 @@ class Cluster:
             lat.append(now - req[1])
             parts.append((svc.fetch_s, svc.recompute_s))
             if not central:
-                router.completed(n)
+                router.completed(n, now)
         self.inflight[n] = []
         self.busy[n] = False
         q = self.shared if central else self.queues[n]
         if q:
             self.start(n, [q.popleft()])
+
+    def report(self, n: int, emb: bool = False) -> None:
+        """Deliver node n's residency reports to the router's index: its KV events, and with
+        `emb` a fresh EMB summary (after a refresh or resize)."""
+        rep = self.reporters[n]
+        batch = rep.kv_batch()
+        if batch is not None:
+            self.index.apply_kv(batch)
+        if emb:
+            self.index.apply_summary(rep.summary(self.now))
 
     # -- windows --------------------------------------------------------------------------
     @staticmethod
@@ -283,6 +302,8 @@ class Cluster:
             _, wake = node.resize(ratio, self.now)
             self._schedule_refill(i, wake)
             self.rec.ratio_change(self.now, i, node.ratio)
+            if self.reporters is not None:
+                self.report(i, emb=True)
 
     # -- replays (the oracle) --------------------------------------------------------------
     def advance(self, t: float) -> None:
@@ -302,6 +323,8 @@ class Cluster:
         for i, node in enumerate(self.nodes):
             if self.up[i]:
                 self._schedule_refill(i, node.refresh(self.now))
+                if self.reporters is not None:
+                    self.report(i, emb=True)
         if not self.stop_periodic:
             self.push(self.now + self.cfg.refresh_s, REFRESH)
 
@@ -342,6 +365,9 @@ class Cluster:
         self.policy.attach(n, self.nodes[n])
         self.up[n] = True
         self.router.node_up(n)
+        if self.reporters is not None:
+            self.reporters[n] = ResidencyReporter(n, self.nodes[n], after=self.reporters[n])
+            self.report(n, emb=True)
         self.rec.ratio_change(self.now, n, self.nodes[n].ratio)
         if self.cfg.central_queue:
             self._start_idle()

@@ -1,15 +1,19 @@
-"""Routers (SPEC 7): where each request goes. Baselines here; the HELM router builds on them.
+"""Routers (SPEC 7): where each request goes. The baselines, and the HELM router.
 
 A router keeps its own view of load: requests dispatched to a node and not yet completed,
 updated at dispatch and completion (never a stale poll). The cluster tells it which nodes are up.
+A router that sets `residency = True` also gets a `ResidencyIndex` fed by the nodes' events.
 """
 from __future__ import annotations
 
 import bisect
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import numpy as np
 
+from helmgr.costs import CostModel
+from helmgr.sim import route_kernel
+from helmgr.sim.residency import HISTORY_MISS, ResidencyIndex
 from helmgr.workload.users import hash_uniform_one
 
 DOWN = 1 << 40                          # the load a router sees on a node that is down
@@ -17,6 +21,7 @@ DOWN = 1 << 40                          # the load a router sees on a node that 
 
 class Router:
     name = ""
+    residency = False                     # True: wants node residency events (see attach)
 
     def bind(self, n_nodes: int, up: list[bool], rng: np.random.Generator) -> None:
         self.n = n_nodes
@@ -28,10 +33,20 @@ class Router:
     def route(self, user: int, prefix_len: int, tokens: int) -> int:
         raise NotImplementedError
 
+    def route_request(self, now: float, user: int, prefix_len: int, new_ids: np.ndarray,
+                      cand_ids: np.ndarray) -> int:
+        """The whole request; routers that look only at the user and its length use `route`."""
+        return self.route(user, prefix_len, prefix_len + len(new_ids))
+
+    def attach(self, cost: CostModel, n_items: int) -> ResidencyIndex | None:
+        """The cluster's cost model and item count; a residency router returns the index the
+        cluster should feed."""
+        return None
+
     def dispatched(self, node: int, user: int, tokens: int) -> None:
         self.load[node] += 1
 
-    def completed(self, node: int) -> None:
+    def completed(self, node: int, now: float = 0.0) -> None:
         self.load[node] -= 1
 
     def node_down(self, node: int) -> None:
@@ -170,7 +185,162 @@ class PrefixAware(Router):
             self.where.popitem(last=False)
 
 
-ROUTERS = {r.name: r for r in (RoundRobin, LeastLoaded, PowerOfTwo, Affinity, PrefixAware)}
+class Helm(Router):
+    """The HELM router (SPEC 7): send each request where it is predicted to finish first.
+
+    For each candidate node, predicted completion = when the node runs out of the work this router
+    has sent it (each request's predicted service, added at dispatch; at a completion the node's
+    clock restarts from now plus what is still outstanding) or, if later, when a sync refill
+    releases it + the request's predicted service there from the cost model: the prefix positions
+    the node does not hold are recomputed and their rows looked up, the request's rows miss where
+    the node's hot-set summary says they are absent (new-token ids exactly, candidates from an
+    evenly spaced sample of `sample`), the recomputed prefix rows miss at the node's reported
+    history miss rate, and a node with background refill traffic adds one refill chunk to the
+    misses' wait. One unit, seconds; the minimum wins, exact ties go to a seeded draw.
+
+    Candidates: the nodes that hold the user's prefix, `d` nodes drawn at random, and the least
+    busy node of the previous decision (power of d choices with memory: Mitzenmacher, Prabhakar
+    and Shah, 2002), so a decision costs O(1) in cluster size.
+
+    Ablations: `kv_term=False` knows nothing of prefixes (every node recomputes, holders are not
+    candidates), `emb_term=False` prices every node's misses at the cluster's mean rate.
+    """
+
+    name = "helm"
+    residency = True
+    BLOCK = 4096
+
+    RHO_SPAN_S = 0.5            # how often the load estimate behind the waste weight is renewed
+    MAX_WASTE = 20.0            # the weight at 95 % load and beyond
+
+    def __init__(self, d: int = 2, kv_term: bool = True, emb_term: bool = True, sample: int = 32,
+                 waste: float | None = None):
+        if d < 1 or sample < 1 or (waste is not None and not waste >= 0):
+            raise ValueError(f"helm router needs d >= 1, sample >= 1, waste >= 0; got {d}, {sample}, {waste}")
+        self.d, self.kv_term, self.emb_term, self.sample, self.waste = d, kv_term, emb_term, sample, waste
+
+    def bind(self, n_nodes, up, rng):
+        super().bind(n_nodes, up, rng)
+        self.mine = np.zeros((n_nodes, 2))     # FREE: when the node runs out of the work sent to it; UP
+        self.mine[:, route_kernel.UP] = 1.0
+        self.work = [0.0] * n_nodes             # predicted service of the requests outstanding there
+        self.pending = [deque() for _ in range(n_nodes)]
+        self.index: ResidencyIndex | None = None
+        self._draws = np.zeros(0)
+        self._now = 0.0
+        self.rho = 0.0                          # load estimate: predicted work sent / capacity, EWMA
+        self._work_sent, self._rho_t = 0.0, 0.0
+        self._choice = (-1, 0.0)                # (node, predicted service) of the last decision
+
+    def attach(self, cost, n_items):
+        self.index = ResidencyIndex(self.n, n_items)
+        self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample,
+                                             self.waste if self.waste is not None else 0.0)
+        return self.index
+
+    def route_request(self, now, user, prefix_len, new_ids, cand_ids):
+        self._now = now
+        hn0 = ht0 = hn1 = ht1 = -1
+        if self.kv_term:
+            where = self.index.holders.get(user)
+            if where:
+                if len(where) == 1:
+                    (hn0, ht0), = where.items()
+                else:                           # the two longest cached prefixes
+                    (hn0, ht0), (hn1, ht1) = sorted(where.items(), key=lambda kv: -kv[1])[:2]
+        c = self.consts
+        if now - self._rho_t >= self.RHO_SPAN_S:
+            self._update_load(now)
+        if c[route_kernel.POS] + self.d + 1 > len(self._draws):
+            self._draws = self.rng.random(self.BLOCK * (self.d + 1))
+            c[route_kernel.POS] = 0
+        if not self.emb_term:
+            c[route_kernel.MEAN_MISS] = float(self.index.node[:, HISTORY_MISS].mean())
+        node, svc = route_kernel.decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, self._draws,
+                                        self.index.bits, self.index.node, self.mine, c)
+        if node < 0:                            # every candidate was down
+            node, svc = self._least_loaded(), 0.0
+        self._choice = (node, svc)
+        return node
+
+    def _update_load(self, now: float) -> None:
+        """Renew the load estimate and, unless fixed, the waste weight rho / (1 - rho): the mean
+        number of later requests that one more second of work on a node delays (M/M/1 busy-period
+        reasoning) — free capacity makes waste cheap, a busy cluster makes it dear."""
+        span = now - self._rho_t
+        up = int(self.mine[:, route_kernel.UP].sum())
+        if span > 0 and up:
+            sample = self._work_sent / (span * up)
+            self.rho = sample if self._rho_t == 0.0 else 0.5 * self.rho + 0.5 * sample
+        self._work_sent, self._rho_t = 0.0, now
+        if self.waste is None:
+            rho = min(self.rho, 0.95)
+            self.consts[route_kernel.WASTE] = min(rho / (1.0 - rho), self.MAX_WASTE)
+
+    def dispatched(self, node, user, tokens):
+        self.load[node] += 1
+        chosen, svc = self._choice
+        if chosen != node:                      # placed by someone else: price it like the average
+            svc = self.work[node] / len(self.pending[node]) if self.pending[node] else 0.0
+        self._work_sent += svc
+        row = self.mine[node]
+        free = row[0]
+        row[0] = (free if free > self._now else self._now) + svc
+        self.work[node] += svc
+        self.pending[node].append(svc)
+        if self.kv_term:
+            self.index.expect(node, user, tokens)
+
+    def completed(self, node, now=0.0):
+        self.load[node] -= 1
+        if self.pending[node]:
+            self.work[node] -= self.pending[node].popleft()
+        if not self.pending[node]:
+            self.work[node] = 0.0               # no float drift across an idle period
+        self.mine[node, 0] = now + self.work[node]
+
+    def node_up(self, node):
+        super().node_up(node)
+        self.mine[node, route_kernel.UP] = 1.0
+
+    def node_down(self, node):
+        super().node_down(node)
+        self.mine[node] = 0.0                  # FREE and UP
+        self.pending[node].clear()
+        self.work[node] = 0.0
+        if self.index is not None:
+            self.index.forget(node)
+
+
+class HelmKV(Helm):
+    """Ablation: KV term + load (every node's misses priced at the cluster's mean rate)."""
+
+    name = "helm-kv"
+
+    def __init__(self, **kw):
+        super().__init__(**({"emb_term": False} | kw))
+
+
+class HelmEmb(Helm):
+    """Ablation: EMB term + load (no knowledge of prefixes)."""
+
+    name = "helm-emb"
+
+    def __init__(self, **kw):
+        super().__init__(**({"kv_term": False} | kw))
+
+
+class HelmLoad(Helm):
+    """Ablation: load only (predicted work, power of d choices with memory)."""
+
+    name = "helm-load"
+
+    def __init__(self, **kw):
+        super().__init__(**({"kv_term": False, "emb_term": False} | kw))
+
+
+ROUTERS = {r.name: r for r in (RoundRobin, LeastLoaded, PowerOfTwo, Affinity, PrefixAware, Helm, HelmKV, HelmEmb,
+                               HelmLoad)}
 
 
 def make_router(name: str) -> Router:

@@ -1,0 +1,136 @@
+"""The HELM router's inner loop, compiled (numba): price a request on each candidate node.
+
+A decision tests a few dozen item ids against each candidate's resident bitmap and evaluates the
+cost model a handful of times. In numpy that is six or more calls on tiny arrays (~2 µs each on a
+2-core CI box); compiled, the whole loop is about one microsecond. The arithmetic is the cost
+model's (helmgr.costs): `tests/test_helm_router.py` checks that a node the router knows exactly
+is priced at exactly what `Node.serve` charges.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from helmgr.sim.residency import BLOCKED, CHUNK_S, HISTORY_MISS, REFILL_UNTIL
+
+# the router's vector: CostModel folded, the router's switches, and two slots the kernel keeps
+# (the next unused random draw, the last decision's least-wait node)
+LINEAR, ATTENTION, LOOKUP, LAUNCH, MISS, PCIE_LATENCY, USE_EMB, MEAN_MISS, D, SAMPLE, POS, MEMO, WASTE = range(13)
+# columns of the router's per-node array
+FREE, UP = range(2)
+
+
+def constants(cost, use_emb: bool, d: int, sample: int, waste: float) -> np.ndarray:
+    c = np.zeros(13)
+    c[LINEAR] = cost.layers * cost.linear_flops / cost.flops          # s per token-layer of linear work
+    c[ATTENTION] = cost.layers * cost.attention_flops / cost.flops    # s per (query, key) pair
+    c[LOOKUP] = cost.row_bytes / cost.hbm_bw                          # s per resident row read
+    c[LAUNCH] = cost.launch_overhead_s
+    c[MISS] = cost.host_lookup_s + cost.row_bytes / cost.pcie_bw      # s per missed row (gather + copy)
+    c[PCIE_LATENCY] = cost.pcie_latency_s
+    c[USE_EMB] = 1.0 if use_emb else 0.0
+    c[D], c[SAMPLE], c[WASTE] = d, sample, waste
+    return c
+
+
+@njit(cache=True, nogil=True)
+def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, node, mine, c):
+    """One routing decision. Candidates: holders hn0/hn1 (prefix tokens ht0/ht1; -1 = none), d
+    nodes drawn from `draws` (uniforms, from c[POS] on), and the last decision's least-wait node
+    c[MEMO]; down ones left out, each node once. Each is priced at predicted completion =
+    max(now, when the node runs out of work, when a sync refill releases it) + service from the
+    cost model: the prefix tokens the node lacks are recomputed (their rows missing at the node's
+    history miss rate), new-token ids miss where the node's bitmap says so, the candidate ids at
+    the rate of an even sample of c[SAMPLE] of them. One more draw breaks exact ties. Returns
+    (node, its predicted service), or (-1, 0) when no candidate is up; advances c[POS], sets c[MEMO]."""
+    up = mine[:, UP]
+    free = mine[:, FREE]
+    d = np.int64(c[D])
+    pos = np.int64(c[POS])
+    memo = np.int64(c[MEMO])
+    c[POS] = pos + d + 1
+    n_cand = len(cand_ids)
+    step = max(1, n_cand // np.int64(c[SAMPLE]))
+    samp = cand_ids[::step]
+    k = 0
+    n = len(up)
+    every = d >= n                              # every node is a candidate
+    if every:
+        cands = np.empty(n, np.int64)
+        for i in range(n):
+            if up[i] > 0:
+                cands[k] = i
+                k += 1
+        d = 0
+    else:
+        cands = np.empty(d + 3, np.int64)
+    for i in (hn0, hn1, memo):
+        if not every and i >= 0 and up[i] > 0:
+            dup = False
+            for j in range(k):
+                dup = dup or cands[j] == i
+            if not dup:
+                cands[k] = i
+                k += 1
+    for r in range(d):
+        i = np.int64(draws[pos + r] * n)
+        if up[i] > 0:
+            dup = False
+            for j in range(k):
+                dup = dup or cands[j] == i
+            if not dup:
+                cands[k] = i
+                k += 1
+    if k == 0:
+        return -1, 0.0
+    m = len(samp)
+    w = n_cand / m if m > 0 else 0.0
+    n_new = len(new_ids)
+    n_ties = 0
+    ties = np.empty(k, np.int64)
+    svcs = np.empty(k)
+    starts = np.empty(k)
+    memo_j, memo_t = 0, np.inf
+    least = np.inf
+    for j in range(k):
+        i = cands[j]
+        cj = ht0 if i == hn0 else (ht1 if i == hn1 else 0)
+        cj = min(cj, prefix_len)
+        tokens = prefix_len - cj + n_new
+        pairs = tokens * cj + tokens * (tokens + 1) / 2 + n_cand * (cj + tokens + 1)
+        svc = c[LINEAR] * (tokens + n_cand) + c[ATTENTION] * pairs + c[LAUNCH] + c[LOOKUP] * (tokens + n_cand)
+        if c[USE_EMB] > 0:
+            misses = (prefix_len - cj) * node[i, HISTORY_MISS]
+            for s in new_ids:
+                misses += 1 - ((bits[i, s >> 3] >> (s & 7)) & 1)
+            h = 0
+            for s in samp:
+                h += (bits[i, s >> 3] >> (s & 7)) & 1
+            misses += (m - h) * w
+        else:
+            misses = (prefix_len - cj + n_new + n_cand) * c[MEAN_MISS]
+        if misses > 0:
+            svc += misses * c[MISS] + c[PCIE_LATENCY]
+            if node[i, REFILL_UNTIL] > now:
+                svc += node[i, CHUNK_S]
+        start = max(now, free[i], node[i, BLOCKED])
+        if start < memo_t:
+            memo_j, memo_t = j, start
+        svcs[j], starts[j] = svc, start
+        least = min(least, svc)
+    best_t = np.inf
+    for j in range(k):
+        # completion + the work this placement wastes (service beyond the cheapest candidate's):
+        # waste is capacity every later request loses, so a busy cluster does not trade it for a
+        # slightly shorter wait
+        t = starts[j] + svcs[j] + c[WASTE] * (svcs[j] - least)
+        if t < best_t - 1e-12:
+            best_t = t
+            ties[0] = j
+            n_ties = 1
+        elif t <= best_t + 1e-12:
+            ties[n_ties] = j
+            n_ties += 1
+    pick = ties[0] if n_ties == 1 else ties[min(np.int64(draws[pos + d] * n_ties), n_ties - 1)]
+    c[MEMO] = cands[memo_j]
+    return cands[pick], svcs[pick]

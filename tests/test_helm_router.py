@@ -1,0 +1,191 @@
+import json
+
+import numpy as np
+import pytest
+
+from helmgr.node import Node, NodeConfig
+from helmgr.sim import SimConfig, parse_fault, simulate
+from helmgr.sim.residency import BLOCKED, CHUNK_S, HISTORY_MISS, REFILL_UNTIL, EmbSummary, KVBatch, ResidencyIndex, ResidencyReporter
+from helmgr.sim.route_kernel import FREE
+from helmgr.sim.routers import ROUTERS, make_router
+from tests.conftest import tiny_node_profile
+from tests.test_node import N_ITEMS, history
+from tests.test_sim import small
+
+
+def warm_node(i=0):
+    n = Node(tiny_node_profile(), N_ITEMS, NodeConfig(ratio=0.05), node_id=i)
+    n.emb.warm(np.linspace(1, 0, N_ITEMS, dtype=np.float32))   # rows 0 .. 13,311 resident
+    return n
+
+
+def helm(nodes, name="helm"):
+    """A HELM router (or ablation) over warm tiny nodes that knows them exactly: every node is a
+    candidate, its summary published, every candidate id tested (sample >= candidates), and the
+    test users' history rows all resident."""
+    r = ROUTERS[name](d=8, sample=1024)
+    r.bind(len(nodes), [True] * len(nodes), np.random.default_rng(0))
+    index = r.attach(nodes[0].cost, N_ITEMS)
+    for i, node in enumerate(nodes):
+        index.apply_summary(ResidencyReporter(i, node).summary(0.0))
+    index.node[:, HISTORY_MISS] = 0.0
+    return r, index
+
+
+CANDS = np.array([2, 3, 160_000, 170_000])                    # two resident, two not
+
+
+def test_predicted_service_is_what_the_node_charges():
+    """Exact knowledge -> the router's price equals Node.serve's service, KV miss and KV hit."""
+    node = warm_node()
+    r, index = helm([node])
+    new = history(5, 100, 102)                                   # item 100 (resident) and 150,000 (not)
+    assert r.route_request(0.0, 5, 100, new, CANDS) == 0
+    predicted = r._choice[1]
+    s = node.serve(0.0, 5, 100, new, CANDS, history)             # cold: recomputes the 100-token prefix
+    assert predicted == pytest.approx(s.end - s.start, rel=1e-12)
+    index.apply_kv(ResidencyReporter(0, node).kv_batch() or KVBatch(0, 1, [(5, 102)]))
+    new2 = history(5, 102, 103)
+    r.route_request(1.0, 5, 102, new2, CANDS)
+    s2 = node.serve(1.0, 5, 102, new2, CANDS, history)           # warm: 102 tokens cached
+    assert s2.kv_tokens == 102
+    assert r._choice[1] == pytest.approx(s2.end - s2.start, rel=1e-12)
+
+
+def recompute_saving(node, prefix, new, cands):
+    """What holding `prefix` tokens saves on this request (no misses differ): by the cost model."""
+    c = node.cost
+    k, n = len(new), len(cands)
+    cold = c.compute_s(prefix + k, 0, n) + c.lookup_s(prefix + k + n)
+    warm = c.compute_s(k, prefix, n) + c.lookup_s(k + n)
+    return cold - warm
+
+
+def test_prefix_holder_wins_unless_its_queue_is_longer_than_the_recompute_it_saves():
+    nodes = [warm_node(i) for i in range(3)]
+    r, index = helm(nodes)
+    index.apply_kv(KVBatch(1, 1, [(5, 1000)]))                  # node 1 holds user 5's 1,000 tokens
+    new = np.array([1000, 1001])
+    saving = recompute_saving(nodes[0], 1000, new, CANDS)
+    assert saving == pytest.approx(7.3024e-7)                    # 2 x 2,002,000 attention pairs + 1,000 tokens' rows
+    assert r.route_request(1.0, 5, 1000, new, CANDS) == 1
+    r.mine[1, FREE] = 1.0 + 0.99 * saving                        # queued work just under the saving
+    assert r.route_request(1.0, 5, 1000, new, CANDS) == 1
+    r.mine[1, FREE] = 1.0 + 1.01 * saving                        # just over: recompute elsewhere
+    assert r.route_request(1.0, 5, 1000, new, CANDS) in (0, 2)
+
+
+def test_a_refilling_node_loses_to_an_equal_node_that_is_not():
+    nodes = [warm_node(i) for i in range(2)]
+    r, index = helm(nodes)
+    new = np.array([10, 11])
+    picks = {r.route_request(1.0, u, 0, new, CANDS) for u in range(200)}
+    assert picks == {0, 1}                                       # equal: both chosen
+    index.node[1, BLOCKED] = 1.0 + 1e-3                          # a sync refill holds node 1 for 1 ms
+    assert {r.route_request(1.0, u, 0, new, CANDS) for u in range(200)} == {0}
+    index.node[1, BLOCKED] = 0.0
+    index.node[1, REFILL_UNTIL], index.node[1, CHUNK_S] = 2.0, 1e-4   # background refill on its link
+    assert {r.route_request(1.0, u, 0, new, CANDS) for u in range(200)} == {0}
+    assert {r.route_request(2.5, u, 0, new, CANDS) for u in range(200)} == {0, 1}   # refill over
+
+
+def test_equal_nodes_are_chosen_evenly():
+    nodes = [warm_node(i) for i in range(4)]
+    r, _ = helm(nodes)
+    new = np.array([10, 11])
+    counts = np.bincount([r.route_request(1.0, u, 0, new, CANDS) for u in range(40_000)], minlength=4)
+    assert counts.sum() == 40_000
+    chi2 = float(((counts - 10_000) ** 2 / 10_000).sum())
+    assert chi2 < 16.3                                           # p = 0.001 for 3 degrees of freedom
+
+
+def test_ablations_drop_their_term():
+    nodes = [warm_node(i) for i in range(2)]
+    new = np.array([1000, 1001])
+    saving = recompute_saving(nodes[0], 1000, new, CANDS)
+    for name, follows_prefix in (("helm", True), ("helm-kv", True), ("helm-emb", False), ("helm-load", False)):
+        r, index = helm(nodes, name)
+        index.apply_kv(KVBatch(1, 1, [(5, 1000)]))
+        r.mine[1, FREE] = 1.0 + 0.5 * saving                     # node 1 busier, by less than the saving
+        assert (r.route_request(1.0, 5, 1000, new, CANDS) == 1) == follows_prefix, name
+    # the EMB term: node 1 reports none of the rows resident; only EMB-aware routers avoid it
+    for name, avoids in (("helm", True), ("helm-emb", True), ("helm-kv", False), ("helm-load", False)):
+        r, index = helm(nodes, name)
+        index.bits[1] = 0
+        assert ({r.route_request(1.0, u, 0, new, CANDS) for u in range(50)} == {0}) == avoids, name
+
+
+def test_index_versions_gaps_and_forgetting():
+    idx = ResidencyIndex(3, 64)
+    idx.apply_kv(KVBatch(0, 1, [(7, 100), (8, 50)]))
+    idx.apply_kv(KVBatch(0, 2, [(8, 50), (9, 10)]))             # overlaps version 2: only (9, 10) is new
+    assert idx.holders == {7: {0: 100}, 8: {0: 50}, 9: {0: 10}} and idx.kv_version[0] == 3
+    idx.apply_kv(KVBatch(0, 1, [(7, 0)]))                        # old news: dropped
+    assert idx.stale == 1 and idx.holders[7] == {0: 100}
+    idx.apply_kv(KVBatch(0, 6, [(7, 0), (8, 20)]))               # versions 4-5 lost: counted, applied
+    assert idx.gaps == 1 and idx.holders == {8: {0: 20}, 9: {0: 10}}
+    idx.apply_kv(KVBatch(2, 1, [(8, 30)]))
+    bits = np.packbits(np.arange(64) < 10, bitorder="little")
+    idx.apply_summary(EmbSummary(2, 5, bits, 0.25, 0.0, 0.0, 0.0))
+    idx.apply_summary(EmbSummary(2, 4, np.zeros(8, np.uint8), 0.9, 0.0, 0.0, 0.0))   # older: dropped
+    assert idx.resident(2, np.array([0, 9, 10, 63])).tolist() == [1, 1, 0, 0]
+    assert idx.node[2, HISTORY_MISS] == 0.25 and idx.stale == 2
+    idx.forget(2)
+    assert idx.holders == {8: {0: 20}, 9: {0: 10}} and idx.resident(2, np.array([0])).tolist() == [0]
+
+
+def blinded(corrupt):
+    """A HELM router whose index gets `corrupt(index)` right after it is made."""
+    r = make_router("helm")
+    attach = r.attach
+
+    def corrupted(cost, n_items):
+        index = attach(cost, n_items)
+        corrupt(index)
+        return index
+
+    r.attach = corrupted
+    return r
+
+
+def test_stale_knowledge_degrades_the_choice_never_breaks_it():
+    cfg = SimConfig(nodes=4, router="helm", warmup_s=2.0)
+    good = simulate(cfg, small(rps=1200.0, duration_s=12.0)).summary
+
+    def lost(index):                      # no KV report ever arrives: only where the router sent users
+        index.apply_kv = lambda batch: None
+
+    def wrong(index):                     # every KV report names the wrong node; nothing else known
+        real = index.apply_kv
+        index.apply_kv = lambda b: real(b._replace(node=(b.node + 1) % 4))
+        index.expect = lambda node, user, tokens: None
+
+    for corrupt, kv_floor in ((lost, 0.9), (wrong, 0.0)):
+        s = simulate(cfg, small(rps=1200.0, duration_s=12.0), router=blinded(corrupt)).summary
+        assert s["completed"] == s["requests"] == good["requests"]
+        assert np.isfinite(s["p99_ms"])
+        assert kv_floor * good["kv_hit_rate"] <= s["kv_hit_rate"]
+        if corrupt is wrong:
+            assert s["kv_hit_rate"] < 0.5 * good["kv_hit_rate"]
+            assert s["p99_ms"] > good["p99_ms"]
+
+
+def test_helm_routing_in_the_simulator():
+    cfg = SimConfig(nodes=4, router="helm", seed=3, warmup_s=2.0)
+    a = simulate(cfg, small(seed=3)).summary
+    b = simulate(cfg, small(seed=3)).summary
+    a.pop("wall_s"), b.pop("wall_s")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert a["completed"] == a["requests"] > 5000
+    ll = simulate(SimConfig(nodes=4, router="least-loaded", seed=3, warmup_s=2.0), small(seed=3)).summary
+    assert a["kv_hit_rate"] > ll["kv_hit_rate"] + 0.2               # it follows prefixes
+
+
+def test_helm_reroutes_a_failed_nodes_requests():
+    cfg = SimConfig(nodes=4, router="helm", faults=(parse_fault("2@5:12", 4),), warmup_s=0.0)
+    r = simulate(cfg, small(rps=2000.0, duration_s=15.0))
+    s = r.summary
+    assert s["completed"] == s["requests"] and s["rerouted"] > 0
+    nodes, arrival = np.asarray(r.cluster.rec.node), np.asarray(r.cluster.rec.arrival)
+    assert not ((nodes == 2) & (arrival > 5.01) & (arrival < 12.0)).any()
+    assert ((nodes == 2) & (arrival > 12.5)).any()
