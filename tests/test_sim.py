@@ -6,7 +6,7 @@ import pytest
 
 from helmgr.errors import HelmInputError
 from helmgr.sim import SimConfig, parse_fault, simulate
-from helmgr.sim.metrics import mean_ratio, window_stats
+from helmgr.sim.metrics import mean_ratio, node_load_peak, window_stats
 from helmgr.sim.policies import Scheduled
 from helmgr.workload import default_config, synthetic_workload
 from helmgr.workload.arrivals import SessionShape
@@ -99,6 +99,16 @@ def test_window_stats_by_hand():
     starts, p99, counts, (s,) = window_stats(arrival, latency, 1.0, 3.0, np.ones(5))
     assert starts.tolist() == [0.0, 1.0, 2.0] and counts.tolist() == [3, 1, 1] and s.tolist() == [3, 1, 1]
     assert p99[0] == pytest.approx(np.percentile([1, 2, 3], 99)) and p99[1] == 4.0
+
+
+def test_node_load_peak_by_hand():
+    # window [0, 10): node 0 busy 3 s, node 1 busy 1 s -> 3 / 2 = 1.5; [10, 20): 2 and 2 -> 1.0;
+    # [20, 30) is the last, cut-short window: ignored
+    node = [0, 0, 1, 0, 1, 1]
+    start = np.array([1.0, 5.0, 2.0, 12.0, 13.0, 25.0])
+    end = start + np.array([1.0, 2.0, 1.0, 2.0, 2.0, 9.0])
+    assert node_load_peak(node, start, end, 2, 10.0) == pytest.approx(1.5)
+    assert node_load_peak(node, start, end, 2, 10.0, from_s=10.0) == pytest.approx(1.0)   # only [10, 20) full
 
 
 def test_mean_ratio_is_time_weighted():

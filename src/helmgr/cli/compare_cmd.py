@@ -72,20 +72,25 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     w = build_workload(*workload_args)
     jobs = jobs or os.cpu_count() or 1
     rows, timelines, r_star, held_r_star = [], {}, None, None
-    for rt in router_names:
-        cfg = build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                           max_batch, seed)
-        runs = [n for n in names if n in POLICIES]
-        with progress("comparing", None) as bar:
-            task = bar.add_task(f"{w.name} / {rt}: policies", total=len(runs) + ("static-best" in names) * len(grid))
-            done = lambda: bar.advance(task)
-            with ProcessPoolExecutor(max_workers=min(jobs, max(1, len(runs)))) as pool:
-                results = list(pool.map(_run_policy, [(workload_args, replace(cfg, policy=n)) for n in runs]))
-            for _ in runs:
-                done()
-            for n, (summary, series) in zip(runs, results):
+    runs = [n for n in names if n in POLICIES]
+    cfgs = {rt: build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
+                             max_batch, seed) for rt in router_names}
+    with progress("comparing", None) as bar:
+        pairs = [(rt, n) for rt in router_names for n in runs]      # every router x policy, in one pool
+        task = bar.add_task(f"{w.name}: {len(pairs)} runs", total=len(pairs))
+        with ProcessPoolExecutor(max_workers=min(jobs, max(1, len(pairs)))) as pool:
+            futures = [pool.submit(_run_policy, (workload_args, replace(cfgs[rt], policy=n))) for rt, n in pairs]
+            for f in futures:
+                f.add_done_callback(lambda _: bar.advance(task))
+            for (rt, n), f in zip(pairs, futures):
+                summary, series = f.result()
                 rows.append(summary)
                 timelines[(n, rt)] = series
+    for rt in router_names if {"static-best", "oracle"} & set(names) else []:
+        cfg = cfgs[rt]
+        with progress("comparing", None) as bar:
+            task = bar.add_task(f"{w.name} / {rt}: static-best", total=("static-best" in names) * len(grid))
+            done = lambda: bar.advance(task)
             if "static-best" in names:
                 sweep = sweep_rows(workload_args, cfg, grid, min(jobs, len(grid)), done)
                 held = np.array([x.pop("window_p99_ms") for x in sweep])           # ratios x windows

@@ -88,6 +88,23 @@ def mean_ratio(timeline, n_nodes: int, duration: float) -> float:
     return total / weight if weight else float("nan")
 
 
+def node_load_peak(node, start, end, n_nodes: int, span_s: float = 10.0, from_s: float = 0.0) -> float:
+    """Hot-spot figure: over every `span_s` window after `from_s`, the busiest node's service
+    seconds over the nodes' mean; the largest such ratio (1.0 = perfectly even). A service counts
+    in the window it starts in."""
+    node, start = np.asarray(node), np.asarray(start)
+    busy = np.asarray(end) - start
+    keep = start >= from_s
+    if not keep.any():
+        return float("nan")
+    k = ((start[keep] - from_s) // span_s).astype(np.int64)
+    load = np.zeros((int(k.max()) + 1, n_nodes))
+    np.add.at(load, (k, node[keep]), busy[keep])
+    full = load[:-1] if len(load) > 1 else load          # the last window is cut short by the run's end
+    mean = full.mean(axis=1)
+    return float(np.max(full.max(axis=1)[mean > 0] / mean[mean > 0])) if (mean > 0).any() else float("nan")
+
+
 def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_s: float, bursts,
               wall_s: float, rerouted: int, warmup_s: float = 0.0) -> tuple[dict, Series]:
     """Totals count every request; latency, SLO, hit-rate and rate figures cover the requests
@@ -139,6 +156,7 @@ def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_
         "utilization": float(sum(n.stats.busy_s for n in nodes) / (duration * rec.n_nodes)),
         "warmup_s": warmup_s,
         "max_queue": int(max((max(q) for q in rec.window_queues), default=0)),
+        "node_load_max_over_mean": node_load_peak(rec.node, rec.start, rec.end, rec.n_nodes, 10.0, warmup_s),
     }
     series = Series(latency * 1e3, starts, p99 * 1e3, w_emb, w_kv, counts, rec.timeline, list(bursts),
                     slo_s * 1e3, rec.n_nodes)
