@@ -26,6 +26,9 @@ def run(capsys, *argv):
     (["simulate", "--ratio", "-0.1"], "'--ratio': -0.1"),
     (["sweep", "--ratios", "0.5:0.1:0.1"], "--ratios '0.5:0.1:0.1'"),
     (["sweep", "--ratios", "0.2,1.5"], "got 1.5"),
+    (["bench", "--nodes", "32,x"], "--nodes '32,x'"),
+    (["bench", "--nodes", "0"], "every node count must be >= 1"),
+    (["bench", "--router", "fastest"], "'--router': 'fastest'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
@@ -124,3 +127,12 @@ def test_compare_reports_every_policy_and_its_distance_from_the_oracle(capsys, t
 def test_compare_bad_lists(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == "" and needle in err and err.count("\n") == 1
+
+
+def test_bench_router_json(capsys):
+    code, out, _ = run(capsys, "bench", "--router", "helm", "--nodes", "4,16", "--decisions", "300", "--repeats", "1",
+                       "--json")
+    assert code == 0
+    r = json.loads(out)
+    assert r["router"] == "helm" and [row["nodes"] for row in r["sizes"]] == [4, 16]
+    assert all(0 < row["p50_us"] <= row["p99_us"] for row in r["sizes"])

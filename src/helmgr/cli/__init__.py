@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from helmgr.cli.bench_cmd import bench_cmd
 from helmgr.cli.compare_cmd import compare_cmd
 from helmgr.cli.profile_cmd import profile
 from helmgr.cli.simulate_cmd import simulate_cmd
@@ -28,6 +29,7 @@ cli.add_command(compare_cmd)
 cli.add_command(sweep_cmd)
 cli.add_command(workload)
 cli.add_command(profile)
+cli.add_command(bench_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,82 @@
+"""Speed figures (`helmgr bench`): how long one routing decision takes.
+
+The router's index is filled the way a running cluster fills it: every node has published an EMB
+summary (a resident bitmap over the default workload's 1 M items: its hottest ~60 % of rows, 95 %
+of them resident) and the users of the first simulated 10 s have their prefixes spread over the
+nodes by KV events. Requests are the default steady workload's (4 new tokens, 512 candidates).
+Each decision is timed alone with `perf_counter_ns`; dispatch and completion bookkeeping run
+between decisions, outside the timed call, with ~4 requests in flight per node.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from helmgr.costs import CostModel
+from helmgr.profiles import node_profile
+from helmgr.sim.residency import EmbSummary, KVBatch
+from helmgr.sim.routers import make_router
+
+
+def request_sample(seconds: float = 10.0, seed: int = 1):
+    """The first `seconds` of the default steady workload, as one chunk; and its item count."""
+    from helmgr.workload import default_config, synthetic_workload
+    w = synthetic_workload(default_config("steady", duration_s=seconds + 2.0), seed)
+    return next(iter(w.chunks(seconds))), w.n_items
+
+
+def decision_times_us(router_name: str, nodes: int, chunk, n_items: int, decisions: int, seed: int = 1) -> np.ndarray:
+    """Microseconds per `route_request`, one entry per decision."""
+    rng = np.random.default_rng(seed)
+    router = make_router(router_name)
+    router.bind(nodes, [True] * nodes, np.random.default_rng([seed, 2]))
+    index = router.attach(CostModel.from_profile(node_profile("a100-80g", "large")), n_items)
+    if index is not None:
+        hot = rng.permutation(n_items)[: int(0.6 * n_items)]
+        for i in range(nodes):
+            resident = np.zeros(n_items, bool)
+            resident[hot] = rng.random(len(hot)) < 0.95
+            index.apply_summary(EmbSummary(i, 1, np.packbits(resident, bitorder="little"), 0.2, 0.0, 0.0, 0.0))
+        users = np.unique(chunk.user)
+        homes = rng.integers(0, nodes, len(users))
+        for i in range(nodes):
+            index.apply_kv(KVBatch(i, 1, [(u, 1000) for u in users[homes == i].tolist()]))
+    users, prefix = chunk.user.tolist(), chunk.prefix_len.tolist()
+    io, co = chunk.item_offsets.tolist(), chunk.cand_offsets.tolist()
+    items, cands = chunk.item_ids, chunk.cand_ids
+    out = np.empty(decisions, np.int64)
+    in_flight: deque[int] = deque()
+    clock = time.perf_counter_ns
+    now = 0.0
+    for k in range(decisions):
+        i = k % len(users)
+        new, cand = items[io[i]:io[i + 1]], cands[co[i]:co[i + 1]]
+        now += 1e-4
+        t0 = clock()
+        node = router.route_request(now, users[i], prefix[i], new, cand)
+        out[k] = clock() - t0
+        router.dispatched(node, users[i], prefix[i] + len(new))
+        in_flight.append(node)
+        if len(in_flight) > 4 * nodes:
+            router.completed(in_flight.popleft(), now)
+    return out / 1e3
+
+
+def router_bench(router_name: str, sizes: list[int], decisions: int, repeats: int, on_done=None) -> dict:
+    """p50/p99/mean per cluster size: the median over `repeats` runs of each (this box's timing
+    noise moves single runs by up to 2x). The first tenth of each run is dropped (warm-up)."""
+    chunk, n_items = request_sample()
+    rows = []
+    for n in sizes:
+        runs = []
+        for _ in range(repeats):
+            us = decision_times_us(router_name, n, chunk, n_items, decisions)[decisions // 10:]
+            runs.append((float(np.percentile(us, 50)), float(np.percentile(us, 99)), float(us.mean())))
+            if on_done:
+                on_done()
+        p50, p99, mean = (float(np.median(x)) for x in zip(*runs))
+        rows.append({"nodes": n, "p50_us": p50, "p99_us": p99, "mean_us": mean,
+                     "p50_us_runs": [r[0] for r in runs]})
+    return {"router": router_name, "decisions": decisions, "repeats": repeats, "n_items": n_items, "sizes": rows}

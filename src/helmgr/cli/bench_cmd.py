@@ -1,0 +1,53 @@
+"""`helmgr bench`: speed figures (routing decisions for now)."""
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from helmgr.cli.output import emit_json, json_option, progress, stderr
+from helmgr.errors import HelmInputError
+from helmgr.sim.routers import ROUTERS
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HelmInputError(f"--nodes {text!r} is not a comma list of node counts (e.g. 32,1024)") from None
+    if not sizes or min(sizes) < 1:
+        raise HelmInputError(f"--nodes {text!r}: every node count must be >= 1")
+    return sizes
+
+
+@click.command("bench")
+@click.option("--router", "router_name", type=click.Choice(list(ROUTERS)), default="helm", show_default=True,
+              help="Time this router's decisions.")
+@click.option("--nodes", default="32,1024", show_default=True, help="Comma list of cluster sizes.")
+@click.option("--decisions", type=click.IntRange(min=100), default=20000, show_default=True, help="Decisions per run.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Runs per size; the figures are their median.")
+@json_option
+def bench_cmd(router_name, nodes, decisions, repeats, as_json):
+    """Microseconds per routing decision (p50, p99, mean) at each cluster size.
+
+    The router's index is filled as in a running cluster (resident bitmaps over 1 M items, users'
+    prefixes spread over the nodes); requests are the default steady workload's.
+
+    \b
+    helmgr bench --router helm --nodes 32,1024
+    """
+    from helmgr.bench import router_bench
+    sizes = _sizes(nodes)
+    with progress("bench", None) as bar:
+        task = bar.add_task(f"{router_name}: runs", total=len(sizes) * repeats)
+        result = router_bench(router_name, sizes, decisions, repeats, on_done=lambda: bar.advance(task))
+    if as_json:
+        emit_json(result)
+        return
+    t = Table(title=f"{router_name}: us per decision ({decisions:,} decisions, median of {repeats} runs)")
+    for c in ("nodes", "p50 us", "p99 us", "mean us", "p50 of each run"):
+        t.add_column(c, justify="right")
+    for row in result["sizes"]:
+        t.add_row(str(row["nodes"]), f"{row['p50_us']:.2f}", f"{row['p99_us']:.2f}", f"{row['mean_us']:.2f}",
+                  ", ".join(f"{x:.2f}" for x in row["p50_us_runs"]))
+    stderr.print(t)
