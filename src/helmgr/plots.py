@@ -181,3 +181,25 @@ def plot_compare(rows: list[dict], timelines: dict, r_star, title: str, out: Pat
     fig.tight_layout()
     fig.savefig(out / "compare_cdf.png", dpi=110)
     plt.close(fig)
+
+
+def plot_router_p99(p99: dict, title: str, path: Path) -> None:
+    """Grouped bars: P99 (log scale) per router for each workload; `p99[workload][router]` is a
+    list over seeds (bar = mean, dots = seeds)."""
+    workloads = list(p99)
+    routers = list(dict.fromkeys(r for w in workloads for r in p99[w]))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(routers)
+    for k, r in enumerate(routers):
+        x = np.arange(len(workloads)) + (k - (len(routers) - 1) / 2) * width
+        vals = [p99[w].get(r, []) for w in workloads]
+        ax.bar(x, [np.mean(v) if v else np.nan for v in vals], width, label=r)
+        for xi, v in zip(x, vals):
+            ax.plot([xi] * len(v), v, "k.", ms=3)
+    ax.set_xticks(np.arange(len(workloads)), workloads)
+    ax.set_yscale("log")
+    ax.legend(fontsize=8, ncol=4)
+    _decorate(ax, "workload", "P99 latency (ms)", title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

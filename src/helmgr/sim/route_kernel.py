@@ -15,13 +15,16 @@ from helmgr.sim.residency import BLOCKED, CHUNK_S, HISTORY_MISS, REFILL_UNTIL
 
 # the router's vector: CostModel folded, the router's switches, and two slots the kernel keeps
 # (the next unused random draw, the last decision's least-wait node)
-LINEAR, ATTENTION, LOOKUP, LAUNCH, MISS, PCIE_LATENCY, USE_EMB, MEAN_MISS, D, SAMPLE, POS, MEMO, WASTE = range(13)
+LINEAR, ATTENTION, LOOKUP, LAUNCH, MISS, PCIE_LATENCY, USE_EMB, MEAN_MISS, D, SAMPLE, POS, MEMO = range(12)
+# the waste weight: fixed (ADAPT = 0: WASTE), or from the router's load estimate (ADAPT = 1: RHO,
+# RATE = requests per node-second, capped at WASTE)
+WASTE, ADAPT, RHO, RATE = range(12, 16)
 # columns of the router's per-node array
 FREE, UP = range(2)
 
 
-def constants(cost, use_emb: bool, d: int, sample: int, waste: float) -> np.ndarray:
-    c = np.zeros(13)
+def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, waste_cap: float) -> np.ndarray:
+    c = np.zeros(16)
     c[LINEAR] = cost.layers * cost.linear_flops / cost.flops          # s per token-layer of linear work
     c[ATTENTION] = cost.layers * cost.attention_flops / cost.flops    # s per (query, key) pair
     c[LOOKUP] = cost.row_bytes / cost.hbm_bw                          # s per resident row read
@@ -29,7 +32,8 @@ def constants(cost, use_emb: bool, d: int, sample: int, waste: float) -> np.ndar
     c[MISS] = cost.host_lookup_s + cost.row_bytes / cost.pcie_bw      # s per missed row (gather + copy)
     c[PCIE_LATENCY] = cost.pcie_latency_s
     c[USE_EMB] = 1.0 if use_emb else 0.0
-    c[D], c[SAMPLE], c[WASTE] = d, sample, waste
+    c[D], c[SAMPLE] = d, sample
+    c[WASTE], c[ADAPT] = (waste_cap, 1.0) if waste is None else (waste, 0.0)
     return c
 
 
@@ -119,11 +123,15 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, 
         svcs[j], starts[j] = svc, start
         least = min(least, svc)
     best_t = np.inf
+    rho = min(c[RHO], 0.95)
     for j in range(k):
-        # completion + the work this placement wastes (service beyond the cheapest candidate's):
-        # waste is capacity every later request loses, so a busy cluster does not trade it for a
-        # slightly shorter wait
-        t = starts[j] + svcs[j] + c[WASTE] * (svcs[j] - least)
+        # completion + the work this placement wastes (service beyond the cheapest candidate's),
+        # weighted by how many later requests it delays: those that arrive at the node before it
+        # is idle again, (rho + rate x backlog) / (1 - rho)
+        weight = c[WASTE]
+        if c[ADAPT] > 0:
+            weight = min(weight, (rho + c[RATE] * (starts[j] - now)) / (1.0 - rho))
+        t = starts[j] + svcs[j] + weight * (svcs[j] - least)
         if t < best_t - 1e-12:
             best_t = t
             ties[0] = j

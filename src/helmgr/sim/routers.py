@@ -211,7 +211,7 @@ class Helm(Router):
     BLOCK = 4096
 
     RHO_SPAN_S = 0.5            # how often the load estimate behind the waste weight is renewed
-    MAX_WASTE = 20.0            # the weight at 95 % load and beyond
+    MAX_WASTE = 1000.0          # the most later requests one placement's waste is taken to delay
 
     def __init__(self, d: int = 2, kv_term: bool = True, emb_term: bool = True, sample: int = 32,
                  waste: float | None = None):
@@ -229,13 +229,13 @@ class Helm(Router):
         self._draws = np.zeros(0)
         self._now = 0.0
         self.rho = 0.0                          # load estimate: predicted work sent / capacity, EWMA
-        self._work_sent, self._rho_t = 0.0, 0.0
+        self.rate = 0.0                         # requests sent per node-second, EWMA
+        self._work_sent, self._sent, self._rho_t = 0.0, 0, 0.0
         self._choice = (-1, 0.0)                # (node, predicted service) of the last decision
 
     def attach(self, cost, n_items):
         self.index = ResidencyIndex(self.n, n_items)
-        self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample,
-                                             self.waste if self.waste is not None else 0.0)
+        self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample, self.waste, self.MAX_WASTE)
         return self.index
 
     def route_request(self, now, user, prefix_len, new_ids, cand_ids):
@@ -264,18 +264,17 @@ class Helm(Router):
         return node
 
     def _update_load(self, now: float) -> None:
-        """Renew the load estimate and, unless fixed, the waste weight rho / (1 - rho): the mean
-        number of later requests that one more second of work on a node delays (M/M/1 busy-period
-        reasoning) — free capacity makes waste cheap, a busy cluster makes it dear."""
+        """Renew the load estimate behind the waste weight: predicted work sent per node-second
+        (rho) and requests sent per node-second (rate), EWMA over RHO_SPAN_S spans."""
         span = now - self._rho_t
         up = int(self.mine[:, route_kernel.UP].sum())
         if span > 0 and up:
-            sample = self._work_sent / (span * up)
-            self.rho = sample if self._rho_t == 0.0 else 0.5 * self.rho + 0.5 * sample
-        self._work_sent, self._rho_t = 0.0, now
-        if self.waste is None:
-            rho = min(self.rho, 0.95)
-            self.consts[route_kernel.WASTE] = min(rho / (1.0 - rho), self.MAX_WASTE)
+            rho, rate = self._work_sent / (span * up), self._sent / (span * up)
+            first = self._rho_t == 0.0
+            self.rho = rho if first else 0.5 * self.rho + 0.5 * rho
+            self.rate = rate if first else 0.5 * self.rate + 0.5 * rate
+        self._work_sent, self._sent, self._rho_t = 0.0, 0, now
+        self.consts[route_kernel.RHO], self.consts[route_kernel.RATE] = self.rho, self.rate
 
     def dispatched(self, node, user, tokens):
         self.load[node] += 1
@@ -283,6 +282,7 @@ class Helm(Router):
         if chosen != node:                      # placed by someone else: price it like the average
             svc = self.work[node] / len(self.pending[node]) if self.pending[node] else 0.0
         self._work_sent += svc
+        self._sent += 1
         row = self.mine[node]
         free = row[0]
         row[0] = (free if free > self._now else self._now) + svc
