@@ -1,0 +1,102 @@
+"""Burst detection for the recovery tier (SPEC 6, tier 3): EWMA z-scores and CUSUM.
+
+Each signal (arrival rate, EMB miss rate, KV miss rate, ...) keeps an exponentially weighted
+baseline mean and variance; a tick's z-score is its distance from the baseline in baseline
+standard deviations. A one-sided CUSUM accumulates `z - k` and alarms past `h`: it finds a
+sustained shift of about `2k` standard deviations in a few ticks while single outliers decay.
+The baseline is frozen while a burst is on, so the burst does not become the new normal.
+
+A burst starts when any signal's CUSUM alarms, or one z-score exceeds `z_spike` (a step so large
+that waiting for CUSUM costs ticks); it ends with hysteresis: the largest z-score, averaged over
+the last `exit_ticks` ticks, back below `z_exit`. Start and end events are returned to the caller, who logs them.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+
+class EwmaZ:
+    """Running baseline of one signal: EWMA mean and variance with weight `alpha` per update."""
+
+    __slots__ = ("alpha", "mean", "var", "n", "floor")
+
+    def __init__(self, alpha: float = 0.02, floor: float = 1e-9):
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"EWMA weight must be in (0, 1), got {alpha}")
+        self.alpha, self.floor = alpha, floor
+        self.mean = self.var = 0.0
+        self.n = 0
+
+    def z(self, x: float) -> float:
+        """Standardized distance of x from the baseline (0 until the baseline has two points)."""
+        if self.n < 2:
+            return 0.0
+        return (x - self.mean) / math.sqrt(max(self.var, self.floor))
+
+    def update(self, x: float) -> None:
+        if self.n == 0:
+            self.mean = x
+        else:
+            d = x - self.mean
+            a = self.alpha if self.n >= 1 / self.alpha else 1.0 / (self.n + 1)   # plain mean while young
+            self.mean += a * d
+            self.var = (1 - a) * (self.var + a * d * d)
+        self.n += 1
+
+
+class Cusum:
+    """One-sided (upward) CUSUM on z-scores: S = max(0, S + z - k); alarm when S > h."""
+
+    __slots__ = ("k", "h", "s")
+
+    def __init__(self, k: float = 1.0, h: float = 6.0):
+        self.k, self.h, self.s = k, h, 0.0
+
+    def step(self, z: float) -> bool:
+        self.s = max(0.0, self.s + z - self.k)
+        return self.s > self.h
+
+    def reset(self) -> None:
+        self.s = 0.0
+
+
+class BurstDetector:
+    """Burst on/off from several signals. `step(values)` returns "start", "end" or None."""
+
+    def __init__(self, n_signals: int, alpha: float = 0.02, k: float = 1.0, h: float = 6.0, z_spike: float = 8.0,
+                 z_exit: float = 1.0, exit_ticks: int = 20, warmup_ticks: int = 50):
+        self.base = [EwmaZ(alpha) for _ in range(n_signals)]
+        self.cusum = [Cusum(k, h) for _ in range(n_signals)]
+        self.z_spike, self.z_exit, self.exit_ticks, self.warmup_ticks = z_spike, z_exit, exit_ticks, warmup_ticks
+        self.active = False
+        self.recent: deque[float] = deque(maxlen=exit_ticks)    # largest z of each tick, while active
+        self.ticks = 0
+        self.z = [0.0] * n_signals
+
+    def step(self, values) -> str | None:
+        self.ticks += 1
+        zs = self.z
+        for i, x in enumerate(values):
+            zs[i] = z = self.base[i].z(x) if math.isfinite(x) else 0.0
+            alarm = self.cusum[i].step(z)
+            if not self.active and self.ticks > self.warmup_ticks and (alarm or z > self.z_spike):
+                self.active = True
+                self.recent.clear()
+                return self._finish("start", values)
+        if self.active:
+            self.recent.append(max(zs))
+            if len(self.recent) == self.exit_ticks and sum(self.recent) < self.z_exit * self.exit_ticks:
+                self.active = False
+                for c in self.cusum:
+                    c.reset()
+                return "end"
+            return None
+        return self._finish(None, values)
+
+    def _finish(self, event, values):
+        if not self.active:                 # the baseline learns only outside bursts
+            for b, x in zip(self.base, values):
+                if math.isfinite(x):
+                    b.update(x)
+        return event

@@ -1,0 +1,71 @@
+import numpy as np
+import pytest
+
+from helmgr.controller.detect import BurstDetector, Cusum, EwmaZ
+
+
+def poisson_ticks(seed, n, lam, step_at=None, factor=2.0, back_at=None):
+    """Arrivals per tick: Poisson(lam), x factor from `step_at` until `back_at`."""
+    rng = np.random.default_rng(seed)
+    rate = np.full(n, float(lam))
+    if step_at is not None:
+        rate[step_at:back_at] *= factor
+    return rng.poisson(rate)
+
+
+def events(det, xs):
+    return [(t, ev) for t, x in enumerate(xs) if (ev := det.step([float(x)])) is not None]
+
+
+def test_ewma_baseline_by_hand():
+    b = EwmaZ(alpha=0.5)
+    for x in (2.0, 4.0, 4.0):            # young: plain means 2, 3; then EWMA with weight 0.5
+        b.update(x)
+    # mean: 2 -> 3 (a = 1/2) -> 3.5 (a = 0.5); var: 0 -> 0.5 * (0 + 0.5 * 4) = 1 -> 0.5 * (1 + 0.5 * 1) = 0.75
+    assert b.mean == pytest.approx(3.5) and b.var == pytest.approx(0.75)
+    assert b.z(5.0) == pytest.approx(1.5 / np.sqrt(0.75))
+
+
+def test_cusum_by_hand():
+    c = Cusum(k=1.0, h=3.0)
+    assert [c.step(z) for z in (2.0, 0.0, 3.0, 2.5)] == [False, False, False, True]   # S: 1, 0, 2, 3.5
+    assert c.s == pytest.approx(3.5)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_2x_step_in_arrival_rate_is_found_within_5_ticks(seed):
+    """30 arrivals a tick (a node at 3,000 req/s with 10-ms ticks), doubling at tick 300."""
+    evs = events(BurstDetector(1), poisson_ticks(seed, 400, 30, step_at=300))
+    starts = [t for t, ev in evs if ev == "start"]
+    assert starts and 300 <= starts[0] <= 305
+
+
+def test_at_most_one_false_alarm_per_10000_stationary_ticks():
+    alarms = []
+    for seed in range(5):
+        evs = events(BurstDetector(1), poisson_ticks(100 + seed, 10_200, 30))
+        alarms.append(sum(1 for t, ev in evs if ev == "start" and t >= 200))   # after a 200-tick warm-up
+    assert max(alarms) <= 1, alarms
+
+
+def test_burst_ends_with_hysteresis_and_the_baseline_is_frozen_during_it():
+    det = BurstDetector(1, exit_ticks=20)
+    xs = poisson_ticks(7, 900, 30, step_at=300, factor=4.0, back_at=500)
+    evs = events(det, xs)
+    (t0, e0), (t1, e1) = evs[:2]
+    assert (e0, e1) == ("start", "end")
+    assert 300 <= t0 <= 302
+    assert 510 <= t1 <= 540                 # once the last 20 ticks average z < 1
+    assert det.base[0].mean == pytest.approx(30, rel=0.1)   # the 4x burst never entered the baseline
+    assert not det.active and len(evs) == 2
+
+
+def test_a_miss_rate_signal_alone_can_start_a_burst():
+    rng = np.random.default_rng(3)
+    det = BurstDetector(2)
+    starts = []
+    for t in range(400):
+        miss = 0.10 + 0.01 * rng.standard_normal() + (0.10 if t >= 300 else 0.0)
+        if det.step([30.0 + rng.standard_normal(), miss]) == "start":
+            starts.append(t)
+    assert starts and 300 <= starts[0] <= 303
