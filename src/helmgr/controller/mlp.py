@@ -1,0 +1,84 @@
+"""The frozen base policy's forward pass, in numpy (SPEC 6, tier 1).
+
+PPO trains an actor (Stable-Baselines3's MlpPolicy: tanh hidden layers, a linear mean head);
+serving needs only its deterministic action. `MLPPolicy` holds the exported weights, the
+observation normalization (running mean and variance, clip) and the action scaling, and runs
+the forward pass into preallocated buffers: no allocation on the decision path.
+
+File format (`.npz`): `w0, b0, w1, b1, ...` (layer k maps `w_k.shape[1]` inputs to
+`w_k.shape[0]` outputs, as torch stores them), `obs_mean`, `obs_var`, `obs_clip`, `obs_eps`,
+`max_step` (ratio change for an action of 1), and `meta` (a JSON string: how it was trained).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from helmgr.errors import HelmInputError
+
+
+class MLPPolicy:
+    def __init__(self, weights: list[np.ndarray], biases: list[np.ndarray], obs_mean: np.ndarray,
+                 obs_var: np.ndarray, obs_clip: float = 10.0, obs_eps: float = 1e-8, max_step: float = 0.02,
+                 meta: dict | None = None):
+        if len(weights) != len(biases) or not weights:
+            raise ValueError("an MLP needs as many bias vectors as weight matrices, at least one")
+        for k, (w, b) in enumerate(zip(weights, biases)):
+            if w.ndim != 2 or b.shape != (w.shape[0],):
+                raise ValueError(f"layer {k}: weight {w.shape} and bias {b.shape} do not fit")
+            if k and w.shape[1] != weights[k - 1].shape[0]:
+                raise ValueError(f"layer {k} takes {w.shape[1]} inputs, layer {k - 1} gives {weights[k - 1].shape[0]}")
+        if weights[-1].shape[0] != 1:
+            raise ValueError(f"the policy must output one action, its last layer gives {weights[-1].shape[0]}")
+        n_obs = weights[0].shape[1]
+        if obs_mean.shape != (n_obs,) or obs_var.shape != (n_obs,):
+            raise ValueError(f"normalization is for {obs_mean.shape} observations, the network takes {n_obs}")
+        self.w = [np.ascontiguousarray(w, np.float64) for w in weights]
+        self.b = [np.asarray(b, np.float64) for b in biases]
+        self.obs_mean = np.asarray(obs_mean, np.float64)
+        self.obs_std = np.sqrt(np.asarray(obs_var, np.float64) + obs_eps)
+        self.obs_var, self.obs_eps, self.obs_clip, self.max_step = np.asarray(obs_var, np.float64), obs_eps, obs_clip, max_step
+        self.meta = meta or {}
+        self.n_obs = n_obs
+        self._x = np.zeros(n_obs)
+        self._h = [np.zeros(w.shape[0]) for w in self.w]
+
+    def action(self, obs: np.ndarray) -> float:
+        """Deterministic action in [-1, 1] (the actor's mean, clipped) for one raw observation."""
+        x = self._x
+        np.subtract(obs, self.obs_mean, out=x)
+        np.divide(x, self.obs_std, out=x)
+        np.clip(x, -self.obs_clip, self.obs_clip, out=x)
+        last = len(self.w) - 1
+        for k, (w, b, h) in enumerate(zip(self.w, self.b, self._h)):
+            np.dot(w, x, out=h)
+            h += b
+            if k < last:
+                np.tanh(h, out=h)
+            x = h
+        a = float(x[0])
+        return -1.0 if a < -1.0 else (1.0 if a > 1.0 else a)
+
+    def step(self, obs: np.ndarray) -> float:
+        """The ratio change the base policy asks for."""
+        return self.action(obs) * self.max_step
+
+    # -- files ----------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        arrays = {f"w{k}": w for k, w in enumerate(self.w)} | {f"b{k}": b for k, b in enumerate(self.b)}
+        np.savez(path, **arrays, obs_mean=self.obs_mean, obs_var=self.obs_var, obs_clip=self.obs_clip,
+                 obs_eps=self.obs_eps, max_step=self.max_step, meta=json.dumps(self.meta))
+
+    @classmethod
+    def load(cls, path) -> "MLPPolicy":
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                n = sum(1 for k in f.files if k.startswith("w") and k[1:].isdigit())
+                return cls([f[f"w{k}"] for k in range(n)], [f[f"b{k}"] for k in range(n)], f["obs_mean"], f["obs_var"],
+                           float(f["obs_clip"]), float(f["obs_eps"]), float(f["max_step"]), json.loads(str(f["meta"])))
+        except FileNotFoundError:
+            raise HelmInputError(f"policy file {str(path)!r} does not exist") from None
+        except (KeyError, ValueError, OSError) as e:
+            raise HelmInputError(f"policy file {str(path)!r} is not a HELM policy: {e}") from None

@@ -1,0 +1,56 @@
+import math
+
+import numpy as np
+import pytest
+
+from helmgr.controller.mlp import MLPPolicy
+from helmgr.controller.safety import Safety
+from helmgr.errors import HelmInputError
+
+
+def test_safety_clamps_slews_and_keeps_the_last_good_ratio():
+    s = Safety(r_min=0.1, r_max=0.9, max_slew=0.05)
+    assert s.apply(0.52, 0.50) == pytest.approx(0.52)
+    assert s.apply(0.70, 0.50) == pytest.approx(0.55) and s.slewed == 1
+    assert s.apply(0.05, 0.12) == pytest.approx(0.10) and s.clamped == 1          # slew to 0.07, then clamp
+    for bad in (math.nan, math.inf, -math.inf):
+        assert s.apply(bad, 0.42) == 0.42
+    assert s.non_finite == 3
+    with pytest.raises(ValueError):
+        Safety(r_min=0.9, r_max=0.1)
+
+
+def random_mlp(seed=0, sizes=(10, 16, 16, 1), **kw):
+    rng = np.random.default_rng(seed)
+    ws = [rng.normal(0, 0.5, (o, i)) for i, o in zip(sizes[:-1], sizes[1:])]
+    bs = [rng.normal(0, 0.1, o) for o in sizes[1:]]
+    return MLPPolicy(ws, bs, rng.normal(0, 1, sizes[0]), rng.uniform(0.5, 2, sizes[0]), **kw), ws, bs
+
+
+def test_mlp_forward_matches_a_plain_reference():
+    p, ws, bs = random_mlp(max_step=0.03)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        obs = rng.normal(0, 3, 10)
+        x = np.clip((obs - p.obs_mean) / np.sqrt(p.obs_var + 1e-8), -10, 10)
+        for k, (w, b) in enumerate(zip(ws, bs)):
+            x = w @ x + b
+            x = np.tanh(x) if k < len(ws) - 1 else x
+        want = float(np.clip(x[0], -1, 1))
+        assert p.action(obs) == pytest.approx(want, abs=1e-12)
+        assert p.step(obs) == pytest.approx(0.03 * want, abs=1e-12)
+
+
+def test_mlp_file_round_trip_and_bad_files(tmp_path):
+    p, _, _ = random_mlp(meta={"seed": 7})
+    p.save(tmp_path / "p.npz")
+    q = MLPPolicy.load(tmp_path / "p.npz")
+    obs = np.linspace(-1, 1, 10)
+    assert q.action(obs) == p.action(obs) and q.meta == {"seed": 7} and q.max_step == p.max_step
+    with pytest.raises(HelmInputError, match="does not exist"):
+        MLPPolicy.load(tmp_path / "none.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(HelmInputError, match="is not a HELM policy"):
+        MLPPolicy.load(tmp_path / "junk.npz")
+    with pytest.raises(ValueError, match="do not fit"):
+        MLPPolicy([np.zeros((4, 3))], [np.zeros(3)], np.zeros(3), np.ones(3))
