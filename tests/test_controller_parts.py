@@ -54,3 +54,33 @@ def test_mlp_file_round_trip_and_bad_files(tmp_path):
         MLPPolicy.load(tmp_path / "junk.npz")
     with pytest.raises(ValueError, match="do not fit"):
         MLPPolicy([np.zeros((4, 3))], [np.zeros(3)], np.zeros(3), np.ones(3))
+
+
+def test_adapter_starts_as_a_no_op_and_stays_bounded():
+    from helmgr.controller.adapter import ResidualAdapter
+    a = ResidualAdapter(3, bound=0.05)
+    x = np.array([5.0, -2.0, 1.0])
+    assert a.output(x) == 0.0
+    a.explore = False
+    assert a.decide(x) == 0.0
+    a.params = (np.full(3, 1e6), 1e6)                  # absurd weights: still within the bound
+    assert a.output(x) == pytest.approx(0.05)
+    a.params = (np.full(3, -1e6), 0.0)
+    assert a.output(x) == pytest.approx(-0.05)
+
+
+def test_adapter_learns_a_correction_from_window_rewards_and_swaps_whole():
+    from helmgr.controller.adapter import ResidualAdapter
+    a = ResidualAdapter(2, rng=np.random.default_rng(1))
+    x = np.array([1.0, 0.5])
+    before = a.params
+    for _ in range(1500):                               # reward peaks where the correction is +0.03
+        out = a.decide(x)
+        a.learn(-((out - 0.03) / 0.05) ** 2)
+    assert a.output(x) == pytest.approx(0.03, abs=0.006)
+    assert before[0].tolist() == [0.0, 0.0] and a.params is not before     # replaced, never edited
+    a.frozen = True
+    frozen = a.params
+    for _ in range(50):
+        a.learn(-1.0 if a.decide(x) else 0.0)
+    assert a.params is frozen

@@ -1,0 +1,65 @@
+"""The online residual adapter (SPEC 6, tier 2): a small correction added to the base action.
+
+`output = bound * tanh(w . x + b)`, so it never moves the ratio by more than `bound` (default
+0.05) on its own, and with `w = b = 0` at start it is an exact no-op. It learns from window
+rewards by REINFORCE on a Gaussian exploration: each decision adds noise `eps ~ N(0, sigma^2)`
+to the output and remembers it; when the window's reward arrives, `learn` moves the parameters
+along `(reward - baseline) * eps / sigma^2 * d output / d params` (baseline: an EWMA of rewards).
+
+Learning runs off the decision path: `learn` builds new parameter arrays and swaps them in with
+one assignment (atomic under the GIL), and `decide` reads the current pair once, so a decision
+never sees half an update. The recovery tier freezes learning during bursts (`frozen`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class ResidualAdapter:
+    def __init__(self, n_features: int, bound: float = 0.05, lr: float = 0.01, sigma: float = 0.005,
+                 baseline_alpha: float = 0.1, rng: np.random.Generator | None = None):
+        if not bound > 0 or not sigma > 0:
+            raise ValueError(f"adapter needs bound > 0 and sigma > 0, got {bound}, {sigma}")
+        self.bound, self.lr, self.sigma, self.baseline_alpha = bound, lr, sigma, baseline_alpha
+        self.params = (np.zeros(n_features), 0.0)          # (w, b): swapped whole, never edited
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.frozen = False
+        self.explore = True
+        self.baseline: float | None = None
+        self.updates = 0
+        self._trace: list[tuple[np.ndarray, float, float]] = []   # (x, eps, d output / d z) per decision
+
+    def output(self, x: np.ndarray) -> float:
+        """The correction for features x, without exploration."""
+        w, b = self.params
+        return self.bound * float(np.tanh(w @ x + b))
+
+    def decide(self, x: np.ndarray) -> float:
+        """The correction to add to the base action, with exploration noise while learning."""
+        w, b = self.params
+        t = float(np.tanh(w @ x + b))
+        out = self.bound * t
+        if self.explore and not self.frozen:
+            eps = float(self.rng.normal(0.0, self.sigma))
+            self._trace.append((x.copy(), eps, self.bound * (1.0 - t * t)))
+            out += eps
+        return out
+
+    def learn(self, reward: float) -> None:
+        """Credit the window's reward to the decisions made since the last call."""
+        trace, self._trace = self._trace, []
+        if self.frozen or not trace or not np.isfinite(reward):
+            return
+        if self.baseline is None:
+            self.baseline = reward
+            return
+        advantage = reward - self.baseline
+        self.baseline += self.baseline_alpha * advantage
+        w, b = self.params
+        gw, gb = np.zeros_like(w), 0.0
+        for x, eps, dz in trace:
+            g = advantage * eps / self.sigma**2 * dz / len(trace)
+            gw += g * x
+            gb += g
+        self.params = (w + self.lr * gw, b + self.lr * gb)     # the atomic swap
+        self.updates += 1
