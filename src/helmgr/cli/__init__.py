@@ -14,6 +14,7 @@ from helmgr.cli.compare_cmd import compare_cmd
 from helmgr.cli.profile_cmd import profile
 from helmgr.cli.simulate_cmd import simulate_cmd
 from helmgr.cli.sweep_cmd import sweep_cmd
+from helmgr.cli.train_cmd import train_cmd
 from helmgr.cli.workload_cmd import workload
 from helmgr.errors import HelmInputError
 
@@ -30,6 +31,7 @@ cli.add_command(sweep_cmd)
 cli.add_command(workload)
 cli.add_command(profile)
 cli.add_command(bench_cmd)
+cli.add_command(train_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -77,10 +77,11 @@ class BurstDetector:
     def step(self, values) -> str | None:
         self.ticks += 1
         zs = self.z
+        warm = self.ticks > self.warmup_ticks          # before that the baseline is still forming
         for i, x in enumerate(values):
             zs[i] = z = self.base[i].z(x) if math.isfinite(x) else 0.0
-            alarm = self.cusum[i].step(z)
-            if not self.active and self.ticks > self.warmup_ticks and (alarm or z > self.z_spike):
+            alarm = self.cusum[i].step(z) if warm else False
+            if not self.active and warm and (alarm or z > self.z_spike):
                 self.active = True
                 self.recent.clear()
                 return self._finish("start", values)

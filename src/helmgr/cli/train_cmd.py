@@ -1,0 +1,46 @@
+"""`helmgr train`: PPO on the simulator, exported to a numpy policy file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from helmgr.cli.output import emit_json, json_option, progress, stderr
+from helmgr.errors import HelmInputError
+from helmgr.workload.synthetic import parse_regime
+
+
+@click.command("train")
+@click.option("--timesteps", type=click.IntRange(min=64), default=20000, show_default=True,
+              help="Environment steps (one step = one 1-s control window).")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("policy.npz"),
+              show_default=True, help="Where the exported policy goes (.npz).")
+@click.option("--workloads", default="steady,trend,burst", show_default=True,
+              help="Comma list of regimes episodes are drawn from.")
+@click.option("--episode-s", type=click.FloatRange(min=2, min_open=False), default=60.0, show_default=True)
+@click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
+              help="Where the run's CSV log of reward and losses goes.")
+@json_option
+def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, as_json):
+    """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
+
+    \b
+    helmgr train --timesteps 20000 --seed 1 --out policy.npz
+    """
+    regimes = tuple(x.strip() for x in workloads.split(",") if x.strip())
+    for r in regimes:
+        parse_regime(r)                                   # names the bad one
+    if not regimes:
+        raise HelmInputError(f"--workloads {workloads!r} names no regime")
+    if out_path.exists() and out_path.is_dir():
+        raise HelmInputError(f"--out {str(out_path)!r} is a folder")
+    from helmgr.controller.train import train
+    with progress("train", timesteps) as bar:
+        task = bar.add_task(f"PPO {'+'.join(regimes)} seed {seed}", total=timesteps)
+        result = train(timesteps, seed, out_path, runs_dir, {"regimes": regimes, "episode_s": episode_s},
+                       on_progress=lambda n: bar.update(task, completed=n))
+    if as_json:
+        emit_json(result)
+    else:
+        stderr.print(f"policy -> {result['out']}  (log {result['log']}, {result['wall_s']:.0f} s)")

@@ -1,0 +1,83 @@
+"""What the controller sees and what it is paid (SPEC 6): a stats record a serving stack can fill,
+the fixed observation vector built from it, and the window reward.
+
+`WindowStats` is the library API's input: one node's last control window, in plain units.
+`Observer` turns a stream of them into observations: it keeps the long-run mean arrival rate
+(EWMA) and the previous window's rate, so the vector carries the rate relative to normal and
+its change. Every feature is finite (missing P99 -> 0, empty windows -> neutral values).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+FEATURES = ("ratio", "emb_hit_rate", "kv_hit_rate", "arrival_vs_mean", "arrival_change", "log_queue",
+            "p99_over_slo", "h2d_utilization", "new_user_share", "emb_time_share")
+N_FEATURES = len(FEATURES)
+P99_CAP = 10.0              # p99 / SLO beyond this is "far over"; keeps the vector bounded
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """One node's last window. Rates in [0, 1]; a field a stack cannot measure may be left at its
+    default (the controller then sees a neutral value)."""
+
+    ratio: float                    # EMB share of the pool now
+    arrival_rps: float              # requests that arrived at the node per second
+    p99_s: float | None             # P99 latency of the window's requests (None: no request)
+    slo_s: float                    # the latency objective
+    emb_hit_rate: float = 1.0
+    kv_hit_rate: float = 1.0
+    queue_len: float = 0.0          # requests waiting at the window's end
+    h2d_utilization: float = 0.0    # share of the window the H2D link was busy
+    new_user_share: float = 0.0     # share of requests with nothing of their prefix cached
+    emb_time_share: float = 0.5     # EMB-fetch time / (EMB-fetch + prefix-recompute time)
+
+    @classmethod
+    def from_window(cls, w, slo_s: float) -> "WindowStats":
+        """From the simulator's `NodeWindow`."""
+        span = max(w.span_s, 1e-9)
+        fetch, recompute = w.emb_wait_s, w.recompute_s
+        return cls(ratio=w.ratio, arrival_rps=w.arrivals / span, p99_s=w.p99_s, slo_s=slo_s,
+                   emb_hit_rate=1.0 - w.emb_misses / w.emb_ids if w.emb_ids else 1.0,
+                   kv_hit_rate=w.kv_hit_tokens / w.kv_prefix_tokens if w.kv_prefix_tokens else 1.0,
+                   queue_len=float(w.queue_len), h2d_utilization=min(1.0, w.h2d_busy_s / span),
+                   new_user_share=w.cold_requests / w.completed if w.completed else 0.0,
+                   emb_time_share=fetch / (fetch + recompute) if fetch + recompute > 0 else 0.5)
+
+
+def p99_over_slo(s: WindowStats) -> float:
+    if s.p99_s is None or not math.isfinite(s.p99_s):
+        return 0.0
+    return min(s.p99_s / s.slo_s, P99_CAP)
+
+
+def reward(s: WindowStats, moved: float, miss_penalty: float = 1.0, move_cost: float = 2.0) -> float:
+    """Minus normalized tail latency, minus a penalty if the window missed its SLO, minus a cost
+    per unit of ratio moved (migration is not free)."""
+    tail = p99_over_slo(s)
+    return -tail - (miss_penalty if tail > 1.0 else 0.0) - move_cost * abs(moved)
+
+
+class Observer:
+    """WindowStats -> the fixed observation vector of FEATURES (a fresh array each call)."""
+
+    def __init__(self, mean_alpha: float = 0.02):
+        self.mean_alpha = mean_alpha
+        self.mean_rps: float | None = None
+        self.prev_rps: float | None = None
+
+    def __call__(self, s: WindowStats) -> np.ndarray:
+        rps = s.arrival_rps if math.isfinite(s.arrival_rps) and s.arrival_rps >= 0 else 0.0
+        if self.mean_rps is None:
+            self.mean_rps = self.prev_rps = rps
+        scale = max(self.mean_rps, 1e-6)
+        obs = np.array([s.ratio, s.emb_hit_rate, s.kv_hit_rate, rps / scale, (rps - self.prev_rps) / scale,
+                        math.log1p(max(s.queue_len, 0.0)), p99_over_slo(s), s.h2d_utilization, s.new_user_share,
+                        s.emb_time_share], np.float64)
+        self.mean_rps += self.mean_alpha * (rps - self.mean_rps)
+        self.prev_rps = rps
+        np.nan_to_num(obs, copy=False, nan=0.0, posinf=P99_CAP, neginf=-P99_CAP)
+        return obs

@@ -1,0 +1,82 @@
+"""Training the base policy: PPO (Stable-Baselines3) on HelmEnv, then export to numpy (SPEC 6).
+
+`train(...)` runs PPO with observation and reward normalization (VecNormalize), logs reward and
+losses to `runs/<name>/progress.csv` (name `workload__policy__seed__time`), and writes the
+exported policy: the actor's layers, the observation normalization and the action scaling, the
+whole of what serving needs (controller.mlp). `export` is also what the parity test checks.
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from helmgr.controller.env import HelmEnv
+from helmgr.controller.mlp import MLPPolicy
+
+
+def export(model, venv, max_step: float, meta: dict | None = None) -> MLPPolicy:
+    """The trained actor as an MLPPolicy: SB3's policy_net (Linear + Tanh) and action_net."""
+    import torch.nn as nn
+    policy = model.policy
+    layers = [m for m in policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)] + [policy.action_net]
+    acts = [type(m) for m in policy.mlp_extractor.policy_net if not isinstance(m, nn.Linear)]
+    if any(a is not nn.Tanh for a in acts):
+        raise ValueError(f"export supports tanh hidden layers only, the policy has {acts}")
+    ws = [layer.weight.detach().cpu().numpy().astype(np.float64) for layer in layers]
+    bs = [layer.bias.detach().cpu().numpy().astype(np.float64) for layer in layers]
+    rms = venv.obs_rms
+    return MLPPolicy(ws, bs, rms.mean.astype(np.float64), rms.var.astype(np.float64), float(venv.clip_obs),
+                     float(venv.epsilon), max_step, meta)
+
+
+def make_model(env_kwargs: dict, seed: int, n_steps: int = 512):
+    """PPO on a normalized HelmEnv, untrained."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    venv = DummyVecEnv([lambda: Monitor(HelmEnv(**env_kwargs))])
+    venv.seed(seed)
+    venv = VecNormalize(venv, norm_obs=True, norm_reward=True, clip_obs=10.0, gamma=0.95)
+    model = PPO("MlpPolicy", venv, seed=seed, n_steps=n_steps, batch_size=min(64, n_steps), n_epochs=10, gamma=0.95,
+                gae_lambda=0.9, learning_rate=3e-4, ent_coef=0.0, policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}},
+                verbose=0, device="cpu")
+    return model, venv
+
+
+def run_name(workload: str, seed: int) -> str:
+    return f"{workload}__ppo__{seed}__{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
+
+
+def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), env_kwargs: dict | None = None,
+          on_progress=None) -> dict:
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import configure
+
+    env_kwargs = env_kwargs or {}
+    regimes = env_kwargs.get("regimes", ("steady", "trend", "burst"))
+    name = run_name("+".join(regimes), seed)
+    run_dir = runs_dir / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model, venv = make_model(env_kwargs, seed)
+    model.set_logger(configure(str(run_dir), ["csv"]))
+
+    class Progress(BaseCallback):
+        def _on_step(self) -> bool:
+            if on_progress is not None:
+                on_progress(self.num_timesteps)
+            return True
+
+    wall = time.perf_counter()
+    model.learn(total_timesteps=timesteps, callback=Progress())
+    max_step = HelmEnv(**env_kwargs).max_step
+    meta = {"command": f"helmgr train --timesteps {timesteps} --seed {seed}", "timesteps": timesteps, "seed": seed,
+            "regimes": list(regimes), "run": name, "env": {k: v for k, v in env_kwargs.items() if k != "regimes"}}
+    policy = export(model, venv, max_step, meta)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    policy.save(out)
+    return {"run": name, "log": str(run_dir / "progress.csv"), "out": str(out), "timesteps": timesteps, "seed": seed,
+            "wall_s": time.perf_counter() - wall}

@@ -1,0 +1,98 @@
+import math
+
+import numpy as np
+import pytest
+
+from helmgr.controller import Controller, WindowStats
+from helmgr.controller.detect import BurstDetector
+from helmgr.controller.env import HelmEnv
+from helmgr.controller.mlp import MLPPolicy
+from helmgr.controller.observe import N_FEATURES, Observer, reward
+
+TINY = dict(episode_s=4.0, warmup_s=2.0, rps_per_node=80.0, users_per_node=4000,
+            workload={"n_items": 20_000, "n_clusters": 8})
+
+
+def constant_policy(value: float, max_step: float = 0.02) -> MLPPolicy:
+    """A one-layer 'network' whose action is `value` whatever it sees."""
+    return MLPPolicy([np.zeros((1, N_FEATURES))], [np.array([value])], np.zeros(N_FEATURES), np.ones(N_FEATURES),
+                     max_step=max_step)
+
+
+def stats(ratio=0.5, rps=300.0, p99=0.01, emb=0.9, kv=0.8):
+    return WindowStats(ratio=ratio, arrival_rps=rps, p99_s=p99, slo_s=0.03, emb_hit_rate=emb, kv_hit_rate=kv)
+
+
+def test_env_is_seeded_and_passes_check_env():
+    from stable_baselines3.common.env_checker import check_env
+    check_env(HelmEnv(**TINY))
+    runs = []
+    for _ in range(2):
+        env = HelmEnv(**TINY)
+        obs, info = env.reset(seed=11)
+        trace = [obs]
+        for a in (0.5, -1.0, 1.0, 0.0):
+            obs, r, done, trunc, info = env.step(np.array([a], np.float32))
+            trace += [obs, np.array([r])]
+        runs.append(np.concatenate(trace))
+    assert np.array_equal(runs[0], runs[1]) and done
+    assert HelmEnv(**TINY).reset(seed=12)[1] != HelmEnv(**TINY).reset(seed=11)[1] or not np.array_equal(
+        HelmEnv(**TINY).reset(seed=12)[0], runs[0][:N_FEATURES])
+
+
+def test_exported_policy_matches_the_trained_one():
+    from helmgr.controller.train import export, make_model
+    model, venv = make_model(TINY, seed=3, n_steps=32)
+    model.learn(total_timesteps=64)
+    p = export(model, venv, max_step=0.05)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        raw = rng.normal(0, 2, N_FEATURES).astype(np.float32)
+        a, _ = model.predict(venv.normalize_obs(raw[None]), deterministic=True)
+        assert p.action(raw) == pytest.approx(float(a[0][0]), abs=1e-5)
+
+
+def test_base_policy_step_and_safety():
+    ctl = Controller(constant_policy(1.0, max_step=0.02))
+    assert ctl.step(stats(0.5)) == pytest.approx(0.52)
+    assert ctl.step(stats(0.52)) == pytest.approx(0.54)
+    assert len(ctl.latency_ns) == 2 and min(ctl.latency_ns) > 0
+    nan = Controller(constant_policy(math.nan))
+    assert nan.step(stats(0.4)) == 0.4 and nan.safety.non_finite == 1
+
+
+def test_zero_adapter_changes_nothing_until_it_learns():
+    from helmgr.controller.adapter import ResidualAdapter
+    a = ResidualAdapter(N_FEATURES)
+    a.explore = False
+    ctl = Controller(constant_policy(0.5, max_step=0.02), adapter=a)
+    plain = Controller(constant_policy(0.5, max_step=0.02))
+    for k in range(5):
+        assert ctl.step(stats(0.3 + 0.01 * k)) == plain.step(stats(0.3 + 0.01 * k))
+
+
+def test_recovery_tier_takes_over_in_a_burst_and_hands_back():
+    ctl = Controller(constant_policy(-1.0, max_step=0.02), detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20),
+                     recovery_ratio=0.85, recovery_step=0.1)
+    rng = np.random.default_rng(0)
+    ratios = []
+    for w in range(80):
+        burst = 30 <= w < 40
+        s = stats(ratio=ratios[-1] if ratios else 0.6, rps=(1200.0 if burst else 300.0) + rng.normal(0, 10),
+                  emb=0.9 + rng.normal(0, 0.005), kv=0.8 + rng.normal(0, 0.005))
+        ratios.append(ctl.step(s))
+    assert [e for _, e in ctl.events] == ["start", "end"]
+    start, end = (w for w, _ in ctl.events)
+    assert start == 30 and 40 <= end <= 46
+    assert ratios[29] == pytest.approx(0.05)                  # the base policy pushed it to r_min
+    assert ratios[30] == pytest.approx(0.15) and ratios[33] == pytest.approx(0.45)   # steered up, 0.1 a window
+    assert ratios[end] < ratios[end - 1]                       # handed back: the base policy again
+
+
+def test_observation_and_reward_by_hand():
+    ob = Observer()
+    o = ob(WindowStats(ratio=0.4, arrival_rps=100.0, p99_s=0.06, slo_s=0.03, queue_len=math.e - 1))
+    assert o.tolist() == pytest.approx([0.4, 1.0, 1.0, 1.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.5])
+    o = ob(WindowStats(ratio=0.4, arrival_rps=200.0, p99_s=None, slo_s=0.03))
+    assert o[3] == pytest.approx(2.0) and o[4] == pytest.approx(1.0) and o[6] == 0.0
+    assert reward(WindowStats(0.4, 1.0, 0.06, 0.03), moved=0.05) == pytest.approx(-2.0 - 1.0 - 0.1)
