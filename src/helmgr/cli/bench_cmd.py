@@ -1,4 +1,4 @@
-"""`helmgr bench`: speed figures (routing decisions for now)."""
+"""`helmgr bench`: speed figures: routing decisions, controller decisions."""
 from __future__ import annotations
 
 import click
@@ -26,16 +26,31 @@ def _sizes(text: str) -> list[int]:
 @click.option("--decisions", type=click.IntRange(min=100), default=20000, show_default=True, help="Decisions per run.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Runs per size; the figures are their median.")
+@click.option("--controller", is_flag=True, help="Time the HELM controller's decisions instead.")
+@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --controller: an exported base policy [default: the shipped one].")
 @json_option
-def bench_cmd(router_name, nodes, decisions, repeats, as_json):
-    """Microseconds per routing decision (p50, p99, mean) at each cluster size.
+def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, as_json):
+    """Microseconds per routing decision (p50, p99, mean) at each cluster size, or with
+    --controller per controller decision (p50, p99, p99.9).
 
     The router's index is filled as in a running cluster (resident bitmaps over 1 M items, users'
-    prefixes spread over the nodes); requests are the default steady workload's.
+    prefixes spread over the nodes); requests are the default steady workload's. The controller
+    sees varying window stats with a 4x burst every 5,000 windows.
 
     \b
     helmgr bench --router helm --nodes 32,1024
+    helmgr bench --controller
     """
+    if controller:
+        from helmgr.bench import controller_bench
+        r = controller_bench(policy_path, decisions)
+        if as_json:
+            emit_json(r)
+        else:
+            stderr.print(f"controller ({r['policy']}): {r['steps']:,} decisions: p50 {r['p50_us']:.1f} us, "
+                         f"p99 {r['p99_us']:.1f} us, p99.9 {r['p999_us']:.1f} us")
+        return
     from helmgr.bench import router_bench
     sizes = _sizes(nodes)
     with progress("bench", None) as bar:

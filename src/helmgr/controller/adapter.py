@@ -12,6 +12,8 @@ never sees half an update. The recovery tier freezes learning during bursts (`fr
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -27,6 +29,7 @@ class ResidualAdapter:
         self.explore = True
         self.baseline: float | None = None
         self.updates = 0
+        self._noise: list[float] = []
         self._trace: list[tuple[np.ndarray, float, float]] = []   # (x, eps, d output / d z) per decision
 
     def output(self, x: np.ndarray) -> float:
@@ -37,10 +40,12 @@ class ResidualAdapter:
     def decide(self, x: np.ndarray) -> float:
         """The correction to add to the base action, with exploration noise while learning."""
         w, b = self.params
-        t = float(np.tanh(w @ x + b))
+        t = math.tanh(float(w @ x) + b)
         out = self.bound * t
         if self.explore and not self.frozen:
-            eps = float(self.rng.normal(0.0, self.sigma))
+            if not self._noise:
+                self._noise = self.rng.normal(0.0, self.sigma, 4096).tolist()
+            eps = self._noise.pop()
             self._trace.append((x.copy(), eps, self.bound * (1.0 - t * t)))
             out += eps
         return out

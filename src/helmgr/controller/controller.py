@@ -3,14 +3,13 @@
     ctl = helmgr.Controller.default()          # the shipped base policy, adapter and recovery on
     ratio = ctl.step(stats)                    # stats: a WindowStats of the node's last window
 
-Each step: build the observation; let the adapter learn from the reward of the window that the
-previous decision produced (frozen during bursts); run the burst detector on arrival rate and
-miss rates; then
+Each step: build the observation; run the burst detector on arrival rate and miss rates; then
 - no burst: ratio + base policy step + adapter correction;
 - burst: steer toward the recovery target, at most `recovery_step` per window (the base and the
   adapter are not consulted: transients must not push the learned tiers around);
-and pass the proposal through Safety (finite, clamped, slew-limited). Burst start/end events
-and each decision's wall-clock latency are kept.
+and pass the proposal through Safety (finite, clamped, slew-limited). Only then, with the
+decision made and its wall-clock latency recorded, the adapter learns from the reward of the
+window the previous decision produced (never during a burst). Burst start/end events are kept.
 """
 from __future__ import annotations
 
@@ -72,8 +71,6 @@ class Controller:
             burst = self.detector.active
         if self.adapter is not None:
             self.adapter.frozen = burst
-            if self.windows:
-                self.adapter.learn(reward(stats, self.moved))
         if burst:
             gap = self.recovery_ratio - current
             proposed = current + max(-self.recovery_step, min(self.recovery_step, gap))
@@ -82,8 +79,12 @@ class Controller:
             if self.adapter is not None:
                 proposed += self.adapter.decide(obs)
         ratio = self.safety.apply(proposed, current)
+        self.latency_ns.append(time.perf_counter_ns() - t0)
+        # learning, after the decision (its latency above leaves it out): the window just seen is
+        # the outcome of the previous decision
+        if self.adapter is not None and self.windows:
+            self.adapter.learn(reward(stats, self.moved))
         self.moved = ratio - current
         self.last = ratio
         self.windows += 1
-        self.latency_ns.append(time.perf_counter_ns() - t0)
         return ratio

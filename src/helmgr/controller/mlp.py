@@ -3,7 +3,8 @@
 PPO trains an actor (Stable-Baselines3's MlpPolicy: tanh hidden layers, a linear mean head);
 serving needs only its deterministic action. `MLPPolicy` holds the exported weights, the
 observation normalization (running mean and variance, clip) and the action scaling, and runs
-the forward pass into preallocated buffers: no allocation on the decision path.
+the forward pass into preallocated buffers: no allocation on the decision path. The loop is
+compiled (numba): in numpy it was eight calls on 64-element vectors, ~10 µs here.
 
 File format (`.npz`): `w0, b0, w1, b1, ...` (layer k maps `w_k.shape[1]` inputs to
 `w_k.shape[0]` outputs, as torch stores them), `obs_mean`, `obs_var`, `obs_clip`, `obs_eps`,
@@ -15,8 +16,29 @@ import json
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from helmgr.errors import HelmInputError
+
+
+@njit(cache=True, nogil=True)
+def _forward(obs, mean, std, clip, ws, bs, hs):
+    """Normalize, clip, then tanh layers and a linear head, into the preallocated `hs`."""
+    x = hs[0]
+    for i in range(len(obs)):
+        v = (obs[i] - mean[i]) / std[i]
+        x[i] = -clip if v < -clip else (clip if v > clip else v)
+    last = len(ws) - 1
+    for k in range(len(ws)):
+        w, b, h = ws[k], bs[k], hs[k + 1]
+        for o in range(w.shape[0]):
+            acc = b[o]
+            for i in range(w.shape[1]):
+                acc += w[o, i] * x[i]
+            h[o] = np.tanh(acc) if k < last else acc
+        x = h
+    a = x[0]
+    return -1.0 if a < -1.0 else (1.0 if a > 1.0 else a)
 
 
 class MLPPolicy:
@@ -42,24 +64,13 @@ class MLPPolicy:
         self.obs_var, self.obs_eps, self.obs_clip, self.max_step = np.asarray(obs_var, np.float64), obs_eps, obs_clip, max_step
         self.meta = meta or {}
         self.n_obs = n_obs
-        self._x = np.zeros(n_obs)
-        self._h = [np.zeros(w.shape[0]) for w in self.w]
+        # the compiled forward pass reads these: layers as tuples, one preallocated buffer a layer
+        self._ws, self._bs = tuple(self.w), tuple(self.b)
+        self._hs = tuple([np.zeros(n_obs)] + [np.zeros(w.shape[0]) for w in self.w])
 
     def action(self, obs: np.ndarray) -> float:
         """Deterministic action in [-1, 1] (the actor's mean, clipped) for one raw observation."""
-        x = self._x
-        np.subtract(obs, self.obs_mean, out=x)
-        np.divide(x, self.obs_std, out=x)
-        np.clip(x, -self.obs_clip, self.obs_clip, out=x)
-        last = len(self.w) - 1
-        for k, (w, b, h) in enumerate(zip(self.w, self.b, self._h)):
-            np.dot(w, x, out=h)
-            h += b
-            if k < last:
-                np.tanh(h, out=h)
-            x = h
-        a = float(x[0])
-        return -1.0 if a < -1.0 else (1.0 if a > 1.0 else a)
+        return _forward(obs, self.obs_mean, self.obs_std, float(self.obs_clip), self._ws, self._bs, self._hs)
 
     def step(self, obs: np.ndarray) -> float:
         """The ratio change the base policy asks for."""

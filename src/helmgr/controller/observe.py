@@ -61,23 +61,30 @@ def reward(s: WindowStats, moved: float, miss_penalty: float = 1.0, move_cost: f
     return -tail - (miss_penalty if tail > 1.0 else 0.0) - move_cost * abs(moved)
 
 
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else (0.0 if x != x else math.copysign(P99_CAP, x))
+
+
 class Observer:
-    """WindowStats -> the fixed observation vector of FEATURES (a fresh array each call)."""
+    """WindowStats -> the fixed observation vector of FEATURES, written into one preallocated
+    array (the same array every call: copy it to keep it)."""
 
     def __init__(self, mean_alpha: float = 0.02):
         self.mean_alpha = mean_alpha
         self.mean_rps: float | None = None
         self.prev_rps: float | None = None
+        self.obs = np.zeros(N_FEATURES)
 
     def __call__(self, s: WindowStats) -> np.ndarray:
         rps = s.arrival_rps if math.isfinite(s.arrival_rps) and s.arrival_rps >= 0 else 0.0
         if self.mean_rps is None:
             self.mean_rps = self.prev_rps = rps
         scale = max(self.mean_rps, 1e-6)
-        obs = np.array([s.ratio, s.emb_hit_rate, s.kv_hit_rate, rps / scale, (rps - self.prev_rps) / scale,
-                        math.log1p(max(s.queue_len, 0.0)), p99_over_slo(s), s.h2d_utilization, s.new_user_share,
-                        s.emb_time_share], np.float64)
+        q = s.queue_len if math.isfinite(s.queue_len) and s.queue_len > 0 else 0.0
+        values = (s.ratio, s.emb_hit_rate, s.kv_hit_rate, rps / scale, (rps - self.prev_rps) / scale,
+                  math.log1p(q), p99_over_slo(s), s.h2d_utilization, s.new_user_share, s.emb_time_share)
         self.mean_rps += self.mean_alpha * (rps - self.mean_rps)
         self.prev_rps = rps
-        np.nan_to_num(obs, copy=False, nan=0.0, posinf=P99_CAP, neginf=-P99_CAP)
+        obs = self.obs
+        obs[:] = [_finite(v) for v in values]
         return obs
