@@ -38,6 +38,18 @@ def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, was
 
 
 @njit(cache=True, nogil=True)
+def _add(cands, k, i, up):
+    """Append node i to cands[:k] if it is up and not there yet; the new k."""
+    if up[i] <= 0:
+        return k
+    for j in range(k):
+        if cands[j] == i:
+            return k
+    cands[k] = i
+    return k + 1
+
+
+@njit(cache=True, nogil=True)
 def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, node, mine, c):
     """One routing decision. Candidates: holders hn0/hn1 (prefix tokens ht0/ht1; -1 = none), d
     nodes drawn from `draws` (uniforms, from c[POS] on), and the last decision's least-wait node
@@ -69,22 +81,10 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, 
     else:
         cands = np.empty(d + 3, np.int64)
     for i in (hn0, hn1, memo):
-        if not every and i >= 0 and up[i] > 0:
-            dup = False
-            for j in range(k):
-                dup = dup or cands[j] == i
-            if not dup:
-                cands[k] = i
-                k += 1
+        if not every and i >= 0:
+            k = _add(cands, k, i, up)
     for r in range(d):
-        i = np.int64(draws[pos + r] * n)
-        if up[i] > 0:
-            dup = False
-            for j in range(k):
-                dup = dup or cands[j] == i
-            if not dup:
-                cands[k] = i
-                k += 1
+        k = _add(cands, k, np.int64(draws[pos + r] * n), up)
     if k == 0:
         return -1, 0.0
     m = len(samp)
