@@ -24,6 +24,7 @@ from helmgr.controller.detect import BurstDetector
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.controller.observe import N_FEATURES, Observer, WindowStats, reward
 from helmgr.controller.safety import Safety
+from helmgr.errors import HelmInputError
 
 DEFAULT_POLICY = "default_policy.npz"
 
@@ -55,7 +56,11 @@ class Controller:
     @classmethod
     def default(cls, **kw) -> "Controller":
         """The base policy that ships with the package (docs/controller.md says how it was trained)."""
-        with resources.as_file(resources.files("helmgr.controller") / DEFAULT_POLICY) as path:
+        ref = resources.files("helmgr.controller") / DEFAULT_POLICY
+        if not ref.is_file():
+            raise HelmInputError("no default policy ships with this build; pass one: "
+                                 "Controller.load(PATH) (make one with `helmgr train --out PATH`)")
+        with resources.as_file(ref) as path:
             return cls.load(Path(path), **kw)
 
     # -- the decision ---------------------------------------------------------------------

@@ -206,7 +206,50 @@ class Independent(MemoryPolicy):
         return target
 
 
-POLICIES = {"static": Static, "adaptive": Adaptive, "latency-driven": LatencyDriven, "independent": Independent}
+class HelmPolicy(MemoryPolicy):
+    """The three-tier HELM controller (helmgr.controller), one per node, deciding at the end of
+    every window; `path` names an exported base policy (default: the one shipped)."""
+
+    name = "helm"
+    adapter, recovery = True, True
+
+    def __init__(self, path: str | None = None, seed: int = 0):
+        self.path, self.seed = path, seed
+        self.ctl: dict = {}
+        self.slo: dict[int, float] = {}
+        self.target: dict[int, float] = {}
+
+    def attach(self, index, node):
+        from helmgr.controller import Controller
+        kw = {"adapter": self.adapter, "recovery": self.recovery, "seed": self.seed * 1000 + index}
+        self.ctl[index] = Controller.load(self.path, **kw) if self.path else Controller.default(**kw)
+        self.ctl[index].safety.r_min, self.ctl[index].safety.r_max = node.config.r_min, node.config.r_max
+        self.slo[index] = node.profile.model.slo_ms * 1e-3
+
+    def observe(self, index, w, node):
+        from helmgr.controller.observe import WindowStats
+        self.target[index] = self.ctl[index].step(WindowStats.from_window(w, self.slo[index]))
+
+    def decide(self, index, node, now):
+        return self.target.pop(index, None)
+
+
+class HelmBase(HelmPolicy):
+    """Ablation: the frozen base policy alone (and the safety step)."""
+
+    name = "helm-base"
+    adapter, recovery = False, False
+
+
+class HelmBaseAdapter(HelmPolicy):
+    """Ablation: base policy + residual adapter, no burst recovery."""
+
+    name = "helm-base+adapter"
+    adapter, recovery = True, False
+
+
+POLICIES = {"static": Static, "adaptive": Adaptive, "latency-driven": LatencyDriven, "independent": Independent,
+            "helm": HelmPolicy, "helm-base": HelmBase, "helm-base+adapter": HelmBaseAdapter}
 
 
 def make_policy(name: str) -> MemoryPolicy:
