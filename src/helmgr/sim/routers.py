@@ -13,6 +13,7 @@ import numpy as np
 
 from helmgr.costs import CostModel
 from helmgr.sim import route_kernel
+from helmgr.sim.route_kernel import decide as _decide
 from helmgr.sim.residency import HISTORY_MISS, ResidencyIndex
 from helmgr.workload.users import hash_uniform_one
 
@@ -236,28 +237,29 @@ class Helm(Router):
     def attach(self, cost, n_items):
         self.index = ResidencyIndex(self.n, n_items)
         self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample, self.waste, self.MAX_WASTE)
+        # the index's containers, held directly (they are updated in place, never replaced)
+        self._holders, self._bits, self._node = self.index.holders, self.index.bits, self.index.node
+        self._left = 0
         return self.index
 
     def route_request(self, now, user, prefix_len, new_ids, cand_ids):
         self._now = now
         hn0 = ht0 = hn1 = ht1 = -1
-        if self.kv_term:
-            where = self.index.holders.get(user)
-            if where:
-                if len(where) == 1:
-                    (hn0, ht0), = where.items()
-                else:                           # the two longest cached prefixes
-                    (hn0, ht0), (hn1, ht1) = sorted(where.items(), key=lambda kv: -kv[1])[:2]
-        c = self.consts
+        where = self._holders.get(user) if self.kv_term else None
+        if where:
+            if len(where) == 1:
+                (hn0, ht0), = where.items()
+            else:                               # the two longest cached prefixes
+                (hn0, ht0), (hn1, ht1) = sorted(where.items(), key=lambda kv: -kv[1])[:2]
         if now - self._rho_t >= self.RHO_SPAN_S:
             self._update_load(now)
-        if c[route_kernel.POS] + self.d + 1 > len(self._draws):
+        self._left -= 1
+        if self._left < 0:                      # a fresh block of draws (the kernel walks c[POS])
             self._draws = self.rng.random(self.BLOCK * (self.d + 1))
-            c[route_kernel.POS] = 0
-        if not self.emb_term:
-            c[route_kernel.MEAN_MISS] = float(self.index.node[:, HISTORY_MISS].mean())
-        node, svc = route_kernel.decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, self._draws,
-                                        self.index.bits, self.index.node, self.mine, c)
+            self.consts[route_kernel.POS] = 0
+            self._left = self.BLOCK - 1
+        node, svc = _decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, self._draws, self._bits,
+                            self._node, self.mine, self.consts)
         if node < 0:                            # every candidate was down
             node, svc = self._least_loaded(), 0.0
         self._choice = (node, svc)
@@ -275,6 +277,8 @@ class Helm(Router):
             self.rate = rate if first else 0.5 * self.rate + 0.5 * rate
         self._work_sent, self._sent, self._rho_t = 0.0, 0, now
         self.consts[route_kernel.RHO], self.consts[route_kernel.RATE] = self.rho, self.rate
+        if not self.emb_term:                   # helm-kv prices misses at the cluster's mean rate
+            self.consts[route_kernel.MEAN_MISS] = float(self.index.node[:, HISTORY_MISS].mean())
 
     def dispatched(self, node, user, tokens):
         self.load[node] += 1
