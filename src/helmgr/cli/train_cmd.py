@@ -21,8 +21,10 @@ from helmgr.workload.synthetic import parse_regime
 @click.option("--episode-s", type=click.FloatRange(min=2, min_open=False), default=60.0, show_default=True)
 @click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Where the run's CSV log of reward and losses goes.")
+@click.option("--envs", "n_envs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Environments stepped in parallel worker processes.")
 @json_option
-def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, as_json):
+def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, n_envs, as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
     \b
@@ -39,7 +41,7 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, as_json
     with progress("train", timesteps) as bar:
         task = bar.add_task(f"PPO {'+'.join(regimes)} seed {seed}", total=timesteps)
         result = train(timesteps, seed, out_path, runs_dir, {"regimes": regimes, "episode_s": episode_s},
-                       on_progress=lambda n: bar.update(task, completed=n))
+                       on_progress=lambda n: bar.update(task, completed=n), n_envs=n_envs)
     if as_json:
         emit_json(result)
     else:

@@ -32,18 +32,22 @@ def export(model, venv, max_step: float, meta: dict | None = None) -> MLPPolicy:
                      float(venv.epsilon), max_step, meta)
 
 
-def make_model(env_kwargs: dict, seed: int, n_steps: int = 512):
-    """PPO on a normalized HelmEnv, untrained."""
+def make_model(env_kwargs: dict, seed: int, n_steps: int = 512, n_envs: int = 1):
+    """PPO on a normalized HelmEnv, untrained; `n_envs` > 1 steps that many environments in
+    worker processes (one per core)."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.monitor import Monitor
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
-    venv = DummyVecEnv([lambda: Monitor(HelmEnv(**env_kwargs))])
+    make = [lambda: Monitor(HelmEnv(**env_kwargs)) for _ in range(n_envs)]
+    venv = SubprocVecEnv(make) if n_envs > 1 else DummyVecEnv(make)
     venv.seed(seed)
     venv = VecNormalize(venv, norm_obs=True, norm_reward=True, clip_obs=10.0, gamma=0.95)
-    model = PPO("MlpPolicy", venv, seed=seed, n_steps=n_steps, batch_size=min(64, n_steps), n_epochs=10, gamma=0.95,
-                gae_lambda=0.9, learning_rate=3e-4, ent_coef=0.0, policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}},
-                verbose=0, device="cpu")
+    batch = n_steps * n_envs
+    model = PPO("MlpPolicy", venv, seed=seed, n_steps=n_steps, batch_size=min(64, batch), n_epochs=10, gamma=0.95,
+                gae_lambda=0.9, learning_rate=3e-4, ent_coef=0.0, verbose=0, device="cpu",
+                # std 0.37 at start: an action of 1 is a full step, so unit noise saturates every step
+                policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "log_std_init": -1.0})
     return model, venv
 
 
@@ -52,7 +56,7 @@ def run_name(workload: str, seed: int) -> str:
 
 
 def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), env_kwargs: dict | None = None,
-          on_progress=None) -> dict:
+          on_progress=None, n_envs: int = 1) -> dict:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import configure
 
@@ -61,7 +65,7 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     name = run_name("+".join(regimes), seed)
     run_dir = runs_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    model, venv = make_model(env_kwargs, seed)
+    model, venv = make_model(env_kwargs, seed, n_steps=512 // n_envs, n_envs=n_envs)
     model.set_logger(configure(str(run_dir), ["csv"]))
 
     class Progress(BaseCallback):
@@ -73,7 +77,8 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     wall = time.perf_counter()
     model.learn(total_timesteps=timesteps, callback=Progress())
     max_step = HelmEnv(**env_kwargs).max_step
-    meta = {"command": f"helmgr train --timesteps {timesteps} --seed {seed}", "timesteps": timesteps, "seed": seed,
+    meta = {"command": f"helmgr train --timesteps {timesteps} --seed {seed} --envs {n_envs}", "timesteps": timesteps,
+            "seed": seed,
             "regimes": list(regimes), "run": name, "env": {k: v for k, v in env_kwargs.items() if k != "regimes"}}
     policy = export(model, venv, max_step, meta)
     out.parent.mkdir(parents=True, exist_ok=True)
