@@ -21,7 +21,7 @@ from numba import njit
 from helmgr.errors import HelmInputError
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=True)     # fastmath: the dot products vectorize (3x)
 def _forward(obs, mean, std, clip, ws, bs, hs):
     """Normalize, clip, then tanh layers and a linear head, into the preallocated `hs`."""
     x = hs[0]
