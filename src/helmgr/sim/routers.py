@@ -197,7 +197,10 @@ class Helm(Router):
     the node's hot-set summary says they are absent (new-token ids exactly, candidates from an
     evenly spaced sample of `sample`), the recomputed prefix rows miss at the node's reported
     history miss rate, and a node with background refill traffic adds one refill chunk to the
-    misses' wait. One unit, seconds; the minimum wins, exact ties go to a seeded draw.
+    misses' wait. To that comes the work the placement wastes (its service beyond the cheapest
+    candidate's) times the number of later requests it delays, (rho + rate x backlog) / (1 - rho)
+    from the router's own load estimate, or a fixed `waste` weight. One unit, seconds; the
+    minimum wins, exact ties go to a seeded draw. docs/routing.md has the reasoning and figures.
 
     Candidates: the nodes that hold the user's prefix, `d` nodes drawn at random, and the least
     busy node of the previous decision (power of d choices with memory: Mitzenmacher, Prabhakar
