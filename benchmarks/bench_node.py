@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
 
 from helmgr.node import Node, NodeConfig
 from helmgr.profiles import node_profile

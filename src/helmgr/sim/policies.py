@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from helmgr.errors import HelmInputError
-from helmgr.memory.mrc import miss_ratio_curve, shards_mrc, shards_sample, stack_distances
+from helmgr.memory.mrc import miss_ratio_curve, shards_sample, stack_distances
 
 
 @dataclass(frozen=True, slots=True)
