@@ -108,3 +108,15 @@ def test_helm_policy_drives_every_node_in_the_simulator(tmp_path):
     assert s["completed"] == s["requests"]
     final = [node.ratio for node in r.cluster.nodes]
     assert final == pytest.approx([0.3 + 0.05 * 5] * 2, abs=1e-3)     # a step at each window close, 1 s to 5 s
+
+
+def test_relative_reward_is_zero_for_holding_and_moves_when_the_policy_moves():
+    env = HelmEnv(**TINY, relative=True)
+    env.reset(seed=5)
+    held = [env.step(np.array([0.0], np.float32))[1] for _ in range(3)]
+    assert held == [0.0, 0.0, 0.0]                       # the twin is the same cluster, same requests
+    _, info = env.reset(seed=5)
+    moved = [env.step(np.array([1.0], np.float32))[1] for _ in range(3)]
+    assert env.twin.nodes[0].ratio == pytest.approx(info["ratio"], abs=1e-3)          # the twin held
+    assert env.cluster.nodes[0].ratio == pytest.approx(min(0.95, info["ratio"] + 0.15), abs=1e-3)
+    assert all(m != 0.0 for m in moved)

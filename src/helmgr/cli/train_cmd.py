@@ -23,8 +23,10 @@ from helmgr.workload.synthetic import parse_regime
               help="Where the run's CSV log of reward and losses goes.")
 @click.option("--envs", "n_envs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Environments stepped in parallel worker processes.")
+@click.option("--relative", is_flag=True,
+              help="Pay the reward minus a twin cluster's held at the starting ratio (2x the simulation).")
 @json_option
-def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, n_envs, as_json):
+def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, n_envs, relative, as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
     \b
@@ -40,7 +42,7 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, n_envs,
     from helmgr.controller.train import train
     with progress("train", timesteps) as bar:
         task = bar.add_task(f"PPO {'+'.join(regimes)} seed {seed}", total=timesteps)
-        result = train(timesteps, seed, out_path, runs_dir, {"regimes": regimes, "episode_s": episode_s},
+        result = train(timesteps, seed, out_path, runs_dir, {"regimes": regimes, "episode_s": episode_s, "relative": relative},
                        on_progress=lambda n: bar.update(task, completed=n), n_envs=n_envs)
     if as_json:
         emit_json(result)

@@ -7,6 +7,11 @@ starting ratio. One step = one control window (1 s): the action in [-1, 1] moves
 ratio by up to `max_step`, the cluster runs the window, and the agent sees node 0's observation
 (controller.observe.FEATURES) and is paid `observe.reward` for it. Seeded: the same `reset(seed)`
 and actions give the same observations and rewards.
+
+With `relative=True` the pay is the reward minus that of a twin cluster forked at the end of the
+warm-up and held at the starting ratio, fed the same requests: what the policy's moves gained
+over not moving. A regime's own difficulty (a burst window costs every split alike) cancels, so
+the signal left is the policy's (twice the simulation per step).
 """
 from __future__ import annotations
 
@@ -40,12 +45,14 @@ class HelmEnv(gym.Env):
     def __init__(self, regimes=("steady", "trend", "burst"), nodes: int = 1, rps_per_node: float = 300.0,
                  users_per_node: int = 125_000, episode_s: float = 60.0, warmup_s: float = 10.0,
                  max_step: float = 0.05, router: str = "helm", hardware: str = "a100-80g", model: str = "large",
-                 r_min: float = 0.05, r_max: float = 0.95, workload: dict | None = None):
+                 r_min: float = 0.05, r_max: float = 0.95, workload: dict | None = None, relative: bool = False):
         self.regimes, self.nodes = tuple(regimes), nodes
         self.rps, self.users = rps_per_node * nodes, users_per_node * nodes
         self.episode_s, self.warmup_s, self.max_step = episode_s, warmup_s, max_step
         self.router, self.hardware, self.model, self.r_min, self.r_max = router, hardware, model, r_min, r_max
         self.workload = dict(workload or {})       # more default_config overrides (tests: a small item table)
+        self.relative = relative
+        self.twin: Cluster | None = None
         self.slo_s = node_profile(hardware, model).model.slo_ms * 1e-3
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (N_FEATURES,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
@@ -71,8 +78,11 @@ class HelmEnv(gym.Env):
         self.chunks = w.chunks(1.0)
         self.t = 0.0
         self.observer = Observer()
+        self.twin = None
         while self.t < self.warmup_s:
             self._run_window()
+        if self.relative:
+            self.twin = self.cluster.fork()
         return self._observe(), {"regime": self.regime, "ratio": ratio}
 
     def step(self, action):
@@ -86,16 +96,23 @@ class HelmEnv(gym.Env):
         obs = self._observe()
         moved = self.cluster.nodes[0].ratio - before
         r = reward(self.stats, moved)
+        if self.twin is not None:
+            w = self.twin.policy.windows.get(0)
+            if w is not None:
+                r -= reward(WindowStats.from_window(w, self.slo_s), 0.0)
         done = self.t >= self.warmup_s + self.episode_s
         return obs, r, done, False, {"regime": self.regime, "ratio": self.cluster.nodes[0].ratio}
 
     # -- plumbing -------------------------------------------------------------------------
     def _run_window(self) -> None:
         chunk = next(self.chunks, None)
-        if chunk is not None:
-            self.cluster.feed(chunk)
         self.t += 1.0
-        self.cluster.advance(self.t)
+        for cluster in (self.cluster, self.twin):
+            if cluster is None:
+                continue
+            if chunk is not None:
+                cluster.feed(chunk)
+            cluster.advance(self.t)
 
     def _observe(self) -> np.ndarray:
         w = self.recorder.windows.get(0)
