@@ -31,7 +31,6 @@ def run(capsys, *argv):
     (["bench", "--router", "fastest"], "'--router': 'fastest'"),
     (["train", "--workloads", "nope"], "unknown workload 'nope'"),
     (["train", "--timesteps", "10"], "'--timesteps': 10"),
-    (["simulate", "--policy", "helm", "--duration", "5"], "no default policy ships"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, *argv)

@@ -120,3 +120,11 @@ def test_relative_reward_is_zero_for_holding_and_moves_when_the_policy_moves():
     assert env.twin.nodes[0].ratio == pytest.approx(info["ratio"], abs=1e-3)          # the twin held
     assert env.cluster.nodes[0].ratio == pytest.approx(min(0.95, info["ratio"] + 0.15), abs=1e-3)
     assert all(m != 0.0 for m in moved)
+
+
+def test_the_shipped_policy_loads_and_decides():
+    import helmgr
+    ctl = helmgr.Controller.default()
+    assert ctl.base.n_obs == N_FEATURES and "--seed 3" in ctl.base.meta["command"]
+    r = ctl.step(stats(0.5))
+    assert 0.4 <= r <= 0.6 and len(ctl.latency_ns) == 1

@@ -65,7 +65,7 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     helmgr compare --workload steady --policies static,adaptive,oracle --ratios 0.1:0.9:0.1
     """
     wall = time.perf_counter()
-    names = _names(policies, ALL, "policies")
+    names = _names(policies, ALL + tuple(p for p in POLICIES if p not in ALL), "policies")
     router_names = _names(routers, list(ROUTERS), "routers") if routers else [router]
     grid = parse_ratios(ratios)
     workload_args = (regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)

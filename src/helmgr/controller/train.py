@@ -77,8 +77,11 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     wall = time.perf_counter()
     model.learn(total_timesteps=timesteps, callback=Progress())
     max_step = HelmEnv(**env_kwargs).max_step
-    meta = {"command": f"helmgr train --timesteps {timesteps} --seed {seed} --envs {n_envs}", "timesteps": timesteps,
-            "seed": seed,
+    flags = (f" --workloads {','.join(regimes)}" if tuple(regimes) != ("steady", "trend", "burst") else "") + \
+        (f" --episode-s {env_kwargs['episode_s']:g}" if env_kwargs.get("episode_s", 60.0) != 60.0 else "") + \
+        (" --relative" if env_kwargs.get("relative") else "")
+    meta = {"command": f"helmgr train --timesteps {timesteps} --seed {seed} --envs {n_envs}{flags}",
+            "timesteps": timesteps, "seed": seed,
             "regimes": list(regimes), "run": name, "env": {k: v for k, v in env_kwargs.items() if k != "regimes"}}
     policy = export(model, venv, max_step, meta)
     out.parent.mkdir(parents=True, exist_ok=True)
