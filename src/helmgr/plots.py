@@ -146,13 +146,14 @@ def plot_compare(rows: list[dict], timelines: dict, r_star, title: str, out: Pat
     fig.savefig(out / "compare_p99_slo.png", dpi=110)
     plt.close(fig)
 
+    names = [x.replace("\n", " · ") for x in labels]
     fig, ax = plt.subplots(figsize=(10, 4))
-    for r in rows:
+    for r, name in zip(rows, names):
         series = timelines.get((r["policy"], r["router"]))
         if series is None:
-            ax.axhline(r["ratio"], lw=1, ls=":", label=f"{r['policy']} ({r['ratio']:g})")
+            ax.axhline(r["ratio"], lw=1, ls=":", label=f"{name} ({r['ratio']:g})")
         elif r["policy"] != "oracle":
-            ax.plot(window_ratios(series.timeline, series.n_nodes, r["duration_s"]), lw=1, label=r["policy"])
+            ax.plot(window_ratios(series.timeline, series.n_nodes, r["duration_s"]), lw=1, label=name)
     if r_star is not None:
         ax.step(np.arange(len(r_star)), r_star, where="post", color="k", lw=1.5, label="oracle r*")
     ax.set_ylim(0, 1)
@@ -166,11 +167,11 @@ def plot_compare(rows: list[dict], timelines: dict, r_star, title: str, out: Pat
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in rows:
+    for r, name in zip(rows, names):
         series = timelines.get((r["policy"], r["router"]))
         if series is not None and len(series.latency_ms):
             lat = np.sort(series.latency_ms)
-            ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat), lw=1, label=r["policy"])
+            ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat), lw=1, label=name)
     ax.axvline(rows[0]["slo_ms"], color="tab:red", ls="--", lw=1)
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms)")
