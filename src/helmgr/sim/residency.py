@@ -108,20 +108,18 @@ class ResidencyIndex:
             events = events[held + 1 - first:]
         holders = self.holders
         for user, tokens in events:
-            where = holders.get(user)
             if tokens:
-                if where is None:
-                    holders[user] = {n: tokens}
-                else:
-                    where[n] = tokens
-            elif where is not None:
+                self.expect(n, user, tokens)
+                continue
+            where = holders.get(user)
+            if where is not None:
                 where.pop(n, None)
                 if not where:
                     del holders[user]
         self.kv_version[n] = last
 
     def expect(self, node: int, user: int, tokens: int) -> None:
-        """The router sent `user`'s request to `node`: its prefix will be cached there."""
+        """`node` holds (or, from the router at dispatch: will hold) `tokens` of `user`'s prefix."""
         where = self.holders.get(user)
         if where is None:
             self.holders[user] = {node: tokens}

@@ -38,6 +38,12 @@ def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, was
 
 
 @njit(cache=True, nogil=True)
+def _resident(bits, i, s):
+    """1 if node i's bitmap has row s resident, else 0."""
+    return (bits[i, s >> 3] >> (s & 7)) & 1
+
+
+@njit(cache=True, nogil=True)
 def _add(cands, k, i, up):
     """Append node i to cands[:k] if it is up and not there yet; the new k."""
     if up[i] <= 0:
@@ -106,10 +112,10 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, 
         if c[USE_EMB] > 0:
             misses = (prefix_len - cj) * node[i, HISTORY_MISS]
             for s in new_ids:
-                misses += 1 - ((bits[i, s >> 3] >> (s & 7)) & 1)
+                misses += 1 - _resident(bits, i, s)
             h = 0
             for s in samp:
-                h += (bits[i, s >> 3] >> (s & 7)) & 1
+                h += _resident(bits, i, s)
             misses += (m - h) * w
         else:
             misses = (prefix_len - cj + n_new + n_cand) * c[MEAN_MISS]

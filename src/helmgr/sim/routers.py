@@ -291,8 +291,8 @@ class Helm(Router):
         self._work_sent += svc
         self._sent += 1
         row = self.mine[node]
-        free = row[0]
-        row[0] = (free if free > self._now else self._now) + svc
+        free = row[route_kernel.FREE]
+        row[route_kernel.FREE] = (free if free > self._now else self._now) + svc
         self.work[node] += svc
         self.pending[node].append(svc)
         if self.kv_term:
@@ -304,7 +304,7 @@ class Helm(Router):
             self.work[node] -= self.pending[node].popleft()
         if not self.pending[node]:
             self.work[node] = 0.0               # no float drift across an idle period
-        self.mine[node, 0] = now + self.work[node]
+        self.mine[node, route_kernel.FREE] = now + self.work[node]
 
     def node_up(self, node):
         super().node_up(node)
