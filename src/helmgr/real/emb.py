@@ -1,0 +1,191 @@
+"""The device EMB cache (SPEC 2.2 on real tensors): hot rows in the pool's EMB region, the full
+table in host memory.
+
+Bookkeeping lives on the device as two maps (`slot_of[item]`, `item_of[slot]`, `EMPTY` where
+there is none) and one score per item, so a lookup is a handful of tensor ops whatever the
+batch size. The clock is the lookup count, never wall time: each `lookup` is one epoch. Scores
+follow the simulated cache's policies: decayed frequency (LFU with aging) or recency (LRU).
+A missed row is admitted when its score beats the lowest-scored resident row that this batch
+does not need (a free slot always loses), as the simulator keeps the top rows by score.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from helmgr.memory.pool import SizeInfo
+from helmgr.real.pool import DevicePool
+
+EMPTY = -1
+
+
+class _LFU:
+    """Decayed frequency. Instead of multiplying every score by `decay` each epoch, the weight
+    of a new access grows by 1/decay (same order, O(batch) work); scores are rescaled when the
+    weight gets large."""
+
+    def __init__(self, decay: float = 0.99):
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"LFU decay must be in (0, 1], got {decay}")
+        self.decay = decay
+        self.weight = 1.0
+
+    def touch(self, scores: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor, epoch: int) -> None:
+        scores.index_add_(0, ids, counts.to(scores.dtype) * self.weight)
+        self.weight /= self.decay
+        if self.weight > 1e18:
+            scores /= self.weight
+            self.weight = 1.0
+
+
+class _LRU:
+    """Recency: the epoch of the last access, ties inside an epoch going to the busier row
+    (the simulator's LRU score)."""
+
+    def __init__(self, decay: float = 0.99):
+        pass                     # recency does not age: `decay` is accepted for a common signature
+
+    def touch(self, scores, ids, counts, epoch):
+        scores[ids] = epoch + counts.to(scores.dtype) / (counts.max().to(scores.dtype) + 1.0)
+
+
+POLICIES = {"lfu": _LFU, "lru": _LRU}
+
+
+class Lookup(NamedTuple):
+    rows: torch.Tensor   # (len(ids), row width), in the host table's dtype
+    n_misses: int        # distinct ids fetched from the host table
+
+
+class DeviceEmbCache:
+    """Rows of `host_table` (n_items, width) cached in `pool`'s EMB region, one row per slot."""
+
+    def __init__(self, pool: DevicePool, host_table: torch.Tensor, policy: str = "lfu", decay: float = 0.99):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown EMB policy {policy!r} (known: {', '.join(POLICIES)})")
+        if host_table.dim() != 2 or host_table.device.type != "cpu":
+            raise ValueError(f"host table must be a 2-D CPU tensor, got {tuple(host_table.shape)} "
+                             f"on {host_table.device}")
+        if host_table.shape[1] * host_table.element_size() != pool.row_bytes:
+            raise ValueError(f"host rows are {host_table.shape[1] * host_table.element_size()} bytes, "
+                             f"the pool's rows {pool.row_bytes}")
+        self.pool = pool
+        self.on_cuda = pool.device.type == "cuda"
+        self.host = host_table.pin_memory() if self.on_cuda and not host_table.is_pinned() else host_table
+        self.policy = POLICIES[policy](decay)
+        n_items, dev = host_table.shape[0], pool.device
+        self.slot_of = torch.full((n_items,), EMPTY, dtype=torch.int64, device=dev)
+        self.item_of = torch.full((pool.n_rows,), EMPTY, dtype=torch.int64, device=dev)
+        self.scores = torch.zeros(n_items, dtype=torch.float32, device=dev)
+        self.epoch = 0
+        self.lookups = self.hits = self.misses = 0
+        self._staging = torch.empty(0, host_table.shape[1], dtype=host_table.dtype,
+                                    pin_memory=self.on_cuda)
+        self._copied: torch.cuda.Event | None = None   # the last H2D copy out of _staging
+
+    @property
+    def n_items(self) -> int:
+        return self.slot_of.numel()
+
+    def rows_view(self) -> torch.Tensor:
+        """The pool's EMB rows, typed like the host table."""
+        return self.pool.emb_rows().view(self.host.dtype)
+
+    def is_resident(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.slot_of[ids.to(self.pool.device)] != EMPTY
+
+    # -- the hot path ---------------------------------------------------------------------
+    def lookup(self, ids: torch.Tensor) -> Lookup:
+        """Rows for `ids` (any shape flattened, duplicates allowed). Hits come from the pool,
+        misses from one host gather and one H2D copy; misses are then admitted."""
+        ids = ids.reshape(-1).to(self.pool.device)
+        if ids.numel() == 0:
+            return Lookup(torch.empty(0, self.host.shape[1], dtype=self.host.dtype, device=self.pool.device), 0)
+        lo, hi = torch.aminmax(ids)
+        if lo < 0 or hi >= self.n_items:
+            raise ValueError(f"item ids must be in [0, {self.n_items}), got range [{int(lo)}, {int(hi)}]")
+        uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+        self.policy.touch(self.scores, uniq, counts, self.epoch)
+        self.epoch += 1
+        slots = self.slot_of[uniq]
+        hit = slots != EMPTY
+        rows = torch.empty(len(uniq), self.host.shape[1], dtype=self.host.dtype, device=self.pool.device)
+        rows[hit] = self.rows_view().index_select(0, slots[hit])
+        miss_ids = uniq[~hit]
+        if miss_ids.numel():
+            fetched = self._fetch(miss_ids)
+            rows[~hit] = fetched
+            self._admit(miss_ids, fetched, keep=slots[hit])
+        n_misses = miss_ids.numel()
+        self.lookups += ids.numel()
+        self.hits += int(counts[hit].sum())
+        self.misses += n_misses
+        return Lookup(rows[inverse], n_misses)
+
+    def _fetch(self, miss_ids: torch.Tensor) -> torch.Tensor:
+        """Host gather of the missed rows into a staging buffer, then one copy to the device
+        (non-blocking from pinned memory on CUDA)."""
+        host_ids = miss_ids.cpu()
+        if not self.on_cuda:
+            return self.host.index_select(0, host_ids)
+        if self._copied is not None:
+            self._copied.synchronize()          # the previous copy has left the staging buffer
+        if len(self._staging) < len(host_ids):
+            self._staging = torch.empty(2 * len(host_ids), self.host.shape[1], dtype=self.host.dtype,
+                                        pin_memory=True)
+        staged = self._staging[: len(host_ids)]
+        torch.index_select(self.host, 0, host_ids, out=staged)
+        fetched = staged.to(self.pool.device, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return fetched
+
+    def _admit(self, miss_ids: torch.Tensor, fetched: torch.Tensor, keep: torch.Tensor) -> None:
+        """Pair the best-scored misses with the worst resident slots (empty first, never a slot
+        in `keep`) and admit each miss that scores higher than the row it replaces."""
+        n_slots = self.item_of.numel()
+        if n_slots == 0:
+            return
+        resident = self.item_of != EMPTY
+        prio = torch.where(resident, self.scores[self.item_of.clamp(min=0)], float("-inf"))
+        prio[keep] = float("inf")
+        k = min(len(miss_ids), n_slots)
+        victim_prio, victims = torch.topk(prio, k, largest=False)
+        miss_scores = self.scores[miss_ids]
+        order = torch.argsort(miss_scores, descending=True, stable=True)[:k]
+        admit = miss_scores[order] > victim_prio
+        victims, order = victims[admit], order[admit]
+        old = self.item_of[victims]
+        self.slot_of[old[old != EMPTY]] = EMPTY
+        self.item_of[victims] = miss_ids[order]
+        self.slot_of[miss_ids[order]] = victims
+        self.rows_view().index_copy_(0, victims, fetched[order])
+
+    # -- resize ---------------------------------------------------------------------------
+    def on_resize(self, covered: range) -> None:
+        """Follow a pool resize: slots the pool took are dropped, new slots start empty."""
+        n_old, n_new = self.item_of.numel(), self.pool.n_rows
+        expected = range(min(n_old, n_new), max(n_old, n_new))
+        if covered != expected:
+            raise ValueError(f"EMB slots {covered} do not match the pool's move from {n_old} to {n_new} rows")
+        if n_new < n_old:
+            gone = self.item_of[n_new:]
+            self.slot_of[gone[gone != EMPTY]] = EMPTY
+            self.item_of = self.item_of[:n_new].clone()
+        elif n_new > n_old:
+            fresh = torch.full((n_new - n_old,), EMPTY, dtype=torch.int64, device=self.pool.device)
+            self.item_of = torch.cat([self.item_of, fresh])
+
+    # -- reporting ------------------------------------------------------------------------
+    def size_info(self) -> SizeInfo:
+        entries = int((self.item_of != EMPTY).sum())
+        return SizeInfo(self.item_of.numel() * self.pool.row_bytes, entries * self.pool.row_bytes, entries)
+
+    def check_integrity(self) -> None:
+        """The two maps are inverse of each other and every slot is inside the EMB region."""
+        assert self.item_of.numel() == self.pool.n_rows, (self.item_of.numel(), self.pool.n_rows)
+        slots = torch.nonzero(self.item_of != EMPTY).flatten()
+        items = self.item_of[slots]
+        assert torch.equal(self.slot_of[items], slots), "item_of and slot_of disagree"
+        assert int((self.slot_of != EMPTY).sum()) == len(slots), "an item maps to a slot that does not hold it"

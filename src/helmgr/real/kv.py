@@ -1,0 +1,198 @@
+"""The paged KV cache (SPEC 2.3 on real tensors): users' prefix K/V in the pool's KV pages.
+
+Layout: a prefix is packed token-major, one record of `bytes_per_token` per token holding
+layer 0's K then V, layer 1's K then V, and so on. A page holds `tokens_per_page` whole records,
+so the first n pages of a user hold its first tokens: trimming pages off the tail leaves a
+usable shorter prefix. Users are kept in LRU order; free pages are handed out lowest index first
+(farthest from the EMB boundary, so EMB growth takes as few users' pages as it can).
+"""
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import torch
+
+from helmgr.memory.pool import SizeInfo
+from helmgr.profiles import ModelProfile
+from helmgr.real.pool import DevicePool
+
+
+class PrefixKV(NamedTuple):
+    """Per-layer K (tokens, heads, d_qk) and V (tokens, heads, d_v) of one user's prefix."""
+
+    k: tuple[torch.Tensor, ...]
+    v: tuple[torch.Tensor, ...]
+
+    @property
+    def tokens(self) -> int:
+        return self.k[0].shape[0]
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """Shapes and dtype of the K/V the model produces; knows how to turn them into bytes."""
+
+    layers: int
+    heads: int
+    d_qk: int
+    d_v: int
+    dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def from_profile(cls, profile: ModelProfile, dtype: torch.dtype = torch.float32) -> "KVLayout":
+        return cls(profile.layers, profile.heads, profile.d_qk, profile.d_v, dtype)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """layers x heads x (d_qk + d_v) x element size (the profile's kv_bytes_per_token)."""
+        return self.layers * self.heads * (self.d_qk + self.d_v) * self.dtype.itemsize
+
+    def empty(self, device: str | torch.device = "cpu") -> PrefixKV:
+        def zero(d: int) -> tuple[torch.Tensor, ...]:
+            return tuple(torch.empty(0, self.heads, d, dtype=self.dtype, device=device) for _ in range(self.layers))
+        return PrefixKV(zero(self.d_qk), zero(self.d_v))
+
+    def pack(self, k: Sequence[torch.Tensor], v: Sequence[torch.Tensor]) -> torch.Tensor:
+        """(tokens, bytes_per_token) uint8, one record per token."""
+        if len(k) != self.layers or len(v) != self.layers:
+            raise ValueError(f"expected K and V for {self.layers} layers, got {len(k)} and {len(v)}")
+        tokens = k[0].shape[0]
+        parts = []
+        for kl, vl in zip(k, v):
+            for t, d, name in ((kl, self.d_qk, "K"), (vl, self.d_v, "V")):
+                if tuple(t.shape) != (tokens, self.heads, d) or t.dtype != self.dtype:
+                    raise ValueError(f"{name} must be {self.dtype} of shape ({tokens}, {self.heads}, {d}), "
+                                     f"got {t.dtype} of shape {tuple(t.shape)}")
+                parts.append(t.reshape(tokens, -1))
+        return torch.cat(parts, dim=1).view(torch.uint8)
+
+    def unpack(self, data: torch.Tensor) -> PrefixKV:
+        """Inverse of `pack`: views into `data` (tokens, bytes_per_token) uint8."""
+        tokens = data.shape[0]
+        per_layer = data.view(self.dtype).view(tokens, self.layers, self.heads * (self.d_qk + self.d_v))
+        k, v = per_layer.split([self.heads * self.d_qk, self.heads * self.d_v], dim=2)
+        return PrefixKV(tuple(k[:, i].reshape(tokens, self.heads, self.d_qk) for i in range(self.layers)),
+                        tuple(v[:, i].reshape(tokens, self.heads, self.d_v) for i in range(self.layers)))
+
+
+class Entry(NamedTuple):
+    tokens: int
+    pages: tuple[int, ...]     # KV page indices, in token order
+
+
+class PagedKVCache:
+    """User -> prefix K/V in whole pages of `pool`'s KV region, least recently used first."""
+
+    def __init__(self, pool: DevicePool, layout: KVLayout, tail_first: bool = False):
+        self.tokens_per_page = pool.page_bytes // layout.bytes_per_token
+        if self.tokens_per_page == 0:
+            raise ValueError(f"a page of {pool.page_bytes} bytes cannot hold one token "
+                             f"of {layout.bytes_per_token} bytes")
+        self.pool, self.layout, self.tail_first = pool, layout, tail_first
+        self.entries: OrderedDict[int, Entry] = OrderedDict()
+        self._free = list(range(pool.kv_pages))         # a heap: lowest index first
+        self._owner: dict[int, int] = {}               # page -> user
+        self.evicted_tokens = 0
+
+    @property
+    def _record_bytes(self) -> int:
+        return self.tokens_per_page * self.layout.bytes_per_token
+
+    def peek(self, user: int) -> int:
+        """Cached tokens of `user` (0 if none), without touching the LRU order."""
+        entry = self.entries.get(user)
+        return entry.tokens if entry else 0
+
+    def get(self, user: int) -> PrefixKV | None:
+        """The cached prefix of `user` (a copy out of the pool), now most recently used."""
+        entry = self.entries.get(user)
+        if entry is None:
+            return None
+        self.entries.move_to_end(user)
+        rows = self.pool.kv_physical(torch.tensor(entry.pages, device=self.pool.device))
+        data = self.pool.pages_view()[rows, : self._record_bytes]
+        return self.layout.unpack(data.view(-1, self.layout.bytes_per_token)[: entry.tokens])
+
+    def put(self, user: int, k: Sequence[torch.Tensor], v: Sequence[torch.Tensor]) -> int:
+        """Cache `user`'s prefix as most recently used, evicting others to fit. Returns the tokens
+        cached: all of them, a leading part (tail_first, prefix bigger than the cache), or 0."""
+        data = self.layout.pack(k, v).to(self.pool.device)
+        self._trim(user, 0, evicted=False)
+        tokens, fit = data.shape[0], self.pool.kv_pages * self.tokens_per_page
+        if tokens > fit and not self.tail_first:
+            return 0
+        tokens = min(tokens, fit)
+        if tokens == 0:
+            return 0
+        need = -(-tokens // self.tokens_per_page)
+        self._evict(need - len(self._free))
+        pages = tuple(heapq.heappop(self._free) for _ in range(need))
+        self._write(pages, data[:tokens])
+        self.entries[user] = Entry(tokens, pages)
+        self._owner.update((p, user) for p in pages)
+        return tokens
+
+    def _write(self, pages: tuple[int, ...], data: torch.Tensor) -> None:
+        pad = len(pages) * self.tokens_per_page - data.shape[0]
+        if pad:
+            data = torch.cat([data, data.new_zeros(pad, data.shape[1])])
+        rows = self.pool.kv_physical(torch.tensor(pages, device=self.pool.device))
+        self.pool.pages_view()[rows, : self._record_bytes] = data.view(len(pages), self._record_bytes)
+
+    def _evict(self, need_pages: int) -> None:
+        """Free at least `need_pages` pages: whole LRU users, or their tail pages (tail_first)."""
+        while need_pages > 0 and self.entries:
+            user, entry = next(iter(self.entries.items()))
+            drop = min(len(entry.pages), need_pages) if self.tail_first else len(entry.pages)
+            self._trim(user, len(entry.pages) - drop)
+            need_pages -= drop
+
+    def _trim(self, user: int, keep_pages: int, evicted: bool = True) -> None:
+        """Keep the first `keep_pages` pages of `user` (0: drop the user); keeps its LRU place."""
+        entry = self.entries.get(user)
+        if entry is None:
+            return
+        for p in entry.pages[keep_pages:]:
+            del self._owner[p]
+            heapq.heappush(self._free, p)
+        tokens = min(entry.tokens, keep_pages * self.tokens_per_page)
+        if evicted:
+            self.evicted_tokens += entry.tokens - tokens
+        if tokens:
+            self.entries[user] = Entry(tokens, entry.pages[:keep_pages])
+        else:
+            del self.entries[user]
+
+    def on_resize(self, covered: range) -> None:
+        """Follow a pool resize. Pages the EMB took: their owners are evicted (tail_first: cut
+        back to the pages before the first lost one). Pages the KV gained: free."""
+        n = self.pool.kv_pages
+        if covered and covered.start >= n:
+            for p in covered:
+                user = self._owner.get(p)
+                if user is not None:
+                    pages = self.entries[user].pages
+                    self._trim(user, pages.index(p) if self.tail_first else 0)
+            self._free = [p for p in self._free if p < n]
+            heapq.heapify(self._free)
+        else:
+            for p in covered:
+                heapq.heappush(self._free, p)
+
+    def size_info(self) -> SizeInfo:
+        used = sum(e.tokens for e in self.entries.values()) * self.layout.bytes_per_token
+        return SizeInfo(self.pool.kv_pages * self.pool.page_bytes, used, len(self.entries))
+
+    def check_integrity(self) -> None:
+        """No page owned twice or outside the KV region; free + owned = the KV pages."""
+        owned = [p for e in self.entries.values() for p in e.pages]
+        assert len(owned) == len(set(owned)), "a page is owned twice"
+        assert len(self._free) == len(set(self._free)), "a page is free twice"
+        assert set(owned).isdisjoint(self._free), "a page is both free and owned"
+        assert set(owned) | set(self._free) == set(range(self.pool.kv_pages)), "free + owned != KV pages"
+        assert self._owner == {p: u for u, e in self.entries.items() for p in e.pages}
+        for user, e in self.entries.items():
+            assert len(e.pages) == -(-e.tokens // self.tokens_per_page) and e.tokens > 0, (user, e)
