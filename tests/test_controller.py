@@ -88,6 +88,32 @@ def test_recovery_tier_takes_over_in_a_burst_and_hands_back():
     assert ratios[end] < ratios[end - 1]                       # handed back: the base policy again
 
 
+def test_recovery_holds_until_the_backlog_has_drained():
+    """The burst is over at window 40 but the node stays over its SLO until window 60: recovery
+    hands back only then (both ways of stepping agree)."""
+    for fast in (True, False):
+        ctl = Controller(constant_policy(-1.0), detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20))
+        rng = np.random.default_rng(0)
+        ratio = 0.6
+        for w in range(80):
+            s = stats(ratio=ratio, rps=(1200.0 if 30 <= w < 40 else 300.0) + rng.normal(0, 10),
+                      p99=0.3 if 30 <= w < 60 else 0.01, emb=0.9 + rng.normal(0, 0.005), kv=0.8 + rng.normal(0, 0.005))
+            ratio = ctl.step(s) if fast else ctl.reference_step(s)
+        assert ctl.events == [(30, "start"), (60, "end")]
+
+
+def test_adapter_is_a_bounded_offset_around_the_plan_never_a_walk():
+    """A saturated adapter (+0.05 every window) with a base that holds: the ratio sits 0.05 above
+    the plan, it does not climb 0.05 a window."""
+    from helmgr.controller.adapter import ResidualAdapter
+    a = ResidualAdapter(N_FEATURES, bound=0.05)
+    a.explore = False
+    a.params = np.full(N_FEATURES + 1, 1e6)
+    ctl = Controller(constant_policy(0.0), adapter=a)
+    ratios = [ctl.step(stats(0.4)) for _ in range(10)]
+    assert ratios == pytest.approx([0.45] * 10) and ctl.plan == pytest.approx(0.4)
+
+
 def test_observation_and_reward_by_hand():
     ob = Observer()
     o = ob(WindowStats(ratio=0.4, arrival_rps=100.0, p99_s=0.06, slo_s=0.03, queue_len=math.e - 1))

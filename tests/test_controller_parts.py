@@ -63,9 +63,9 @@ def test_adapter_starts_as_a_no_op_and_stays_bounded():
     assert a.output(x) == 0.0
     a.explore = False
     assert a.decide(x) == 0.0
-    a.params = (np.full(3, 1e6), 1e6)                  # absurd weights: still within the bound
+    a.params = np.full(4, 1e6)                          # absurd weights: still within the bound
     assert a.output(x) == pytest.approx(0.05)
-    a.params = (np.full(3, -1e6), 0.0)
+    a.params = np.array([-1e6, -1e6, -1e6, 0.0])
     assert a.output(x) == pytest.approx(-0.05)
 
 
@@ -78,7 +78,7 @@ def test_adapter_learns_a_correction_from_window_rewards_and_swaps_whole():
         out = a.decide(x)
         a.learn(-((out - 0.03) / 0.05) ** 2)
     assert a.output(x) == pytest.approx(0.03, abs=0.006)
-    assert before[0].tolist() == [0.0, 0.0] and a.params is not before     # replaced, never edited
+    assert before.tolist() == [0.0, 0.0, 0.0] and a.params is not before     # replaced, never edited
     a.frozen = True
     frozen = a.params
     for _ in range(50):

@@ -6,9 +6,9 @@ rewards by REINFORCE on a Gaussian exploration: each decision adds noise `eps ~ 
 to the output and remembers it; when the window's reward arrives, `learn` moves the parameters
 along `(reward - baseline) * eps / sigma^2 * d output / d params` (baseline: an EWMA of rewards).
 
-Learning runs off the decision path: `learn` builds new parameter arrays and swaps them in with
-one assignment (atomic under the GIL), and `decide` reads the current pair once, so a decision
-never sees half an update. The recovery tier freezes learning during bursts (`frozen`).
+Learning runs off the decision path: `learn` builds a new parameter array (`[w..., b]`) and
+swaps it in with one assignment (atomic under the GIL), and a decision reads the current array
+once, so it never sees half an update. The recovery tier freezes learning during bursts (`frozen`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ class ResidualAdapter:
         if not bound > 0 or not sigma > 0:
             raise ValueError(f"adapter needs bound > 0 and sigma > 0, got {bound}, {sigma}")
         self.bound, self.lr, self.sigma, self.baseline_alpha = bound, lr, sigma, baseline_alpha
-        self.params = (np.zeros(n_features), 0.0)          # (w, b): swapped whole, never edited
+        self.params = np.zeros(n_features + 1)             # [w..., b]: swapped whole, never edited
+        self.n = n_features
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.frozen = False
         self.explore = True
@@ -34,13 +35,13 @@ class ResidualAdapter:
 
     def output(self, x: np.ndarray) -> float:
         """The correction for features x, without exploration."""
-        w, b = self.params
-        return self.bound * float(np.tanh(w @ x + b))
+        p = self.params
+        return self.bound * math.tanh(float(p[:self.n] @ x) + p[self.n])
 
     def decide(self, x: np.ndarray) -> float:
         """The correction to add to the base action, with exploration noise while learning."""
-        w, b = self.params
-        t = math.tanh(float(w @ x) + b)
+        p = self.params
+        t = math.tanh(float(p[:self.n] @ x) + p[self.n])
         out = self.bound * t
         if self.explore and not self.frozen:
             if not self._noise:
@@ -60,11 +61,10 @@ class ResidualAdapter:
             return
         advantage = reward - self.baseline
         self.baseline += self.baseline_alpha * advantage
-        w, b = self.params
-        gw, gb = np.zeros_like(w), 0.0
+        grad = np.zeros_like(self.params)
         for x, eps, dz in trace:
             g = advantage * eps / self.sigma**2 * dz / len(trace)
-            gw += g * x
-            gb += g
-        self.params = (w + self.lr * gw, b + self.lr * gb)     # the atomic swap
+            grad[:self.n] += g * x
+            grad[self.n] += g
+        self.params = self.params + self.lr * grad             # a new array: the atomic swap
         self.updates += 1

@@ -4,15 +4,25 @@
     ratio = ctl.step(stats)                    # stats: a WindowStats of the node's last window
 
 Each step: build the observation; run the burst detector on arrival rate and miss rates; then
-- no burst: ratio + base policy step + adapter correction;
-- burst: steer toward the recovery target, at most `recovery_step` per window (the base and the
-  adapter are not consulted: transients must not push the learned tiers around);
+- no burst: the plan (the base tier's ratio) moves by the base policy's step, and the adapter's
+  correction is added on top of the plan: the adapter is a bounded *offset* (±0.05 by default)
+  around the base tier's trajectory, never a step of its own, so it cannot walk the ratio away;
+- recovery: the plan steers toward the recovery target, at most `recovery_step` per window, and
+  the adapter is left out (transients must not push the learned tiers around). Recovery starts
+  on the detector's burst and hands back with hysteresis: only once the detector has seen the
+  burst end *and* the node is back under its SLO (the backlog a burst leaves is part of it);
 and pass the proposal through Safety (finite, clamped, slew-limited). Only then, with the
 decision made and its wall-clock latency recorded, the adapter learns from the reward of the
-window the previous decision produced (never during a burst). Burst start/end events are kept.
+window the previous decision produced (never during recovery). Start/end events are kept.
+
+`step` runs all of that up to the decision as one compiled call (`helmgr.controller.kernel`);
+`reference_step` runs the same tiers as the readable Python objects, one by one. They decide
+the same ratios (tested); the objects hold the configuration either way, and their running
+state advances only on the path that is used.
 """
 from __future__ import annotations
 
+import math
 import time
 from importlib import resources
 from pathlib import Path
@@ -20,9 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from helmgr.controller.adapter import ResidualAdapter
+from helmgr.controller import kernel as K
 from helmgr.controller.detect import BurstDetector
 from helmgr.controller.mlp import MLPPolicy
-from helmgr.controller.observe import N_FEATURES, Observer, WindowStats, reward
+from helmgr.controller.observe import N_FEATURES, Observer, WindowStats, p99_over_slo, reward
 from helmgr.controller.safety import Safety
 from helmgr.errors import HelmInputError
 
@@ -40,10 +51,13 @@ class Controller:
         self.recovery_ratio, self.recovery_step = recovery_ratio, recovery_step
         self.observer = Observer()
         self.last: float | None = None          # the last ratio this controller set
+        self.plan: float | None = None          # the base (or recovery) tier's ratio, before the adapter
+        self.recovering = False
         self.moved = 0.0
         self.windows = 0
         self.events: list[tuple[int, str]] = []   # (window, "start" | "end")
         self.latency_ns: list[int] = []
+        self._k: tuple | None = None              # the kernel's arrays, built at the first step
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -64,27 +78,85 @@ class Controller:
             return cls.load(Path(path), **kw)
 
     # -- the decision ---------------------------------------------------------------------
+    def _kernel_arrays(self) -> tuple:
+        d, a, sf, b = self.detector or BurstDetector(3), self.adapter, self.safety, self.base
+        cfg = np.zeros(K.CFG_SIZE)
+        cfg[[K.C_OB_ALPHA, K.C_ALPHA, K.C_FLOOR, K.C_CLIP, K.C_K, K.C_H, K.C_Z_SPIKE, K.C_Z_EXIT, K.C_EXIT_TICKS,
+             K.C_WARMUP, K.C_HAS_DET]] = (self.observer.mean_alpha, d.base[0].alpha, d.base[0].floor, d.base[0].clip,
+                                          d.cusum[0].k, d.cusum[0].h, d.z_spike, d.z_exit, d.exit_ticks,
+                                          d.warmup_ticks, self.detector is not None)
+        cfg[[K.C_HAS_BASE, K.C_MAX_STEP, K.C_HAS_AD, K.C_BOUND, K.C_EXPLORE, K.C_R_MIN, K.C_R_MAX, K.C_SLEW,
+             K.C_REC_RATIO, K.C_REC_STEP]] = (b is not None, b.max_step if b else 0.0, a is not None,
+                                              a.bound if a else 0.0, bool(a and a.explore), sf.r_min, sf.r_max,
+                                              sf.max_slew, self.recovery_ratio, self.recovery_step)
+        st = np.zeros(K.ST_SIZE)
+        st[[K.LAST, K.PLAN]] = np.nan
+        flat, dims, h = (b.flat, b.dims, b.scratch) if b else (np.zeros(1), np.zeros(1, np.int64), np.zeros(2))
+        det = np.zeros((len(d.base), 4))
+        return np.zeros(10), st, det, np.zeros(d.exit_ticks), cfg, flat, dims, h, np.zeros(0)
+
     def step(self, stats: WindowStats) -> float:
+        """The next ratio for the window `stats` describes (one compiled call up to the decision)."""
+        t0 = time.perf_counter_ns()
+        if self._k is None:
+            self._k = self._kernel_arrays()
+        x, st, det, ring, cfg, flat, dims, h, noise = self._k
+        s, a = stats, self.adapter
+        x[:] = (s.ratio, s.arrival_rps, np.nan if s.p99_s is None else s.p99_s, s.slo_s, s.emb_hit_rate,
+                s.kv_hit_rate, s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share)
+        if a is not None and st[K.NOISE_I] == 0:         # the adapter's next batch of exploration noise
+            noise = a.rng.normal(0.0, a.sigma, 4096)
+            self._k = self._k[:-1] + (noise,)
+            st[K.NOISE_I] = len(noise)
+        current = s.ratio if self.last is None else self.last
+        ratio = K.decide(x, st, det, ring, cfg, flat, dims, h, a.params if a is not None else noise, noise)
+        self.latency_ns.append(time.perf_counter_ns() - t0)
+        event = st[K.EVENT]
+        if event:
+            self.events.append((self.windows, "start" if event == 1 else "end"))
+            self.recovering = event == 1
+        sf = self.safety
+        sf.non_finite, sf.clamped, sf.slewed = int(st[K.NON_FINITE]), int(st[K.CLAMPED]), int(st[K.SLEWED])
+        self.plan = st[K.PLAN]
+        if a is not None:
+            a.frozen = self.recovering
+            if a.explore and not self.recovering:
+                a._trace.append((st[K.OBS:K.OBS + N_FEATURES].copy(), st[K.EPS], st[K.DZ]))
+        return self._after(stats, current, ratio)
+
+    def reference_step(self, stats: WindowStats) -> float:
+        """`step` through the tier objects one by one: the readable reference (~25 µs)."""
         t0 = time.perf_counter_ns()
         current = stats.ratio if self.last is None else self.last
+        plan = current if self.plan is None else self.plan
         obs = self.observer(stats)
-        burst = False
         if self.detector is not None:
-            event = self.detector.step((stats.arrival_rps, 1.0 - stats.emb_hit_rate, 1.0 - stats.kv_hit_rate))
-            if event is not None:
-                self.events.append((self.windows, event))
-            burst = self.detector.active
+            self.detector.step((stats.arrival_rps, 1.0 - stats.emb_hit_rate, 1.0 - stats.kv_hit_rate))
+            if self.detector.active and not self.recovering:
+                self.recovering = True
+                self.events.append((self.windows, "start"))
+            elif self.recovering and not self.detector.active and p99_over_slo(stats) <= 1.0:
+                self.recovering = False
+                self.events.append((self.windows, "end"))
         if self.adapter is not None:
-            self.adapter.frozen = burst
-        if burst:
-            gap = self.recovery_ratio - current
-            proposed = current + max(-self.recovery_step, min(self.recovery_step, gap))
+            self.adapter.frozen = self.recovering
+        offset = 0.0
+        if self.recovering:
+            gap = self.recovery_ratio - plan
+            plan += max(-self.recovery_step, min(self.recovery_step, gap))
         else:
-            proposed = current + (self.base.step(obs) if self.base is not None else 0.0)
+            if self.base is not None:
+                plan += self.base.step(obs)
             if self.adapter is not None:
-                proposed += self.adapter.decide(obs)
-        ratio = self.safety.apply(proposed, current)
+                offset = self.adapter.decide(obs)
+        ratio = self.safety.apply(plan + offset, current)
+        if ratio != plan + offset:          # clamped, slewed or non-finite: the plan is what was set
+            plan = ratio - offset if math.isfinite(offset) else ratio
+        self.plan = min(self.safety.r_max, max(self.safety.r_min, plan))
         self.latency_ns.append(time.perf_counter_ns() - t0)
+        return self._after(stats, current, ratio)
+
+    def _after(self, stats: WindowStats, current: float, ratio: float) -> float:
         # learning, after the decision (its latency above leaves it out): the window just seen is
         # the outcome of the previous decision
         if self.adapter is not None and self.windows:

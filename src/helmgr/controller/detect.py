@@ -4,11 +4,17 @@ Each signal (arrival rate, EMB miss rate, KV miss rate, ...) keeps an exponentia
 baseline mean and variance; a tick's z-score is its distance from the baseline in baseline
 standard deviations. A one-sided CUSUM accumulates `z - k` and alarms past `h`: it finds a
 sustained shift of about `2k` standard deviations in a few ticks while single outliers decay.
-The baseline is frozen while a burst is on, so the burst does not become the new normal.
+The baseline is frozen while a burst is on, so the burst does not become the new normal, and
+each update is winsorized at `clip` standard deviations, so one spike the detector let through
+(during warm-up, say) cannot inflate the variance and blind it to the next. The baseline is
+fast (alpha 0.1: ~10 ticks of memory), so slow drifts -- a traffic ramp, a hot set turning over --
+become the normal instead of an alarm; a burst is a step, and a step is what the z-score sees.
 
 A burst starts when any signal's CUSUM alarms, or one z-score exceeds `z_spike` (a step so large
-that waiting for CUSUM costs ticks); it ends with hysteresis: the largest z-score, averaged over
-the last `exit_ticks` ticks, back below `z_exit`. Start and end events are returned to the caller, who logs them.
+that waiting for CUSUM costs ticks); it ends with hysteresis: the first signal's (the arrival
+rate's) z-score, averaged over the last `exit_ticks` ticks, back below `z_exit`. Only the first:
+miss rates after a burst settle somewhere new (the caches hold other rows now), and against a
+frozen baseline they would hold the burst open for ever. Start and end events are returned to the caller, who logs them.
 """
 from __future__ import annotations
 
@@ -19,12 +25,12 @@ from collections import deque
 class EwmaZ:
     """Running baseline of one signal: EWMA mean and variance with weight `alpha` per update."""
 
-    __slots__ = ("alpha", "mean", "var", "n", "floor")
+    __slots__ = ("alpha", "mean", "var", "n", "floor", "clip")
 
-    def __init__(self, alpha: float = 0.02, floor: float = 1e-9):
+    def __init__(self, alpha: float = 0.1, floor: float = 1e-9, clip: float = 4.0):
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"EWMA weight must be in (0, 1), got {alpha}")
-        self.alpha, self.floor = alpha, floor
+        self.alpha, self.floor, self.clip = alpha, floor, clip
         self.mean = self.var = 0.0
         self.n = 0
 
@@ -39,6 +45,9 @@ class EwmaZ:
             self.mean = x
         else:
             d = x - self.mean
+            if self.n >= 2:                                     # winsorize: outliers count as clip sigma
+                lim = self.clip * math.sqrt(max(self.var, self.floor))
+                d = -lim if d < -lim else (lim if d > lim else d)
             a = self.alpha if self.n >= 1 / self.alpha else 1.0 / (self.n + 1)   # plain mean while young
             self.mean += a * d
             self.var = (1 - a) * (self.var + a * d * d)
@@ -64,13 +73,13 @@ class Cusum:
 class BurstDetector:
     """Burst on/off from several signals. `step(values)` returns "start", "end" or None."""
 
-    def __init__(self, n_signals: int, alpha: float = 0.02, k: float = 1.0, h: float = 6.0, z_spike: float = 8.0,
-                 z_exit: float = 1.0, exit_ticks: int = 20, warmup_ticks: int = 50):
+    def __init__(self, n_signals: int, alpha: float = 0.1, k: float = 1.0, h: float = 6.0, z_spike: float = 8.0,
+                 z_exit: float = 1.0, exit_ticks: int = 20, warmup_ticks: int = 10):
         self.base = [EwmaZ(alpha) for _ in range(n_signals)]
         self.cusum = [Cusum(k, h) for _ in range(n_signals)]
         self.z_spike, self.z_exit, self.exit_ticks, self.warmup_ticks = z_spike, z_exit, exit_ticks, warmup_ticks
         self.active = False
-        self.recent: deque[float] = deque(maxlen=exit_ticks)    # largest z of each tick, while active
+        self.recent: deque[float] = deque(maxlen=exit_ticks)    # the first signal's z, while active
         self.ticks = 0
         self.z = [0.0] * n_signals
 
@@ -86,7 +95,7 @@ class BurstDetector:
                 self.recent.clear()
                 return self._finish("start", values)
         if self.active:
-            self.recent.append(max(zs))
+            self.recent.append(zs[0])
             if len(self.recent) == self.exit_ticks and sum(self.recent) < self.z_exit * self.exit_ticks:
                 self.active = False
                 for c in self.cusum:

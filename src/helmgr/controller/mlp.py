@@ -4,7 +4,8 @@ PPO trains an actor (Stable-Baselines3's MlpPolicy: tanh hidden layers, a linear
 serving needs only its deterministic action. `MLPPolicy` holds the exported weights, the
 observation normalization (running mean and variance, clip) and the action scaling, and runs
 the forward pass into preallocated buffers: no allocation on the decision path. The loop is
-compiled (numba): in numpy it was eight calls on 64-element vectors, ~10 µs here.
+compiled (numba, `kernel.forward`, shared with the controller's one-call step): in numpy it
+was eight calls on 64-element vectors, ~10 µs here.
 
 File format (`.npz`): `w0, b0, w1, b1, ...` (layer k maps `w_k.shape[1]` inputs to
 `w_k.shape[0]` outputs, as torch stores them), `obs_mean`, `obs_var`, `obs_clip`, `obs_eps`,
@@ -16,29 +17,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
+from helmgr.controller.kernel import forward
 from helmgr.errors import HelmInputError
-
-
-@njit(cache=True, nogil=True, fastmath=True)     # fastmath: the dot products vectorize (3x)
-def _forward(obs, mean, std, clip, ws, bs, hs):
-    """Normalize, clip, then tanh layers and a linear head, into the preallocated `hs`."""
-    x = hs[0]
-    for i in range(len(obs)):
-        v = (obs[i] - mean[i]) / std[i]
-        x[i] = -clip if v < -clip else (clip if v > clip else v)
-    last = len(ws) - 1
-    for k in range(len(ws)):
-        w, b, h = ws[k], bs[k], hs[k + 1]
-        for o in range(w.shape[0]):
-            acc = b[o]
-            for i in range(w.shape[1]):
-                acc += w[o, i] * x[i]
-            h[o] = np.tanh(acc) if k < last else acc
-        x = h
-    a = x[0]
-    return -1.0 if a < -1.0 else (1.0 if a > 1.0 else a)
 
 
 class MLPPolicy:
@@ -64,13 +45,16 @@ class MLPPolicy:
         self.obs_var, self.obs_eps, self.obs_clip, self.max_step = np.asarray(obs_var, np.float64), obs_eps, obs_clip, max_step
         self.meta = meta or {}
         self.n_obs = n_obs
-        # the compiled forward pass reads these: layers as tuples, one preallocated buffer a layer
-        self._ws, self._bs = tuple(self.w), tuple(self.b)
-        self._hs = tuple([np.zeros(n_obs)] + [np.zeros(w.shape[0]) for w in self.w])
+        # the compiled forward pass (helmgr.controller.kernel.forward) reads one flat array:
+        # [clip, obs_mean, obs_std, (W row-major, b) per layer], the widths, and a scratch buffer
+        self.flat = np.concatenate([[float(obs_clip)], self.obs_mean, self.obs_std]
+                                   + [part for w, b in zip(self.w, self.b) for part in (w.ravel(), b)])
+        self.dims = np.array([n_obs] + [w.shape[0] for w in self.w], np.int64)
+        self.scratch = np.zeros(2 * max(self.dims))
 
     def action(self, obs: np.ndarray) -> float:
         """Deterministic action in [-1, 1] (the actor's mean, clipped) for one raw observation."""
-        return _forward(obs, self.obs_mean, self.obs_std, float(self.obs_clip), self._ws, self._bs, self._hs)
+        return forward(obs, self.flat, self.dims, self.scratch)
 
     def step(self, obs: np.ndarray) -> float:
         """The ratio change the base policy asks for."""

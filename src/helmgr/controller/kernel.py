@@ -1,0 +1,231 @@
+"""One controller decision as one compiled call: the fast path of `Controller.step`.
+
+The tiers are written as plain Python classes (observe.py, detect.py, mlp.py, adapter.py,
+safety.py): readable, unit-tested, and the reference this kernel is tested against decision for
+decision (tests/test_controller_kernel.py). Calling them one by one costs ~25 µs here, nearly all
+of it interpreter overhead on ten-element vectors; this kernel does the same arithmetic, in the
+same order, in one numba call on a handful of preallocated arrays (~2–5 µs).
+
+State lives in float64 arrays the Controller owns (index names below); the adapter's parameters
+come in as the one array the adapter swaps whole, so a decision reads either the old or the new
+parameters, never a mix.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from helmgr.controller.observe import N_FEATURES, P99_CAP
+
+# -- st: scalars ----------------------------------------------------------------------------
+OB_MEAN, OB_PREV, OB_INIT = 0, 1, 2                 # observer: long-run rate, last rate, started
+LAST, PLAN, RECOVERING = 3, 4, 5                    # controller: last ratio (NaN: none), plan, flag
+ACTIVE, TICKS, RING_N, RING_I = 6, 7, 8, 9          # detector: burst on, ticks seen, ring fill/next
+NON_FINITE, CLAMPED, SLEWED = 10, 11, 12            # safety counters
+EVENT, EPS, DZ, NOISE_I = 13, 14, 15, 16            # outputs: 0/1 start/2 end, adapter noise, slope; noise left
+OBS = 20                                            # st[OBS:OBS + N_FEATURES]: the observation
+ST_SIZE = OBS + N_FEATURES
+
+# -- cfg: constants -------------------------------------------------------------------------
+(C_OB_ALPHA, C_ALPHA, C_FLOOR, C_CLIP, C_K, C_H, C_Z_SPIKE, C_Z_EXIT, C_EXIT_TICKS, C_WARMUP, C_HAS_DET,
+ C_HAS_BASE, C_MAX_STEP, C_HAS_AD, C_BOUND, C_EXPLORE, C_R_MIN, C_R_MAX, C_SLEW, C_REC_RATIO, C_REC_STEP) = range(21)
+CFG_SIZE = 21
+
+# -- x: this window's stats -----------------------------------------------------------------
+(X_RATIO, X_RPS, X_P99, X_SLO, X_EMB, X_KV, X_QUEUE, X_H2D, X_NEW, X_EMB_TIME) = range(10)
+
+# -- det: one row per signal ----------------------------------------------------------------
+D_MEAN, D_VAR, D_N, D_CUSUM = range(4)
+
+
+@njit(cache=True, nogil=True)
+def _finite(v):
+    if math.isfinite(v):
+        return v
+    return 0.0 if v != v else math.copysign(P99_CAP, v)
+
+
+@njit(cache=True, nogil=True)
+def _observe(x, st, cfg):
+    rps = x[X_RPS] if math.isfinite(x[X_RPS]) and x[X_RPS] >= 0 else 0.0
+    if st[OB_INIT] == 0.0:
+        st[OB_MEAN] = st[OB_PREV] = rps
+        st[OB_INIT] = 1.0
+    scale = max(st[OB_MEAN], 1e-6)
+    q = x[X_QUEUE] if math.isfinite(x[X_QUEUE]) and x[X_QUEUE] > 0 else 0.0
+    p99 = x[X_P99]
+    tail = min(p99 / x[X_SLO], P99_CAP) if math.isfinite(p99) else 0.0
+    prev = st[OB_PREV]
+    st[OB_MEAN] += cfg[C_OB_ALPHA] * (rps - st[OB_MEAN])
+    st[OB_PREV] = rps
+    o = OBS
+    st[o] = _finite(x[X_RATIO])
+    st[o + 1] = _finite(x[X_EMB])
+    st[o + 2] = _finite(x[X_KV])
+    st[o + 3] = _finite(rps / scale)
+    st[o + 4] = _finite((rps - prev) / scale)
+    st[o + 5] = _finite(math.log1p(q))
+    st[o + 6] = _finite(tail)
+    st[o + 7] = _finite(x[X_H2D])
+    st[o + 8] = _finite(x[X_NEW])
+    st[o + 9] = _finite(x[X_EMB_TIME])
+    return tail
+
+
+@njit(cache=True, nogil=True)
+def _z(det, i, v, floor):
+    if det[i, D_N] < 2:
+        return 0.0
+    return (v - det[i, D_MEAN]) / math.sqrt(max(det[i, D_VAR], floor))
+
+
+@njit(cache=True, nogil=True)
+def _update(det, i, v, cfg):
+    n = det[i, D_N]
+    if n == 0:
+        det[i, D_MEAN] = v
+    else:
+        d = v - det[i, D_MEAN]
+        if n >= 2:
+            lim = cfg[C_CLIP] * math.sqrt(max(det[i, D_VAR], cfg[C_FLOOR]))
+            d = -lim if d < -lim else (lim if d > lim else d)
+        alpha = cfg[C_ALPHA]
+        a = alpha if n >= 1 / alpha else 1.0 / (n + 1)
+        det[i, D_MEAN] += a * d
+        det[i, D_VAR] = (1 - a) * (det[i, D_VAR] + a * d * d)
+    det[i, D_N] = n + 1
+
+
+@njit(cache=True, nogil=True)
+def _detect(sig, st, det, ring, cfg):
+    """BurstDetector.step: 1 start, 2 end, 0 nothing."""
+    st[TICKS] += 1
+    warm = st[TICKS] > cfg[C_WARMUP]
+    active = st[ACTIVE] != 0.0
+    n_sig = det.shape[0]
+    z0 = 0.0
+    for i in range(n_sig):
+        v = sig[i]
+        z = _z(det, i, v, cfg[C_FLOOR]) if math.isfinite(v) else 0.0
+        if i == 0:
+            z0 = z
+        alarm = False
+        if warm:
+            s = max(0.0, det[i, D_CUSUM] + z - cfg[C_K])
+            det[i, D_CUSUM] = s
+            alarm = s > cfg[C_H]
+        if not active and warm and (alarm or z > cfg[C_Z_SPIKE]):
+            st[ACTIVE] = 1.0
+            st[RING_N] = st[RING_I] = 0.0
+            return 1
+    if active:
+        size = ring.shape[0]
+        ring[int(st[RING_I])] = z0
+        st[RING_I] = (st[RING_I] + 1) % size
+        if st[RING_N] < size:
+            st[RING_N] += 1
+        if st[RING_N] == size:
+            total = 0.0
+            for j in range(size):                       # oldest first, as the reference sums
+                total += ring[int((st[RING_I] + j) % size)]
+            if total < cfg[C_Z_EXIT] * size:
+                st[ACTIVE] = 0.0
+                for i in range(n_sig):
+                    det[i, D_CUSUM] = 0.0
+                return 2
+        return 0
+    for i in range(n_sig):                              # the baseline learns only outside bursts
+        if math.isfinite(sig[i]):
+            _update(det, i, sig[i], cfg)
+    return 0
+
+
+@njit(cache=True, nogil=True, fastmath=True)     # fastmath: the dot products vectorize
+def forward(obs, flat, dims, h):
+    """MLPPolicy's deterministic action. `flat` = [clip, obs_mean, obs_std, (W, b) per layer],
+    W row-major (out x in); `dims` = [n_obs, out_1, ..., out_L]; `h` has room for two layers."""
+    n = dims[0]
+    clip = flat[0]
+    width = h.shape[0] // 2
+    x, y = h[:width], h[width:]
+    mean, std = flat[1:1 + n], flat[1 + n:1 + 2 * n]
+    for i in range(n):
+        v = (obs[i] - mean[i]) / std[i]
+        x[i] = -clip if v < -clip else (clip if v > clip else v)
+    p = 1 + 2 * n
+    n_in = n
+    layers = dims.shape[0] - 1
+    for k in range(layers):
+        n_out = dims[k + 1]
+        w = flat[p:p + n_out * n_in].reshape((n_out, n_in))      # views: the inner loop vectorizes
+        bias = flat[p + n_out * n_in:p + n_out * n_in + n_out]
+        for o in range(n_out):
+            acc = bias[o]
+            for i in range(n_in):
+                acc += w[o, i] * x[i]
+            y[o] = math.tanh(acc) if k < layers - 1 else acc
+        p += n_out * n_in + n_out
+        n_in = n_out
+        x, y = y, x
+    a = x[0]
+    return -1.0 if a < -1.0 else (1.0 if a > 1.0 else a)
+
+
+@njit(cache=True, nogil=True)
+def decide(x, st, det, ring, cfg, flat, dims, h, ad, noise):
+    """One Controller.step up to the decision; returns the ratio. Learning stays in Python."""
+    st[EVENT] = 0.0
+    current = x[X_RATIO] if math.isnan(st[LAST]) else st[LAST]
+    plan = current if math.isnan(st[PLAN]) else st[PLAN]
+    tail = _observe(x, st, cfg)
+    obs = st[OBS:OBS + N_FEATURES]
+    if cfg[C_HAS_DET] != 0.0:
+        sig = np.empty(3)
+        sig[0], sig[1], sig[2] = x[X_RPS], 1.0 - x[X_EMB], 1.0 - x[X_KV]
+        _detect(sig, st, det, ring, cfg)
+        if st[ACTIVE] != 0.0 and st[RECOVERING] == 0.0:
+            st[RECOVERING], st[EVENT] = 1.0, 1.0
+        elif st[RECOVERING] != 0.0 and st[ACTIVE] == 0.0 and tail <= 1.0:
+            st[RECOVERING], st[EVENT] = 0.0, 2.0
+    offset = 0.0
+    st[EPS] = st[DZ] = math.nan
+    if st[RECOVERING] != 0.0:
+        gap = cfg[C_REC_RATIO] - plan
+        plan += max(-cfg[C_REC_STEP], min(cfg[C_REC_STEP], gap))
+    else:
+        if cfg[C_HAS_BASE] != 0.0:
+            plan += forward(obs, flat, dims, h) * cfg[C_MAX_STEP]
+        if cfg[C_HAS_AD] != 0.0:
+            n = obs.shape[0]
+            z = ad[n]
+            for i in range(n):
+                z += ad[i] * obs[i]
+            t = math.tanh(z)
+            offset = cfg[C_BOUND] * t
+            if cfg[C_EXPLORE] != 0.0:
+                k = int(st[NOISE_I]) - 1                # the reference pops from the end
+                st[NOISE_I] = k
+                eps = noise[k]
+                st[EPS], st[DZ] = eps, cfg[C_BOUND] * (1.0 - t * t)
+                offset += eps
+    # Safety.apply
+    proposed = plan + offset
+    if not math.isfinite(proposed):
+        st[NON_FINITE] += 1
+        ratio = current
+    else:
+        lo, hi = current - cfg[C_SLEW], current + cfg[C_SLEW]
+        if proposed < lo or proposed > hi:
+            st[SLEWED] += 1
+            proposed = lo if proposed < lo else hi
+        if proposed < cfg[C_R_MIN] or proposed > cfg[C_R_MAX]:
+            st[CLAMPED] += 1
+            proposed = cfg[C_R_MIN] if proposed < cfg[C_R_MIN] else cfg[C_R_MAX]
+        ratio = proposed
+    if ratio != plan + offset:
+        plan = ratio - offset if math.isfinite(offset) else ratio
+    st[PLAN] = min(cfg[C_R_MAX], max(cfg[C_R_MIN], plan))
+    st[LAST] = ratio
+    return ratio

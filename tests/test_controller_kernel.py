@@ -1,0 +1,68 @@
+"""The compiled controller step (helmgr.controller.kernel) against the tier objects run one by one."""
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from helmgr.controller import Controller, WindowStats
+from helmgr.controller import kernel as K
+from helmgr.controller.adapter import ResidualAdapter
+from helmgr.controller.detect import BurstDetector
+from helmgr.controller.mlp import MLPPolicy
+from helmgr.controller.observe import N_FEATURES
+
+
+def stats_stream(seed: int, n: int):
+    """Plausible windows with two 4x bursts, a few empty windows and a few non-finite fields."""
+    rng = np.random.default_rng(seed)
+    for k in range(n):
+        burst = 4.0 if 150 <= k < 160 or 400 <= k < 405 else 1.0
+        p99 = None if k % 97 == 5 else (0.004 + 0.04 * rng.random()) * (30.0 if burst > 1 else 1.0)
+        yield WindowStats(ratio=0.5, arrival_rps=300.0 * burst * (0.95 + 0.1 * rng.random()), p99_s=p99, slo_s=0.03,
+                          emb_hit_rate=0.8 + 0.1 * rng.random(), kv_hit_rate=(0.2 if burst > 1 else 0.7) + 0.1 * rng.random(),
+                          queue_len=math.inf if k == 77 else 20.0 * rng.random(), h2d_utilization=0.5 * rng.random(),
+                          new_user_share=0.1, emb_time_share=math.nan if k == 300 else 0.4)
+
+
+def random_policy(seed: int) -> MLPPolicy:
+    """Two tanh layers of random weights, so actions move with every feature, plus one path that
+    pulls the ratio back toward 0.5, so the run stays mostly inside (r_min, r_max)."""
+    rng = np.random.default_rng(seed)
+    sizes = (N_FEATURES, 16, 8, 1)
+    ws = [rng.normal(0, 0.4, (o, i)) for i, o in zip(sizes, sizes[1:])]
+    ws[0][0] = 0.0
+    ws[0][0, 0], ws[1][0] = -3.0, 0.0       # hidden unit 0 of layer 1 = tanh(-3 z(ratio)) ...
+    ws[1][0, 0], ws[2][0] = 2.0, 0.0        # ... carried by unit 0 of layer 2 ...
+    ws[2][0, 0] = 1.5                       # ... to the action
+    mean, var = rng.normal(0, 0.3, N_FEATURES), rng.uniform(0.5, 2.0, N_FEATURES)
+    mean[0], var[0] = 0.5, 0.01
+    return MLPPolicy(ws, [rng.normal(0, 0.1, o) for o in sizes[1:]], mean, var, max_step=0.03)
+
+
+def controller(adapter: bool, recovery: bool) -> Controller:
+    return Controller(random_policy(3), ResidualAdapter(N_FEATURES, rng=np.random.default_rng(5)) if adapter else None,
+                      BurstDetector(3) if recovery else None)
+
+
+@pytest.mark.parametrize("adapter,recovery", [(True, True), (False, True), (True, False), (False, False)])
+def test_compiled_step_decides_as_the_reference(adapter, recovery):
+    fast, slow = controller(adapter, recovery), controller(adapter, recovery)
+    ratios = []
+    for s in stats_stream(1, 600):
+        s = replace(s, ratio=ratios[-1] if ratios else 0.5)          # the node reports the ratio it was given
+        ratios.append(fast.step(s))
+        assert ratios[-1] == pytest.approx(slow.reference_step(s), abs=1e-12)
+        x, st, det, *_ = fast._k              # the kernel's running state, against the objects'
+        assert st[K.OB_MEAN] == pytest.approx(slow.observer.mean_rps, rel=1e-12)
+        if recovery:
+            assert det[:, K.D_MEAN] == pytest.approx([b.mean for b in slow.detector.base], rel=1e-12)
+            assert det[:, K.D_VAR] == pytest.approx([b.var for b in slow.detector.base], rel=1e-12)
+            assert det[:, K.D_CUSUM] == pytest.approx([c.s for c in slow.detector.cusum], abs=1e-12)
+    assert np.ptp(ratios) > 0.02 and np.mean((np.array(ratios) > 0.06) & (np.array(ratios) < 0.94)) > 0.8
+    assert fast.events == slow.events
+    assert (len(fast.events) >= 4) == recovery            # two bursts: start and end each
+    assert fast.safety.slewed == slow.safety.slewed and fast.safety.clamped == slow.safety.clamped
+    if adapter:
+        assert fast.adapter.updates == slow.adapter.updates > 0
+        np.testing.assert_allclose(fast.adapter.params, slow.adapter.params, atol=1e-9)
