@@ -10,6 +10,7 @@ import sys
 import click
 
 from helmgr.cli.bench_cmd import bench_cmd
+from helmgr.cli.calibrate_cmd import calibrate_cmd
 from helmgr.cli.compare_cmd import compare_cmd
 from helmgr.cli.profile_cmd import profile
 from helmgr.cli.simulate_cmd import simulate_cmd
@@ -32,6 +33,7 @@ cli.add_command(workload)
 cli.add_command(profile)
 cli.add_command(bench_cmd)
 cli.add_command(train_cmd)
+cli.add_command(calibrate_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,149 @@
+"""The timings behind `helmgr calibrate`, taken on a `NodeRuntime` the way it serves.
+
+Every figure is the median of `repeats` timed runs after `warmup` untimed ones; on CUDA each run
+is bracketed by synchronizes. Serving never finds a lookup's maps or a request's K/V in cache:
+the request before it ran the model over other data in between. So each timed run here starts
+with the caches flushed (a buffer larger than them is written first, untimed), lookups draw
+fresh random ids every run (resident ones for a hit, absent ones for a miss), and request shapes
+are served round-robin over several users, which also spreads a slow spell of a shared machine
+over every shape instead of spoiling one.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from helmgr.costs import CostModel
+from helmgr.errors import HelmInputError
+from helmgr.real.emb import EMPTY
+from helmgr.real.runtime import NodeRuntime
+
+Shape = tuple[int, int, int, int]       # prefix_len, cached, new_tokens, candidates
+USERS_PER_SHAPE = 3
+FLUSH_BYTES = {"cpu": 64 << 20, "cuda": 256 << 20}     # above a server CPU's L3, a GPU's L2
+
+
+def sizes(top: int, n: int = 4, factor: int = 4) -> list[int]:
+    """`top` and the n - 1 sizes below it, each `factor` times smaller."""
+    return sorted({max(1, top // factor ** i) for i in range(n)})
+
+
+class Measure:
+    def __init__(self, rt: NodeRuntime, repeats: int, warmup: int, seed: int):
+        self.rt, self.repeats, self.warmup = rt, repeats, warmup
+        self.device = rt.device
+        self.rng = np.random.default_rng(seed)
+        self._scratch = torch.empty(FLUSH_BYTES[self.device.type], dtype=torch.uint8, device=self.device)
+
+    def flush(self) -> None:
+        """Evict the caches by writing a buffer larger than them."""
+        self._scratch.fill_(len(self._scratch) & 0xFF ^ self.rng.integers(256))
+
+    def _timed(self, fn: Callable[[], object]) -> float:
+        self.flush()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t = time.perf_counter()
+        fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t
+
+    def _rounds(self, runs: list[Callable[[], float]]) -> list[float]:
+        """Median time of each run, the runs taken in turn, `warmup + repeats` rounds."""
+        times = [[run() for run in runs] for _ in range(self.warmup + self.repeats)][self.warmup:]
+        return [statistics.median(col) for col in zip(*times)]
+
+    # -- EMB ------------------------------------------------------------------------------
+    def _pick(self, ids: torch.Tensor, n: int) -> torch.Tensor:
+        return ids[torch.from_numpy(self.rng.choice(len(ids), n, replace=False)).to(ids.device)]
+
+    def emb(self) -> tuple[list[dict], list[dict]]:
+        """Lookups of n distinct resident ids (hits) and of n distinct absent ids (misses: host
+        gather, copy in, admission), the cache full first."""
+        emb, n_rows = self.rt.emb, self.rt.pool.n_rows
+        emb.lookup(torch.arange(min(n_rows, emb.n_items // 2)))
+        top = min(4096, n_rows // 4, (emb.n_items - n_rows) // 4)
+        if top < 16:
+            raise HelmInputError(f"--pool-mib / --n-items: calibration needs >= 64 EMB rows and as many items "
+                                 f"outside them, got {n_rows} rows of {emb.n_items} items")
+        resident = lambda n: self._pick(emb.item_of[emb.item_of != EMPTY], n)
+        absent = lambda n: self._pick(torch.nonzero(emb.slot_of == EMPTY).flatten(), n)
+        ns = sizes(top)
+        runs = [lambda n=n, ids=ids: self._lookup(ids(n)) for ids in (resident, absent) for n in ns]
+        times = self._rounds(runs)
+        rows = [{"ids": n, "bytes": n * self.rt.pool.row_bytes} for n in ns]
+        return ([r | {"s": t} for r, t in zip(rows, times[:len(ns)])],
+                [r | {"s": t} for r, t in zip(rows, times[len(ns):])])
+
+    def _lookup(self, ids: torch.Tensor) -> float:
+        return self._timed(lambda: self.rt.emb.lookup(ids))
+
+    # -- copies and gathers ---------------------------------------------------------------
+    def h2d(self) -> list[dict]:
+        """One copy into device memory: pinned host to device on CUDA, host to host on CPU."""
+        pinned, runs, nbytes = self.device.type == "cuda", [], (4 << 10, 64 << 10, 1 << 20, 16 << 20)
+        for n in nbytes:
+            src = torch.empty(n, dtype=torch.uint8, pin_memory=pinned)
+            dst = torch.empty(n, dtype=torch.uint8, device=self.device)
+            runs.append(lambda src=src, dst=dst: self._timed(lambda: dst.copy_(src, non_blocking=True)))
+        return [{"bytes": n, "s": t} for n, t in zip(nbytes, self._rounds(runs))]
+
+    def host_gather(self) -> list[dict]:
+        """Random host-table rows gathered into a staging buffer (pinned on CUDA), as a miss does."""
+        host, ns = self.rt.emb.host, sizes(4096)
+        outs = [torch.empty(n, host.shape[1], dtype=host.dtype, pin_memory=self.device.type == "cuda") for n in ns]
+        times = self._rounds([lambda out=out: self._gather(host, out) for out in outs])
+        return [{"rows": n, "s": t} for n, t in zip(ns, times)]
+
+    def _gather(self, host: torch.Tensor, out: torch.Tensor) -> float:
+        idx = torch.from_numpy(self.rng.integers(0, len(host), len(out)))
+        return self._timed(lambda: torch.index_select(host, 0, idx, out=out))
+
+    def gemm(self) -> dict:
+        n = 8192 if self.device.type == "cuda" else 1024
+        a, b = (torch.randn(n, n, device=self.device) for _ in range(2))
+        s, = self._rounds([lambda: self._timed(lambda: a @ b)])
+        return {"n": n, "s": s, "tflops": 2 * n ** 3 / s / 1e12}
+
+    # -- requests -------------------------------------------------------------------------
+    def compute(self, shapes: list[Shape], cost: CostModel, on_round: Callable[[], None]) -> list[dict]:
+        """Each shape served by `NodeRuntime.serve`, one request per shape per round; the KV,
+        prefill/extend and scoring parts are timed (the EMB lookup is measured apart)."""
+        stride = max(p + new + c for p, _, new, c in shapes)
+        longest, room = max(p + new for p, _, new, _ in shapes), self.rt.pool.kv_pages * self.rt.kv.tokens_per_page
+        if room < longest:
+            raise HelmInputError(f"--pool-mib / --ratio: the KV cache holds {room} tokens, fewer than the "
+                                 f"{longest} of the longest history measured")
+        fresh = iter(range(1 << 40, 1 << 41))
+        times: list[list[tuple[float, float]]] = [[] for _ in shapes]
+        for r in range(self.warmup + self.repeats):
+            for k, (prefix_len, cached, new, cands) in enumerate(shapes):
+                user = (k * USERS_PER_SHAPE + r % USERS_PER_SHAPE) if cached else next(fresh)
+                base = (user % 997) * stride % max(1, self.rt.emb.n_items - stride)
+                history = lambda u, a, b, base=base: np.arange(base + a, base + b)
+                if cached and self.rt.kv.peek(user) < prefix_len:
+                    self.rt.kv.put(user, *self._prefill(history(user, 0, prefix_len)))
+                cand_ids = np.arange(base + prefix_len + new, base + prefix_len + new + cands)
+                self.flush()
+                s = self.rt.serve(0.0, user, prefix_len, history(user, prefix_len, prefix_len + new), cand_ids, history)
+                assert s.kv_tokens == cached, (s.kv_tokens, cached)
+                times[k].append((s.kv_s + s.compute_s + s.score_s, s.score_s))
+            on_round()
+        out = []
+        for (prefix_len, cached, new, cands), ts in zip(shapes, times):
+            ts = ts[self.warmup:]
+            tokens = prefix_len - cached + new
+            out.append({"prefix_len": prefix_len, "cached": cached, "new_tokens": new, "candidates": cands,
+                        "flops": cost.prefix_flops(tokens, cached) + cost.candidate_flops(cands, prefix_len + new),
+                        "s": statistics.median(t for t, _ in ts), "score_s": statistics.median(t for _, t in ts)})
+        return out
+
+    def _prefill(self, ids: np.ndarray):
+        rows = self.rt.emb.host[torch.from_numpy(ids)].to(self.device)
+        _, kv = self.rt.model.prefill(rows)
+        return kv.k, kv.v

@@ -1,0 +1,189 @@
+"""One node's request path on real tensors (SPEC 8), behind the simulated `Node`'s interface.
+
+`NodeRuntime.serve` does for real what `Node.serve` models: look up the user's prefix K/V in
+the paged KV cache, look up the rows of the positions to compute and of the candidates in the
+device EMB cache (misses gathered from the host table), run the model over the computed
+positions only (`extend` after a hit, the whole history on a miss), store the prefix again and
+score the candidates. Its `ratio`, `resize`, `stats` (a `NodeStats`), `cost`, `config` and
+`check_integrity` are the simulated node's, so memory policies, the controller and routers plug
+in unchanged. The wall clock is passed in; on CUDA each part ends with a synchronize so that
+the parts it reports are the device's time, not the launch queue's.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable, NamedTuple
+
+import numpy as np
+import torch
+
+from helmgr.costs import CostModel, ServiceBreakdown
+from helmgr.memory.pool import ResizePlan
+from helmgr.node import History, NodeConfig, NodeStats
+from helmgr.profiles import ModelProfile, NodeProfile, load_model
+from helmgr.real.emb import DeviceEmbCache
+from helmgr.real.kv import PagedKVCache, PrefixKV
+from helmgr.real.model import HSTUModel, shrink
+from helmgr.real.pool import DevicePool
+
+FP32 = 4
+PAGE_MIB = 1 / 16     # 64 KiB pages: a cached prefix is read and written whole pages at a time,
+                      # so small pages keep that copy close to the prefix's own bytes
+
+
+def runtime_model(preset: str = "small", factor: int = 16, candidates: int | None = None) -> ModelProfile:
+    """The model the runtime runs: a preset with widths divided by `factor`, in fp32 (K/V and
+    embedding rows), so that its `row_bytes` and `kv_bytes_per_token` are the runtime's;
+    `candidates` overrides the preset's candidates per request."""
+    p = shrink(load_model(preset), factor)
+    return replace(p, name=f"{p.name}-fp32", dtype_bytes=FP32, emb_dtype_bytes=FP32,
+                   candidates=candidates or p.candidates)
+
+
+class RealService(NamedTuple):
+    """One request served for real. The first eight fields are the simulator's `Service`."""
+
+    start: float
+    end: float
+    kv_tokens: int          # prefix positions taken from the KV cache
+    ids: int                # rows looked up (computed positions + candidates)
+    misses: int             # looked-up ids whose row was not resident (with repeats)
+    unfilled_misses: int    # always 0: the runtime refills lazily and does not tell these apart
+    fetch_s: float          # the EMB lookup, hits and misses (measured)
+    recompute_s: float      # the prefill/extend pass when it recomputed prefix positions (measured)
+    rows_fetched: int       # distinct rows gathered from the host table and copied in
+    emb_s: float            # EMB lookup
+    kv_s: float             # reading the cached prefix out of the pool and writing it back
+    compute_s: float        # prefill / extend
+    score_s: float          # candidate scoring
+    scores: torch.Tensor    # one per candidate
+
+    @property
+    def tokens(self) -> int:
+        """Positions computed: recomputed prefix + new tokens."""
+        return self.ids - len(self.scores)
+
+    @property
+    def service_s(self) -> float:
+        return self.end - self.start
+
+
+class NodeRuntime:
+    """A node's pool (`budget_bytes`, which need not be `profile.pool_budget_bytes`), EMB cache,
+    KV cache and model on `device`, over a seeded synthetic host table of `n_items` rows. Refill
+    is lazy (rows enter on demand) and there is no host KV tier. The simulated node's
+    `ratio`, `resize`, `refresh`, `stats`, `cost`, `config` and `check_integrity` are here; its
+    EMB/KV internals that some policies inspect (shadow tracking, access logs) are not."""
+
+    def __init__(self, profile: NodeProfile, budget_bytes: int, device: str | torch.device = "cpu", seed: int = 0,
+                 n_items: int = 100_000, config: NodeConfig = NodeConfig(),
+                 clock: Callable[[], float] = time.perf_counter):
+        model = profile.model
+        if model.dtype_bytes != FP32 or model.emb_dtype_bytes != FP32:
+            raise ValueError(f"the runtime runs fp32: model {model.name!r} has dtype_bytes={model.dtype_bytes}, "
+                             f"emb_dtype_bytes={model.emb_dtype_bytes} (use runtime_model())")
+        if config.refill != "lazy" or config.host_kv_gib:
+            raise ValueError(f"the runtime supports lazy refill and no host KV tier, got refill={config.refill!r}, "
+                             f"host_kv_gib={config.host_kv_gib}")
+        self.profile, self.config, self.clock = profile, config, clock
+        self.device = torch.device(device)
+        self.cost = CostModel.from_profile(profile)
+        self.model = HSTUModel(model, torch.Generator().manual_seed(seed)).to(self.device).eval()
+        table = torch.randn(n_items, self.model.in_dim, generator=torch.Generator().manual_seed(seed + 1))
+        self.pool = DevicePool(budget_bytes, profile.page_bytes, model.row_bytes, self.device,
+                               config.ratio, config.r_min, config.r_max)
+        self.emb = DeviceEmbCache(self.pool, table, config.emb_policy, config.emb_decay)
+        self.kv = PagedKVCache(self.pool, self.model.layout, config.kv_tail_first)
+        self.stats = NodeStats()
+
+    # -- memory (the simulated Node's interface) ------------------------------------------
+    @property
+    def ratio(self) -> float:
+        return self.pool.ratio
+
+    def resize(self, ratio: float, now: float = 0.0) -> tuple[ResizePlan, None]:
+        """Set the EMB share; both caches follow at once. Refill is lazy: no wake-up is asked."""
+        move = self.pool.resize(ratio)
+        self.kv.on_resize(move.kv_pages)
+        self.emb.on_resize(move.emb_slots)
+        return move.plan, None
+
+    def refresh(self, now: float) -> None:
+        """The simulated node re-ranks its EMB cache here; the device cache admits on every
+        lookup instead, so there is nothing to do and no refill to wake."""
+        return None
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()
+        self.emb.check_integrity()
+        self.kv.check_integrity()
+
+    # -- serving --------------------------------------------------------------------------
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self.clock()
+
+    def _cached_prefix(self, user: int, tokens: int) -> PrefixKV:
+        if tokens == 0:
+            return self.model.layout.empty(self.device)
+        got = self.kv.get(user)
+        return PrefixKV(tuple(k[:tokens] for k in got.k), tuple(v[:tokens] for v in got.v))
+
+    def serve(self, now: float, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray,
+              history: History) -> RealService:
+        """Serve one request; `start` is `now`, `end` is `now` plus the measured service time.
+
+        `new_ids` must be `history(user, prefix_len, prefix_len + len(new_ids))` (the workload's
+        contract, as for `Node.serve`)."""
+        t0 = self._now()
+        cached = min(self.kv.peek(user), prefix_len)
+        n_new = len(new_ids)
+        computed = new_ids if cached == prefix_len else history(user, cached, prefix_len + n_new)
+        tokens = len(computed)
+        ids = torch.from_numpy(np.concatenate([computed, cand_ids]).astype(np.int64, copy=False))
+        resident = self.emb.is_resident(ids)
+        hits_before = self.emb.hits
+        rows, fetched = self.emb.lookup(ids)
+        t1 = self._now()
+        past = self._cached_prefix(user, cached)
+        t2 = self._now()
+        _, full = self.model.extend(rows[:tokens], past)
+        t3 = self._now()
+        self.kv.put(user, full.k, full.v)
+        t4 = self._now()
+        scores = self.model.score(full, rows[tokens:])
+        t5 = self._now()
+        hits = self.emb.hits - hits_before
+        token_hits = int(resident[:tokens].sum())
+        recompute = t3 - t2 if cached < prefix_len else 0.0
+        self._count(prefix_len, cached, ids.numel(), hits, tokens, token_hits, t5 - t0, t1 - t0, recompute)
+        return RealService(now, now + (t5 - t0), cached, ids.numel(), ids.numel() - hits, 0, t1 - t0, recompute,
+                           fetched, t1 - t0, (t2 - t1) + (t4 - t3), t3 - t2, t5 - t4, scores)
+
+    def _count(self, prefix_len: int, cached: int, ids: int, hits: int, tokens: int, token_hits: int,
+               busy_s: float, emb_s: float, recompute_s: float) -> None:
+        s = self.stats
+        s.requests += 1
+        s.cold_requests += cached == 0 < prefix_len
+        s.prefix_tokens += prefix_len
+        s.kv_hit_tokens += cached
+        s.ids += ids
+        s.misses += ids - hits
+        s.token_ids += tokens
+        s.token_misses += tokens - token_hits
+        s.busy_s += busy_s
+        s.emb_wait_s += emb_s
+        s.recompute_s += recompute_s
+
+    # -- what the cost model predicts for what the runtime saw ----------------------------
+    def prediction(self, service: RealService, prefix_len: int) -> ServiceBreakdown:
+        return predicted(self.cost, service, prefix_len)
+
+
+def predicted(cost: CostModel, service: RealService, prefix_len: int) -> ServiceBreakdown:
+    """The cost model's service of a request on an idle node, with the KV hit and the rows
+    fetched that the runtime saw when it served it."""
+    new_tokens = service.tokens - (prefix_len - service.kv_tokens)
+    return cost.breakdown(prefix_len, service.kv_tokens, new_tokens, len(service.scores), service.rows_fetched)
