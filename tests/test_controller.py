@@ -134,6 +134,22 @@ def test_helm_policy_drives_every_node_in_the_simulator(tmp_path):
     assert s["completed"] == s["requests"]
     final = [node.ratio for node in r.cluster.nodes]
     assert final == pytest.approx([0.3 + 0.05 * 5] * 2, abs=1e-3)     # a step at each window close, 1 s to 5 s
+    c = s["controller"]
+    assert c["decisions"] == sum(len(ctl.latency_ns) for ctl in r.cluster.policy.ctl.values()) >= 10
+    assert c["decision_us_p50"] > 0 and c["burst_events"] == [] and c["slewed"] == 0
+
+
+def test_burst_events_reach_the_results():
+    """A x3.8 burst from 37.9 s to 41.7 s: both nodes' recovery tiers start at the end of the
+    first whole window inside it (39 s), and the events are in the run's summary."""
+    from helmgr.sim import SimConfig, simulate
+    from helmgr.sim.policies import HelmPolicy
+    from tests.test_sim import small
+    w = small("burst", seed=1, duration_s=60.0)
+    assert [(round(b.start, 1), round(b.end, 1)) for b in w.bursts] == [(37.9, 41.7)]
+    r = simulate(SimConfig(nodes=2, ratio=0.5, router="helm", warmup_s=2.0), w, policy=HelmPolicy())
+    assert r.summary["controller"]["burst_events"] == [{"node": 0, "t": 39.0, "event": "start"},
+                                                       {"node": 1, "t": 39.0, "event": "start"}]
 
 
 def test_relative_reward_is_zero_for_holding_and_moves_when_the_policy_moves():

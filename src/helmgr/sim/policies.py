@@ -53,6 +53,10 @@ class MemoryPolicy:
     def decide(self, index: int, node, now: float) -> float | None:
         return None
 
+    def report(self) -> dict:
+        """Anything the policy adds to the run's results (merged into the summary)."""
+        return {}
+
 
 class Static(MemoryPolicy):
     """A fixed ratio, set when the node starts."""
@@ -218,17 +222,37 @@ class HelmPolicy(MemoryPolicy):
         self.ctl: dict = {}
         self.slo: dict[int, float] = {}
         self.target: dict[int, float] = {}
+        self.events: list[tuple[int, float, str]] = []     # (node, window end s, "start" | "end")
+        self.retired: list = []                              # controllers of nodes that went down
 
     def attach(self, index, node):
         from helmgr.controller import Controller
         kw = {"adapter": self.adapter, "recovery": self.recovery, "seed": self.seed * 1000 + index}
+        if index in self.ctl:                               # a node restarting: a fresh controller
+            self.retired.append(self.ctl[index])
         self.ctl[index] = Controller.load(self.path, **kw) if self.path else Controller.default(**kw)
         self.ctl[index].safety.r_min, self.ctl[index].safety.r_max = node.config.r_min, node.config.r_max
         self.slo[index] = node.profile.model.slo_ms * 1e-3
 
     def observe(self, index, w, node):
         from helmgr.controller.observe import WindowStats
-        self.target[index] = self.ctl[index].step(WindowStats.from_window(w, self.slo[index]))
+        ctl = self.ctl[index]
+        seen = len(ctl.events)
+        self.target[index] = ctl.step(WindowStats.from_window(w, self.slo[index]))
+        self.events += [(index, w.t, e) for _, e in ctl.events[seen:]]
+
+    def report(self):
+        """Burst start/end events per node, the controllers' decisions and their wall-clock
+        latency, and the safety step's counts."""
+        ctls = list(self.ctl.values()) + self.retired
+        us = np.asarray([t for c in ctls for t in c.latency_ns], float) / 1e3
+        return {"controller": {
+            "decisions": int(us.size),
+            "decision_us_p50": float(np.percentile(us, 50)) if us.size else None,
+            "decision_us_p99": float(np.percentile(us, 99)) if us.size else None,
+            "burst_events": [{"node": n, "t": round(t, 3), "event": e} for n, t, e in self.events],
+            "non_finite": sum(c.safety.non_finite for c in ctls), "clamped": sum(c.safety.clamped for c in ctls),
+            "slewed": sum(c.safety.slewed for c in ctls)}}
 
     def decide(self, index, node, now):
         return self.target.pop(index, None)

@@ -37,4 +37,4 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": cfg.policy if policy is None else policy.name,
             "router": cfg.router if router is None else router.name, "ratio": cfg.ratio, "seed": cfg.seed,
             "hardware": cfg.hardware, "model": cfg.model, "duration_s": workload.duration_s}
-    return SimResult(head | summary, series, cluster)
+    return SimResult(head | summary | cluster.policy.report(), series, cluster)
