@@ -13,6 +13,7 @@ from helmgr.cli.bench_cmd import bench_cmd
 from helmgr.cli.calibrate_cmd import calibrate_cmd
 from helmgr.cli.compare_cmd import compare_cmd
 from helmgr.cli.profile_cmd import profile
+from helmgr.cli.serve_cmd import loadgen_cmd, serve_cmd
 from helmgr.cli.simulate_cmd import simulate_cmd
 from helmgr.cli.sweep_cmd import sweep_cmd
 from helmgr.cli.train_cmd import train_cmd
@@ -34,6 +35,8 @@ cli.add_command(profile)
 cli.add_command(bench_cmd)
 cli.add_command(train_cmd)
 cli.add_command(calibrate_cmd)
+cli.add_command(serve_cmd)
+cli.add_command(loadgen_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,6 +96,7 @@ class PagedKVCache:
         self._free = list(range(pool.kv_pages))         # a heap: lowest index first
         self._owner: dict[int, int] = {}               # page -> user
         self.evicted_tokens = 0
+        self.events: list[tuple[int, int]] | None = None   # (user, tokens now cached; 0 = gone), when on
 
     @property
     def _record_bytes(self) -> int:
@@ -120,12 +121,13 @@ class PagedKVCache:
         """Cache `user`'s prefix as most recently used, evicting others to fit. Returns the tokens
         cached: all of them, a leading part (tail_first, prefix bigger than the cache), or 0."""
         data = self.layout.pack(k, v).to(self.pool.device)
+        had = user in self.entries
         self._trim(user, 0, evicted=False)
         tokens, fit = data.shape[0], self.pool.kv_pages * self.tokens_per_page
-        if tokens > fit and not self.tail_first:
-            return 0
-        tokens = min(tokens, fit)
+        tokens = 0 if tokens > fit and not self.tail_first else min(tokens, fit)
         if tokens == 0:
+            if had and self.events is not None:
+                self.events.append((user, 0))
             return 0
         need = -(-tokens // self.tokens_per_page)
         self._evict(need - len(self._free))
@@ -133,6 +135,8 @@ class PagedKVCache:
         self._write(pages, data[:tokens])
         self.entries[user] = Entry(tokens, pages)
         self._owner.update((p, user) for p in pages)
+        if self.events is not None:
+            self.events.append((user, tokens))
         return tokens
 
     def _write(self, pages: tuple[int, ...], data: torch.Tensor) -> None:
@@ -161,6 +165,8 @@ class PagedKVCache:
         tokens = min(entry.tokens, keep_pages * self.tokens_per_page)
         if evicted:
             self.evicted_tokens += entry.tokens - tokens
+            if self.events is not None:
+                self.events.append((user, tokens))
         if tokens:
             self.entries[user] = Entry(tokens, entry.pages[:keep_pages])
         else:

@@ -1,0 +1,124 @@
+"""`helmgr serve` (the app on a Ray cluster) and `helmgr loadgen` (replay a workload against it)."""
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import click
+
+from helmgr.cli.output import emit_json, json_option, markdown_table, out_option, progress, result_dir, stderr, table
+from helmgr.serve.config import ServeConfig
+
+
+@click.command("serve")
+@click.option("--replicas", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Backend replicas: one per node (CPU process here, GPU on a GPU cluster).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="HTTP port.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="HTTP host (0.0.0.0: every interface).")
+@click.option("--address", default=None,
+              help="Join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting a local one.")
+@click.option("--num-cpus", type=click.IntRange(min=1), default=None,
+              help="Logical CPUs of the local Ray cluster [default: this machine's].")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Ray's own Prometheus export port (local cluster) [default: random]; "
+                   "the app's metrics are at URL/metrics.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cuda: each replica takes one GPU.")
+@click.option("--replica-cpus", type=click.FloatRange(min=0), default=0.25, show_default=True,
+              help="Ray logical CPUs per replica.")
+@click.option("--pool-mib", type=click.FloatRange(min=0, min_open=True), default=48.0, show_default=True,
+              help="Each node's pool, EMB + KV.")
+@click.option("--ratio", type=click.FloatRange(0.05, 0.95), default=0.3, show_default=True,
+              help="Initial EMB share of each pool.")
+@click.option("--hardware", default="a100-80g", show_default=True,
+              help="Hardware preset or calibrated TOML (helmgr calibrate) for the router's cost model.")
+@click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=50.0, show_default=True,
+              help="The controllers' latency objective.")
+@click.option("--no-controller", is_flag=True, help="Keep every ratio fixed.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Model weights, item table, and the synthetic users' histories.")
+def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, replica_cpus, pool_mib, ratio, hardware,
+              slo_ms, no_controller, seed):
+    """Serve recommendations over HTTP: backend replicas with real caches, the HELM router, an
+    ingress at POST /v1/recommend. Blocks until Ctrl-C.
+
+    \b
+    helmgr serve --replicas 2 --port 8000
+    curl -s localhost:8000/v1/recommend -H 'content-type: application/json' \\
+         -d '{"user_id": 5, "new_items": [1, 2], "candidates": [3, 4, 5]}'
+    """
+    from helmgr.profiles import load_hardware
+    from helmgr.serve.app import start, stop
+
+    load_hardware(hardware)                         # an unknown name or bad file: exit 2 now, not in a replica
+    if device == "cpu" and not hardware.endswith(".toml"):
+        stderr.print(f"note: the router prices requests with the {hardware} profile; on CPU pass a calibrated one "
+                     f"(helmgr calibrate --device cpu --out cpu.toml; --hardware cpu.toml)")
+    cfg = ServeConfig(replicas=replicas, device=device, replica_cpus=replica_cpus, pool_mib=pool_mib, ratio=ratio,
+                      hardware=hardware, slo_ms=slo_ms, controller=not no_controller, seed=seed).validate()
+    stderr.print(f"starting {replicas} replicas ({device}) ...")
+    try:
+        url = start(cfg, port=port, host=host, address=address, num_cpus=num_cpus, metrics_port=metrics_port)
+        # stop cleanly on SIGTERM too (background jobs ignore Ctrl-C); after ray.init, which sets its own
+        signal.signal(signal.SIGTERM, _interrupt)
+        stderr.print(f"serving at {url}  (POST {url}/v1/recommend, GET {url}/healthz, {url}/metrics); Ctrl-C stops")
+        click.echo(url)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        stderr.print("stopping ...")
+    finally:
+        stop()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+SHOWN = ("requests", "completed", "errors", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
+         "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "mean_ratio", "wall_s")
+
+
+@click.command("loadgen")
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The app (helmgr serve).")
+@click.option("--workload", "regime", default="steady", show_default=True,
+              help="Synthetic regime: steady, trend, burst, or trend+burst.")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
+              help="Seconds of arrivals.")
+@click.option("--rps", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
+              help="Base request rate.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Requests out at once, at most.")
+@click.option("--max-requests", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Stop after this many requests.")
+@click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=50.0, show_default=True)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True, help="Seconds a request may take before it counts as an error.")
+@json_option
+@out_option
+def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, as_json, out_dir):
+    """Replay the synthetic workload against a serving app over HTTP; report latency, SLO
+    attainment, throughput, hit rates and errors.
+
+    \b
+    helmgr loadgen --url http://127.0.0.1:8000 --workload steady --duration 20 --rps 20 --json
+    """
+    from helmgr.serve.loadgen import LoadConfig, loadgen
+    from helmgr.workload import parse_regime
+
+    parse_regime(regime)
+    load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s)
+    with progress("loadgen", None) as bar:
+        task = bar.add_task(f"loadgen {regime} at {rps:g} req/s", total=None)
+        result = loadgen(load, lambda n: bar.update(task, total=n), lambda: bar.advance(task))
+    with result_dir(out_dir) as scratch:
+        if scratch is not None:
+            (scratch / "loadgen.json").write_text(json.dumps(result, indent=2) + "\n")
+            (scratch / "loadgen.md").write_text(f"# loadgen {regime} against {url}\n\n"
+                                                + markdown_table({k: result[k] for k in SHOWN}))
+    if as_json:
+        emit_json(result)
+    else:
+        stderr.print(table(f"loadgen {regime}, {rps:g} req/s for {duration:g} s", {k: result[k] for k in SHOWN}))
+        stderr.print(f"requests per node: {result['requests_per_node']}")

@@ -1,0 +1,74 @@
+"""What a serving app is made of (SPEC 9): one frozen config, shared by the replicas, the router,
+the ingress and the load generator, so that all of them see the same model, item table and
+synthetic workload (same seed: the same users and histories everywhere)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from helmgr.errors import HelmInputError
+from helmgr.node import NodeConfig
+from helmgr.profiles import MIB, NodeProfile, load_hardware
+from helmgr.workload import SyntheticConfig, default_config
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    replicas: int = 2                 # backend replicas: one per node (GPU node, or CPU process)
+    device: str = "cpu"
+    replica_cpus: float = 0.25        # Ray logical CPUs per backend replica (CUDA: 1 GPU each instead)
+    model: str = "small"              # model preset the runtime runs ...
+    shrink: int = 16                  # ... with widths divided by this (CPU: milliseconds per request)
+    candidates: int = 64              # the synthetic workload's candidates per request
+    n_items: int = 100_000            # rows of the host embedding table = the workload's item ids
+    pool_mib: float = 48.0            # each node's pool (EMB + KV)
+    ratio: float = 0.3                # initial EMB share
+    hardware: str = "a100-80g"        # hardware preset or calibrated TOML: the router's cost model
+    workload: str = "steady"          # synthetic regime whose users and histories the replicas know
+    n_users: int = 1_000_000
+    len_median: float = 200.0         # history lengths (CPU-sized; the simulator's default is 1,000) ...
+    len_cap: int = 1024               # ... capped here (a user's prefix grows past it as it acts)
+    max_prefix: int = 8192            # the longest prefix a request may carry (the model's max sequence)
+    slo_ms: float = 50.0              # the controller's latency objective
+    window_s: float = 1.0             # controller tick
+    controller: bool = True           # False: the ratio stays where it is
+    stats_period_s: float = 0.5       # how often replicas report residency to the routers
+    max_ongoing: int = 8              # requests a replica accepts at once (it serves them one by one)
+    seed: int = 0
+
+    def validate(self) -> "ServeConfig":
+        if self.device not in ("cpu", "cuda"):
+            raise HelmInputError(f"device must be cpu or cuda, got {self.device!r}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and f.name not in ("seed", "replica_cpus"):
+                if not v > 0:
+                    raise HelmInputError(f"{f.name.replace('_', '-')} must be > 0, got {v}")
+        if not 0.0 < self.ratio < 1.0:
+            raise HelmInputError(f"ratio must be in (0, 1), got {self.ratio}")
+        return self
+
+    def to_dict(self) -> dict:
+        """JSON-serializable (Ray's router kwargs and deployment args)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ServeConfig":
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+    def node_profile(self) -> NodeProfile:
+        from helmgr.real.runtime import PAGE_MIB, runtime_model      # torch: only where a node is built
+        return NodeProfile(load_hardware(self.hardware), runtime_model(self.model, self.shrink, self.candidates),
+                           PAGE_MIB)
+
+    def node_config(self) -> NodeConfig:
+        return NodeConfig(ratio=self.ratio)
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.pool_mib * MIB)
+
+    def workload_config(self, rps: float = 10.0, duration_s: float = 60.0) -> SyntheticConfig:
+        """The synthetic workload over the served item table (loadgen replays it; replicas read
+        its histories)."""
+        return default_config(self.workload, n_items=self.n_items, candidates=self.candidates, n_users=self.n_users,
+                              len_median=self.len_median, len_cap=self.len_cap, rps=rps, duration_s=duration_s)

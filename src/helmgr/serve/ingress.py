@@ -1,0 +1,155 @@
+"""The HTTP ingress (SPEC 9): `POST /v1/recommend`, `GET /healthz`, `GET /metrics`,
+`GET /v1/config`.
+
+The ingress resolves a request's prefix length — the body's `prefix_len` if given, else where
+this ingress last left the user (its previous prefix + new items), else the synthetic user's base
+history length; users outside the synthetic population (`user_id >= n_users`) are cold: prefix
+0 — and calls the backend with plain kwargs, which the HELM router reads. A backend replica
+that dies under a request is retried on another one (up to `TRIES` times).
+
+Metrics are Prometheus text at `/metrics` from this ingress replica's own registry: requests by
+node and KV hit, end-to-end latency histogram, errors and retries, and, per node, the hit rates,
+ratio and controller decisions the node last reported with a response. With more than one
+ingress replica each scrape sees one replica's counts (run one, the default, or sum in Prometheus).
+"""
+# no `from __future__ import annotations` here: Serve rewrites the route signatures and FastAPI
+# would then read the body model as a query parameter
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import Annotated
+
+import numpy as np
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import PlainTextResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from helmgr.serve.config import ServeConfig
+from helmgr.workload.users import SyntheticUsers
+
+Id = Annotated[int, Field(ge=0)]
+TRIES = 3
+LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class RecommendRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user_id: Id
+    new_items: list[Id] = Field(min_length=1, max_length=256)
+    candidates: list[Id] = Field(min_length=1, max_length=4096)
+    prefix_len: Id | None = None
+
+
+class Progress:
+    """User -> the prefix length its next request will have (bounded, least recently used out)."""
+
+    def __init__(self, cfg: ServeConfig, size: int = 1 << 18):
+        w = cfg.workload_config()
+        self.users = SyntheticUsers(w.n_clusters, w.len_median, w.len_sigma, w.len_cap, cfg.seed)
+        self.n_users, self.cap, self.size = cfg.n_users, cfg.max_prefix, size
+        self.next: OrderedDict[int, int] = OrderedDict()
+
+    def prefix(self, user: int, given: int | None) -> int:
+        if user >= self.n_users:
+            return 0
+        if given is not None:
+            return given
+        got = self.next.get(user)
+        return got if got is not None else int(self.users.base_len(np.array([user]))[0])
+
+    def advance(self, user: int, prefix_len: int, new: int) -> None:
+        if user < self.n_users:
+            self.next[user] = min(prefix_len + new, self.cap)
+            self.next.move_to_end(user)
+            if len(self.next) > self.size:
+                self.next.popitem(last=False)
+
+
+class Metrics:
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("helm_requests", "Requests answered", ("node", "kv_hit"), registry=r)
+        self.latency = Histogram("helm_request_latency_seconds", "End-to-end latency at the ingress",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.errors = Counter("helm_errors", "Requests that failed after retries", ("kind",), registry=r)
+        self.retries = Counter("helm_retries", "Backend calls retried after a replica failure", registry=r)
+        self.emb_hit = Gauge("helm_emb_hit_rate", "Node's EMB hit rate since it started", ("node",), registry=r)
+        self.kv_hit = Gauge("helm_kv_hit_rate", "Node's KV hit rate (tokens) since it started", ("node",), registry=r)
+        self.ratio = Gauge("helm_ratio", "Node's EMB share of its pool", ("node",), registry=r)
+        self.decisions = Gauge("helm_controller_decisions", "Windows the node's controller decided", ("node",),
+                               registry=r)
+
+    def answered(self, out: dict, latency_s: float) -> None:
+        node = out["node"]
+        self.requests.labels(node, str(out["kv_tokens"] > 0).lower()).inc()
+        self.latency.observe(latency_s)
+        self.emb_hit.labels(node).set(out["emb_hit_rate_total"])
+        self.kv_hit.labels(node).set(out["kv_hit_rate_total"])
+        self.ratio.labels(node).set(out["ratio"])
+        self.decisions.labels(node).set(out["decisions"])
+
+
+api = FastAPI(title="helmgr", description="HELM recommender serving: EMB/KV-aware routing over real caches")
+
+
+@serve.ingress(api)
+class Ingress:
+    def __init__(self, backend, cfg: dict):
+        self.backend, self.cfg = backend, ServeConfig.from_dict(cfg)
+        self.progress = Progress(self.cfg)
+        self.metrics = Metrics()
+
+    def _check(self, req: RecommendRequest, prefix_len: int) -> None:
+        n = self.cfg.n_items
+        for field in ("new_items", "candidates"):
+            bad = next((i for i, x in enumerate(getattr(req, field)) if x >= n), None)
+            if bad is not None:
+                raise HTTPException(422, [{"loc": ["body", field, bad], "type": "less_than",
+                                           "msg": f"item id {getattr(req, field)[bad]} is not below n_items={n}"}])
+        if prefix_len > self.cfg.max_prefix:
+            raise HTTPException(422, [{"loc": ["body", "prefix_len"], "type": "less_than_equal",
+                                       "msg": f"prefix_len {prefix_len} is above max_prefix={self.cfg.max_prefix}"}])
+
+    @api.post("/v1/recommend")
+    async def recommend(self, req: RecommendRequest) -> dict:
+        t0 = time.perf_counter()
+        prefix_len = self.progress.prefix(req.user_id, req.prefix_len)
+        self._check(req, prefix_len)
+        out, retries = await self._call(req, prefix_len)
+        self.progress.advance(req.user_id, prefix_len, len(req.new_items))
+        latency = time.perf_counter() - t0
+        self.metrics.answered(out, latency)
+        return {"scores": out["scores"], "node": out["node"], "kv_hit": out["kv_tokens"] > 0,
+                "kv_tokens": out["kv_tokens"], "prefix_len": prefix_len,
+                "emb_hit_rate": 1.0 - out["misses"] / out["ids"], "latency_ms": latency * 1e3,
+                "service_ms": out["service_ms"], "ratio": out["ratio"], "retries": retries}
+
+    async def _call(self, req: RecommendRequest, prefix_len: int) -> tuple[dict, int]:
+        for attempt in range(TRIES):
+            try:
+                out = await self.backend.remote(user_id=req.user_id, prefix_len=prefix_len,
+                                                new_items=req.new_items, candidates=req.candidates)
+                return out, attempt
+            except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+                if attempt + 1 == TRIES:
+                    self.metrics.errors.labels("replica_failed").inc()
+                    raise HTTPException(503, f"backend replicas failed {TRIES} times: {type(exc).__name__}")
+                self.metrics.retries.inc()
+                await asyncio.sleep(0.05 * (attempt + 1))
+
+    @api.get("/healthz")
+    async def healthz(self) -> dict:
+        return {"status": "ok", "replicas": self.cfg.replicas}
+
+    @api.get("/v1/config")
+    async def config(self) -> dict:
+        """The app's sizes and seed (the load generator builds its workload over them)."""
+        return self.cfg.to_dict()
+
+    @api.get("/metrics", response_class=PlainTextResponse)
+    async def metrics(self) -> str:
+        return generate_latest(self.metrics.registry).decode()

@@ -1,0 +1,148 @@
+"""Replay the synthetic workload against a serving app over HTTP and measure it (SPEC 9, 10).
+
+Open loop: each request is sent at its arrival time in the workload (relative to the start),
+at most `concurrency` at once; a request that waits for a free slot is late, and its latency
+counts from its arrival time, as in the simulator (no coordinated omission). The workload is
+built over the server's own sizes (`GET /v1/config`: item table, candidates, history lengths,
+seed), so the replicas' synthetic histories are the client's. Bounded by `duration_s` of
+arrivals and `max_requests`; requests still out `timeout_s` after the last arrival are errors.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, NamedTuple
+
+import numpy as np
+
+from helmgr.errors import HelmInputError
+from helmgr.serve.config import ServeConfig
+from helmgr.workload import synthetic_workload
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    url: str = "http://127.0.0.1:8000"
+    workload: str = "steady"
+    duration_s: float = 20.0
+    rps: float = 20.0
+    concurrency: int = 32
+    max_requests: int = 100_000
+    slo_ms: float = 50.0
+    timeout_s: float = 30.0
+
+
+class Sent(NamedTuple):
+    t: float                    # arrival time in the workload (s from the start)
+    body: dict
+
+
+class Answer(NamedTuple):
+    t: float
+    latency_s: float            # from arrival to answer
+    status: int                 # HTTP status; 0 = no answer (connection error, timeout)
+    prefix_len: int
+    kv_tokens: int
+    ids: int                    # rows looked up: recomputed prefix + new items + candidates
+    emb_hit_rate: float
+    node: str
+    ratio: float
+
+
+def server_config(url: str, timeout_s: float = 10.0) -> ServeConfig:
+    if not url.startswith(("http://", "https://")):
+        raise HelmInputError(f"--url must start with http:// or https://, got {url!r}")
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/config", timeout=timeout_s) as r:
+            return ServeConfig.from_dict(json.loads(r.read()))
+    except OSError as exc:
+        raise HelmInputError(f"--url {url!r}: cannot reach the app ({exc})") from None
+
+
+def requests(cfg: ServeConfig, load: LoadConfig) -> Iterator[Sent]:
+    """The workload's requests in arrival order (the server's seed: its users and histories)."""
+    w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload), cfg.seed)
+    n = 0
+    for chunk in w.chunks():
+        for i in range(len(chunk)):
+            if n == load.max_requests:
+                return
+            yield Sent(float(chunk.t[i]), {"user_id": int(chunk.user[i]), "prefix_len": int(chunk.prefix_len[i]),
+                                           "new_items": chunk.items(i).tolist(),
+                                           "candidates": chunk.candidates(i).tolist()})
+            n += 1
+
+
+async def _send(session, url: str, sent: Sent, t0: float, slots: asyncio.Semaphore, timeout_s: float) -> Answer:
+    import aiohttp
+
+    async with slots:
+        try:
+            async with session.post(url, json=sent.body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                status, out = r.status, (await r.json() if r.status == 200 else {})
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            status, out = 0, {}
+    latency = time.perf_counter() - t0 - sent.t
+    b = sent.body
+    if status != 200:
+        return Answer(sent.t, latency, status, b["prefix_len"], 0, 0, 0.0, "", float("nan"))
+    ids = b["prefix_len"] - out["kv_tokens"] + len(b["new_items"]) + len(b["candidates"])
+    return Answer(sent.t, latency, status, out["prefix_len"], out["kv_tokens"], ids, out["emb_hit_rate"],
+                  out["node"], out["ratio"])
+
+
+async def replay(load: LoadConfig, reqs: list[Sent], on_answer: Callable[[], None] = lambda: None) -> list[Answer]:
+    """Send `reqs` at their arrival times; the answers, in arrival order."""
+    import aiohttp
+
+    url = load.url.rstrip("/") + "/v1/recommend"
+    slots = asyncio.Semaphore(load.concurrency)
+    conn = aiohttp.TCPConnector(limit=load.concurrency)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        t0 = time.perf_counter()
+        tasks = []
+        for sent in reqs:
+            delay = sent.t - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(_send(session, url, sent, t0, slots, load.timeout_s))
+            task.add_done_callback(lambda _: on_answer())
+            tasks.append(task)
+        return list(await asyncio.gather(*tasks))
+
+
+def summarize(answers: list[Answer], slo_ms: float, wall_s: float) -> dict:
+    """SPEC 10's fields that a client can measure, plus errors and per-node counts."""
+    ok = [a for a in answers if a.status == 200]
+    lat = np.array([a.latency_s for a in ok]) * 1e3
+    pct = np.percentile(lat, [50, 95, 99, 99.9]) if len(lat) else np.full(4, np.nan)
+    span = max((max(a.t + a.latency_s for a in answers) - min(a.t for a in answers)) if answers else 0.0, 1e-9)
+    good = int((lat <= slo_ms).sum())
+    prefix = sum(a.prefix_len for a in ok)
+    ids = sum(a.ids for a in ok)
+    nodes: dict[str, int] = {}
+    for a in ok:
+        nodes[a.node] = nodes.get(a.node, 0) + 1
+    return {"requests": len(answers), "completed": len(ok), "errors": len(answers) - len(ok),
+            "p50_ms": float(pct[0]), "p95_ms": float(pct[1]), "p99_ms": float(pct[2]), "p999_ms": float(pct[3]),
+            "slo_ms": slo_ms, "slo_attainment": good / len(answers) if answers else 0.0,
+            "throughput_rps": len(ok) / span, "goodput_rps": good / span,
+            "emb_hit_rate": sum(a.emb_hit_rate * a.ids for a in ok) / ids if ids else 0.0,
+            "kv_hit_rate": sum(a.kv_tokens for a in ok) / prefix if prefix else 0.0,
+            "mean_ratio": float(np.mean([a.ratio for a in ok])) if ok else float("nan"),
+            "requests_per_node": dict(sorted(nodes.items())), "wall_s": wall_s}
+
+
+def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
+            on_answer: Callable[[], None] = lambda: None) -> dict:
+    cfg = server_config(load.url)
+    reqs = list(requests(cfg, load))
+    on_start(len(reqs))
+    t = time.perf_counter()
+    answers = asyncio.run(replay(load, reqs, on_answer))
+    return {"url": load.url, "workload": load.workload, "rps": load.rps, "duration_s": load.duration_s,
+            "concurrency": load.concurrency, "replicas": cfg.replicas} | summarize(answers, load.slo_ms,
+                                                                                   time.perf_counter() - t)

@@ -1,0 +1,94 @@
+"""One serving replica's state, without Ray (SPEC 9): the real data path, its pool, its local
+controller and its residency reporter. `helmgr.serve.replica.Backend` wraps one of these.
+
+Histories: the replica knows the synthetic workload's users (same config and seed on every
+replica), so `history(user, a, b)` gives any user's items at positions a..b, which is what a
+KV miss recomputes. The request's own new items are what is computed for positions
+prefix_len.. (the client's word wins over the synthetic history there). Users outside the
+synthetic population have no history: the ingress sends them with prefix_len 0.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from helmgr.controller import Controller, WindowStats
+from helmgr.node import NodeStats
+from helmgr.real.runtime import NodeRuntime
+from helmgr.serve.config import ServeConfig
+from helmgr.serve.report import Reporter
+from helmgr.workload import synthetic_workload
+
+
+def with_new(history, prefix_len: int, new_ids: np.ndarray):
+    """`history`, except that positions from `prefix_len` on are the request's `new_ids`."""
+    def ids(user: int, start: int, stop: int) -> np.ndarray:
+        head = history(user, start, min(stop, prefix_len)) if start < prefix_len else new_ids[:0]
+        return np.concatenate([head, new_ids[max(start - prefix_len, 0):stop - prefix_len]])
+    return ids
+
+
+def snapshot(stats: NodeStats) -> dict:
+    return {k: getattr(stats, k) for k in NodeStats.__slots__}
+
+
+def window_stats(before: dict, now: dict, latencies: list[float], span_s: float, ratio: float, slo_s: float,
+                 queue_len: int) -> WindowStats:
+    """The controller's view of one window, from two `snapshot`s of the runtime's stats and the
+    latencies (s) of the requests that finished in it."""
+    d = {k: now[k] - before[k] for k in now}
+    fetch, recompute = d["emb_wait_s"], d["recompute_s"]
+    return WindowStats(
+        ratio=ratio, arrival_rps=d["requests"] / max(span_s, 1e-9),
+        p99_s=float(np.percentile(latencies, 99)) if latencies else None, slo_s=slo_s,
+        emb_hit_rate=1.0 - d["misses"] / d["ids"] if d["ids"] else 1.0,
+        kv_hit_rate=d["kv_hit_tokens"] / d["prefix_tokens"] if d["prefix_tokens"] else 1.0,
+        queue_len=float(queue_len), h2d_utilization=min(1.0, fetch / max(span_s, 1e-9)),
+        new_user_share=d["cold_requests"] / d["requests"] if d["requests"] else 0.0,
+        emb_time_share=fetch / (fetch + recompute) if fetch + recompute > 0 else 0.5)
+
+
+class ServeNode:
+    def __init__(self, cfg: ServeConfig, clock: Callable[[], float] = time.perf_counter):
+        self.cfg, self.clock = cfg, clock
+        self.runtime = NodeRuntime(cfg.node_profile(), cfg.budget_bytes, cfg.device, cfg.seed, cfg.n_items,
+                                   cfg.node_config())
+        self.history = synthetic_workload(cfg.workload_config(), cfg.seed).history
+        self.reporter = Reporter(self.runtime)
+        self.ctl = Controller.default() if cfg.controller else None
+        self.decisions = 0
+        self._window = (clock(), snapshot(self.runtime.stats))
+        self._latencies: list[float] = []
+
+    def serve(self, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray) -> dict:
+        s = self.runtime.serve(self.clock(), user, prefix_len, new_ids, cand_ids,
+                               with_new(self.history, prefix_len, new_ids))
+        st = self.runtime.stats
+        return {"scores": s.scores.float().cpu().tolist(), "kv_tokens": s.kv_tokens, "ids": s.ids,
+                "misses": s.misses, "service_ms": s.service_s * 1e3, "ratio": self.runtime.ratio,
+                "decisions": self.decisions, "emb_hit_rate_total": st.emb_hit_rate,
+                "kv_hit_rate_total": st.kv_hit_rate}
+
+    def finished(self, latency_s: float) -> None:
+        """A request's latency at the replica (queueing included), for the controller's window."""
+        self._latencies.append(latency_s)
+
+    def tick(self, queue_len: int = 0) -> float:
+        """End a window: step the controller (if any) and resize to its ratio. Returns the ratio."""
+        t0, before = self._window
+        now, stats = self.clock(), snapshot(self.runtime.stats)
+        w = window_stats(before, stats, self._latencies, now - t0, self.runtime.ratio, self.cfg.slo_ms / 1e3,
+                         queue_len)
+        self._window, self._latencies = (now, stats), []
+        if self.ctl is None:
+            return self.runtime.ratio
+        ratio = self.ctl.step(w)
+        self.decisions += 1
+        if abs(ratio - self.runtime.ratio) > 1e-9:
+            self.runtime.resize(ratio)
+        return self.runtime.ratio
+
+    def report(self) -> dict:
+        return self.reporter.report()

@@ -1,0 +1,123 @@
+"""The serving app end to end on a local Ray cluster (CPU, 2 backend replicas): one cluster for
+the whole module, torn down at the end. Skipped where ray[serve] is not installed."""
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.serve")
+
+from helmgr.serve import ServeConfig, start, stop  # noqa: E402
+from helmgr.serve.loadgen import LoadConfig, loadgen  # noqa: E402
+from helmgr.workload import synthetic_workload  # noqa: E402
+
+PORT = 8137
+CFG = ServeConfig(replicas=2, replica_cpus=0.25, stats_period_s=0.5, window_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def app():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        url = start(CFG, port=PORT)
+        yield url, synthetic_workload(CFG.workload_config(), CFG.seed).history
+    finally:
+        stop()
+
+
+def post(url: str, body) -> tuple[int, dict]:
+    req = urllib.request.Request(url + "/v1/recommend", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def body(history, user: int, prefix: int, n_cands: int = 16) -> dict:
+    return {"user_id": user, "prefix_len": prefix, "new_items": history(user, prefix, prefix + 4).tolist(),
+            "candidates": list(range(100, 100 + n_cands))}
+
+
+def test_scores_routing_back_to_the_prefix_and_metrics(app):
+    url, history = app
+    first = {}
+    for user in (11, 12, 13, 14):
+        status, out = post(url, body(history, user, 60, n_cands=16 + user))
+        assert status == 200, out
+        assert len(out["scores"]) == 16 + user and np.isfinite(out["scores"]).all()
+        assert not out["kv_hit"] and out["prefix_len"] == 60
+        first[user] = out["node"]
+    for user in (11, 12, 13, 14):                  # sequential: no node is busy, so back to the prefix
+        status, out = post(url, body(history, user, 64))
+        assert status == 200 and out["kv_hit"] and out["kv_tokens"] == 64 and out["node"] == first[user], out
+    with urllib.request.urlopen(url + "/healthz") as r:
+        assert json.loads(r.read())["status"] == "ok"
+    with urllib.request.urlopen(url + "/metrics") as r:
+        text = r.read().decode()
+    assert 'helm_requests_total{kv_hit="true"' in text and "helm_request_latency_seconds_bucket" in text
+    assert "helm_ratio{" in text and "helm_controller_decisions{" in text
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"new_items": [1], "candidates": [2]}, "user_id"),
+    ({"user_id": 3, "new_items": [1]}, "candidates"),
+    ({"user_id": 3, "new_items": [], "candidates": [2]}, "new_items"),
+    ({"user_id": 3, "new_items": [1], "candidates": ["x"]}, "candidates"),
+    ({"user_id": 3, "new_items": [1], "candidates": [CFG.n_items]}, "candidates"),
+    ({"user_id": 3, "new_items": [1], "candidates": [2], "prefix_len": -1}, "prefix_len"),
+    ({"user_id": 3, "new_items": [1], "candidates": [2], "colour": 1}, "colour"),
+])
+def test_malformed_body_is_422_naming_the_field(app, bad, field):
+    status, out = post(app[0], bad)
+    assert status == 422
+    assert any(field in e["loc"] for e in out["detail"]), out
+
+
+def test_unknown_user_is_served_cold(app):
+    status, out = post(app[0], {"user_id": 10 ** 12, "new_items": [1, 2, 3], "candidates": [4, 5, 6]})
+    assert status == 200 and out["prefix_len"] == 0 and not out["kv_hit"] and len(out["scores"]) == 3
+    status, out = post(app[0], {"user_id": 10 ** 12, "new_items": [7], "candidates": [4, 5, 6]})
+    assert status == 200 and out["prefix_len"] == 0
+
+
+def test_loadgen_replays_the_workload(app):
+    result = loadgen(LoadConfig(url=app[0], duration_s=4.0, rps=8.0, concurrency=8))
+    assert result["requests"] > 10 and result["errors"] == 0 and result["completed"] == result["requests"]
+    assert result["p50_ms"] > 0 and result["throughput_rps"] > 0 and 0 <= result["kv_hit_rate"] <= 1
+
+
+def test_a_replica_killed_under_load_loses_no_request(app):
+    url, history = app
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "#Backend#" in a["name"]]
+    assert len(names) == 2
+    victim = ray.get_actor(names[0], namespace="serve")
+    reqs = [body(history, 1000 + k, 40) for k in range(40)]
+    killed = threading.Event()
+
+    def send(b):
+        if b["user_id"] == 1010:
+            ray.kill(victim, no_restart=True)
+            killed.set()
+        return post(url, b)
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(send, reqs))
+    assert killed.is_set()
+    statuses = [s for s, _ in answers]
+    assert statuses.count(200) == len(reqs), [o for s, o in answers if s != 200][:3]
+    assert all(len(o["scores"]) == 16 for _, o in answers)
+    # the app heals: Serve replaces the replica, and requests keep being answered meanwhile
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        assert post(url, body(history, 2000, 40))[0] == 200
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "#Backend#" in a["name"]]
+        if len(names) == 2:
+            break
+        time.sleep(1.0)

@@ -1,0 +1,143 @@
+"""The serving router's and replica's pure parts, without a Ray cluster."""
+import base64
+
+import numpy as np
+import pytest
+
+from helmgr.serve.config import ServeConfig
+from helmgr.serve.node import ServeNode, with_new, window_stats
+from helmgr.serve.report import apply_report
+from helmgr.serve.routing import HelmRouting, ReplicaNodes
+from helmgr.sim.residency import ResidencyIndex
+
+SMALL = ServeConfig(replicas=2, n_items=4096, candidates=8, pool_mib=4.0, shrink=32, len_median=40.0, len_cap=128,
+                    n_users=1000, controller=False)
+
+
+def report(first: int, events, version: int = 0, bits: np.ndarray | None = None, miss: float = -1.0) -> dict:
+    bits = np.zeros(SMALL.n_items // 8, np.uint8) if bits is None else bits
+    return {"kv_first": first, "kv_events": [list(e) for e in events], "emb_version": version,
+            "emb_bits": base64.b64encode(bits.tobytes()).decode(), "history_miss": miss, "ratio": 0.3, "requests": 0}
+
+
+def test_report_applies_new_events_once_and_the_bitmap_by_version():
+    index = ResidencyIndex(2, SMALL.n_items)
+    assert apply_report(index, 1, report(1, [(7, 40), (8, 12)]))
+    assert index.holders == {7: {1: 40}, 8: {1: 12}}
+    # the same ring re-sent with one more event: only the new one counts; 8 evicted
+    assert apply_report(index, 1, report(1, [(7, 40), (8, 12), (8, 0)]))
+    assert index.holders == {7: {1: 40}} and index.kv_version[1] == 3 and index.stale == 0
+    bits = np.zeros(SMALL.n_items // 8, np.uint8)
+    bits[0] = 0b0000_0101                                   # items 0 and 2 resident
+    assert apply_report(index, 1, report(4, [], version=1, bits=bits, miss=0.25))
+    assert index.resident(1, np.array([0, 1, 2])).tolist() == [1, 0, 1]
+    assert index.node[1, 3] == 0.25
+    assert apply_report(index, 1, report(4, [], version=1, bits=np.zeros_like(bits)))   # same version: kept
+    assert index.resident(1, np.array([0])).tolist() == [1]
+
+
+def test_malformed_report_is_rejected_whole():
+    index = ResidencyIndex(2, SMALL.n_items)
+    assert apply_report(index, 0, {})                        # no report yet
+    assert not apply_report(index, 0, {"kv_first": 1})
+    assert not apply_report(index, 0, report(1, [(3, 5)], version=1, bits=np.zeros(3, np.uint8)))
+    assert index.holders == {}
+
+
+def test_replica_nodes_reuse_the_lowest_free_index():
+    m = ReplicaNodes(3)
+    assert m.sync(["a", "b"]) == ([0, 1], [])
+    assert m.sync(["b", "c"]) == ([0], [0])
+    assert m.of == {"b": 1, "c": 0}
+    assert m.sync(["b", "c", "d", "e"]) == ([2], [])       # beyond capacity: unmapped
+    assert "e" not in m.of and m.ids == ["c", "b", "d"]
+
+
+def test_in_flight_ignores_rejected_sends_and_dead_replicas():
+    r = HelmRouting(SMALL, capacity=3, clock=lambda: 1.0)
+    r.sync([("a", {}), ("b", {})])
+    r.completed("a", "req1")                                 # a rejected send: never counted in
+    assert r.in_flight("a") == 0
+    r.routed("a", "req1", 5, 10)
+    r.routed("a", "req1", 5, 10)                             # a retry of the same HTTP request
+    r.completed("b", "req1")                                 # rejected on b: ignored
+    assert r.in_flight("a") == 2 and r.in_flight("b") == 0
+    r.completed("a", "req1")
+    r.completed("a", "req1")
+    r.completed("a", "req1")                                 # one too many: ignored
+    assert r.in_flight("a") == 0 and not r.open
+    r.routed("b", "req2", 6, 10)
+    r.drop("b")
+    r.completed("b", "req2")
+    assert r.in_flight("b") == 0 and not r.open
+
+
+def test_rank_sends_a_returning_user_to_its_prefix_unless_that_node_is_busy():
+    r = HelmRouting(SMALL, capacity=3, clock=lambda: 1.0)
+    r.sync([("a", report(1, [(u, 120) for u in [5] + list(range(100, 140))])), ("b", {})])
+    new, cands = np.arange(4), np.arange(8)
+    assert r.rank(["a", "b"], "x", 5, 120, new, cands)[0] == "a"
+    for u in range(100, 140):                                # a's queue grows long with its own users
+        assert r.rank(["a", "b"], f"busy{u}", u, 120, new, cands)[0] in ("a", "b")
+        r.routed("a", f"busy{u}", u, 124)
+    assert r.rank(["a", "b"], "y", 5, 120, new, cands)[0] == "b"
+    assert r.rank(["b", "a"], None, None) == ["b", "a"]      # no request: least expected work first
+    assert set(r.rank(["a", "b", "zz"], "z", 9, 0, new, cands)) == {"a", "b", "zz"}
+
+
+def test_replica_that_left_is_forgotten_and_its_slot_starts_fresh():
+    r = HelmRouting(SMALL, capacity=2, clock=lambda: 1.0)
+    r.sync([("a", report(1, [(5, 50), (6, 60)]))])
+    r.sync([("c", report(1, [(9, 30)]))])                    # a gone, c takes node 0 with versions from 1
+    assert r.nodes.of == {"c": 0}
+    assert r.index.holders == {9: {0: 30}}
+
+
+def test_with_new_puts_the_requests_items_after_the_prefix():
+    hist = lambda u, a, b: np.arange(a, b) + 1000
+    ids = with_new(hist, 5, np.array([1, 2, 3]))
+    assert ids(0, 0, 8).tolist() == [1000, 1001, 1002, 1003, 1004, 1, 2, 3]
+    assert ids(0, 3, 7).tolist() == [1003, 1004, 1, 2]
+    assert ids(0, 6, 8).tolist() == [2, 3]
+
+
+def test_window_stats_from_stat_deltas():
+    before = dict(requests=10, cold_requests=1, prefix_tokens=1000, kv_hit_tokens=500, ids=200, misses=50,
+                  emb_wait_s=0.1, recompute_s=0.1)
+    now = dict(requests=20, cold_requests=3, prefix_tokens=2000, kv_hit_tokens=1250, ids=400, misses=70,
+               emb_wait_s=0.2, recompute_s=0.4)
+    w = window_stats(before, now, [0.01] * 9 + [0.05], 2.0, 0.4, 0.03, 1)
+    assert w.arrival_rps == 5.0 and w.kv_hit_rate == 0.75 and w.emb_hit_rate == 0.9
+    assert w.new_user_share == 0.2 and w.emb_time_share == pytest.approx(0.25) and w.p99_s > 0.01
+    assert window_stats(before, before, [], 1.0, 0.4, 0.03, 0).p99_s is None
+
+
+def test_serve_node_reports_what_it_holds_and_the_controller_resizes():
+    node = ServeNode(ServeConfig.from_dict(SMALL.to_dict() | {"controller": True}))
+    h = node.history
+    out = node.serve(3, 20, h(3, 20, 24), np.arange(8))
+    assert len(out["scores"]) == 8 and np.isfinite(out["scores"]).all() and out["kv_tokens"] == 0
+    out = node.serve(3, 24, h(3, 24, 28), np.arange(8))
+    assert out["kv_tokens"] == 24
+    rep = node.report()
+    assert rep["kv_events"][-1] == [3, 28] and rep["emb_version"] == 1
+    index = ResidencyIndex(1, SMALL.n_items)
+    assert apply_report(index, 0, rep) and index.holders[3] == {0: 28}
+    assert index.resident(0, np.arange(8)).sum() > 0
+    assert node.report()["emb_version"] == 1                 # nothing changed: the same report
+    node.tick()
+    assert node.decisions == 1
+    node.runtime.check_integrity()
+
+
+def test_reported_kv_events_track_the_cache_through_evictions():
+    node = ServeNode(ServeConfig.from_dict(SMALL.to_dict() | {"pool_mib": 1.0}))
+    h, index = node.history, ResidencyIndex(1, SMALL.n_items)
+    for user in range(60):                                   # far more prefixes than 1 MiB holds
+        node.serve(user, 100, h(user, 100, 104), np.arange(8))
+        if user % 7 == 0:
+            assert apply_report(index, 0, node.report())
+    assert apply_report(index, 0, node.report())
+    cached = {u: e.tokens for u, e in node.runtime.kv.entries.items()}
+    assert 0 < len(cached) < 60
+    assert index.holders == {u: {0: t} for u, t in cached.items()} and index.gaps == 0
