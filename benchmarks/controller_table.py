@@ -9,8 +9,11 @@ Reads the JSON these commands write, prints the Markdown tables:
         --json > results/acc/naive-burst-s$s.json                       # naive reallocation, per seed
     python benchmarks/controller_table.py results/acc --baseline results/route
 
-`--baseline` is the routing comparison's folder (benchmarks/route_table.py): its least-loaded
-rows at each regime's static-best ratio are the acceptance baseline ("static-best + least-loaded").
+The acceptance baseline, "static-best + least-loaded", is per seed the least-loaded static run
+with the lowest P99 among the routing comparison's rows (`--baseline`, benchmarks/route_table.py)
+and the sweeps in FOLDER/ll:
+
+    helmgr sweep --workload $w --seed $s --router least-loaded --ratios 0.7,0.8,0.9 --json > results/acc/ll/$w-s$s.json
 """
 from __future__ import annotations
 
@@ -36,11 +39,18 @@ def load(folder: Path, baseline: Path | None) -> dict:
             continue
         for r in d["results"]:
             rows[(d["workload"], r["policy"])][d["seed"]] = r
-    for f in sorted(baseline.glob("*-s[0-9]*.json")) if baseline else []:
+    # static-best + least-loaded: per seed, the least-loaded static run with the lowest P99 of
+    # every one found (the routing comparison's rows, and `helmgr sweep --router least-loaded`)
+    files = [f for folder_ in (baseline, folder / "ll") if folder_ for f in sorted(folder_.glob("*-s[0-9]*.json"))]
+    for f in files:
+        if not f.stat().st_size:
+            continue
         d = json.loads(f.read_text())
-        for r in d["results"]:
-            if r["router"] == "least-loaded":
-                rows[(d["workload"], ORDER[-2])][d["seed"]] = r
+        for r in d.get("results", d.get("rows", [])):
+            if r["router"] == "least-loaded" and r["policy"] == "static":
+                best = rows[(d["workload"], ORDER[-2])]
+                if d["seed"] not in best or r["p99_ms"] < best[d["seed"]]["p99_ms"]:
+                    best[d["seed"]] = r
     return rows
 
 

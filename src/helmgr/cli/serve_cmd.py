@@ -31,8 +31,9 @@ from helmgr.serve.config import ServeConfig
               help="Each node's pool, EMB + KV.")
 @click.option("--ratio", type=click.FloatRange(0.05, 0.95), default=0.3, show_default=True,
               help="Initial EMB share of each pool.")
-@click.option("--hardware", default="a100-80g", show_default=True,
-              help="Hardware preset or calibrated TOML (helmgr calibrate) for the router's cost model.")
+@click.option("--hardware", default=None,
+              help="Hardware preset or calibrated TOML (helmgr calibrate) for the router's cost model "
+                   "[default: cpu-ref, a CPU profile measured on the development VM, on CPU; a100-80g on cuda].")
 @click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=50.0, show_default=True,
               help="The controllers' latency objective.")
 @click.option("--no-controller", is_flag=True, help="Keep every ratio fixed.")
@@ -51,10 +52,11 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
     from helmgr.profiles import load_hardware
     from helmgr.serve.app import start, stop
 
+    hardware = hardware or ("cpu-ref" if device == "cpu" else "a100-80g")
     load_hardware(hardware)                         # an unknown name or bad file: exit 2 now, not in a replica
-    if device == "cpu" and not hardware.endswith(".toml"):
-        stderr.print(f"note: the router prices requests with the {hardware} profile; on CPU pass a calibrated one "
-                     f"(helmgr calibrate --device cpu --out cpu.toml; --hardware cpu.toml)")
+    if not hardware.endswith(".toml"):
+        stderr.print(f"note: the router prices requests with the {hardware} preset; for this machine's own figures "
+                     f"run helmgr calibrate --device {device} --out hw.toml and pass --hardware hw.toml")
     cfg = ServeConfig(replicas=replicas, device=device, replica_cpus=replica_cpus, pool_mib=pool_mib, ratio=ratio,
                       hardware=hardware, slo_ms=slo_ms, controller=not no_controller, seed=seed).validate()
     stderr.print(f"starting {replicas} replicas ({device}) ...")

@@ -22,7 +22,7 @@ class ServeConfig:
     n_items: int = 100_000            # rows of the host embedding table = the workload's item ids
     pool_mib: float = 48.0            # each node's pool (EMB + KV)
     ratio: float = 0.3                # initial EMB share
-    hardware: str = "a100-80g"        # hardware preset or calibrated TOML: the router's cost model
+    hardware: str = "cpu-ref"         # hardware preset or calibrated TOML: the router's cost model
     workload: str = "steady"          # synthetic regime whose users and histories the replicas know
     n_users: int = 1_000_000
     len_median: float = 200.0         # history lengths (CPU-sized; the simulator's default is 1,000) ...
