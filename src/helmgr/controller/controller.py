@@ -89,6 +89,7 @@ class Controller:
              K.C_REC_RATIO, K.C_REC_STEP]] = (b is not None, b.max_step if b else 0.0, a is not None,
                                               a.bound if a else 0.0, bool(a and a.explore), sf.r_min, sf.r_max,
                                               sf.max_slew, self.recovery_ratio, self.recovery_step)
+        cfg[K.C_REL_FLOOR] = d.base[0].rel_floor
         st = np.zeros(K.ST_SIZE)
         st[[K.LAST, K.PLAN]] = np.nan
         flat, dims, h = (b.flat, b.dims, b.scratch) if b else (np.zeros(1), np.zeros(1, np.int64), np.zeros(2))

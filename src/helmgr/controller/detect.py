@@ -4,14 +4,20 @@ Each signal (arrival rate, EMB miss rate, KV miss rate, ...) keeps an exponentia
 baseline mean and variance; a tick's z-score is its distance from the baseline in baseline
 standard deviations. A one-sided CUSUM accumulates `z - k` and alarms past `h`: it finds a
 sustained shift of about `2k` standard deviations in a few ticks while single outliers decay.
-The baseline is frozen while a burst is on, so the burst does not become the new normal, and
-each update is winsorized at `clip` standard deviations, so one spike the detector let through
-(during warm-up, say) cannot inflate the variance and blind it to the next. The baseline is
-fast (alpha 0.1: ~10 ticks of memory), so slow drifts -- a traffic ramp, a hot set turning over --
-become the normal instead of an alarm; a burst is a step, and a step is what the z-score sees.
+The baseline is frozen while a burst is on, so the burst does not become the new normal. Once
+it has `1/alpha` points, each update is winsorized at `clip` standard deviations, so one spike
+the detector let through cannot inflate the variance and blind it to the next; and the standard
+deviation is never taken below `rel_floor` of the mean, so a signal that happened to be nearly
+constant while the baseline formed cannot make an ordinary wobble look like 1,000 sigma. The
+baseline is fast (alpha 0.1: ~10 ticks of memory), so slow drifts -- a traffic ramp, a hot set
+turning over -- become the normal instead of an alarm; a burst is a step, and a step is what the
+z-score sees.
 
-A burst starts when any signal's CUSUM alarms, or one z-score exceeds `z_spike` (a step so large
-that waiting for CUSUM costs ticks); it ends with hysteresis: the first signal's (the arrival
+A burst starts when the first signal's (the arrival rate's) CUSUM alarms, or any signal's
+z-score exceeds `z_spike` (a step so large that waiting for CUSUM costs ticks). Miss rates
+start a burst only by a spike: they drift for ordinary reasons (trend's hot set turning over
+moves the EMB miss rate by ~2 sigma of its window-to-window noise, steadily, and a CUSUM adds
+that up into an alarm within ten windows); it ends with hysteresis: the first signal's (the arrival
 rate's) z-score, averaged over the last `exit_ticks` ticks, back below `z_exit`. Only the first:
 miss rates after a burst settle somewhere new (the caches hold other rows now), and against a
 frozen baseline they would hold the burst open for ever. Start and end events are returned to the caller, who logs them.
@@ -25,12 +31,12 @@ from collections import deque
 class EwmaZ:
     """Running baseline of one signal: EWMA mean and variance with weight `alpha` per update."""
 
-    __slots__ = ("alpha", "mean", "var", "n", "floor", "clip")
+    __slots__ = ("alpha", "mean", "var", "n", "floor", "clip", "rel_floor")
 
-    def __init__(self, alpha: float = 0.1, floor: float = 1e-9, clip: float = 4.0):
+    def __init__(self, alpha: float = 0.1, floor: float = 1e-9, clip: float = 4.0, rel_floor: float = 0.01):
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"EWMA weight must be in (0, 1), got {alpha}")
-        self.alpha, self.floor, self.clip = alpha, floor, clip
+        self.alpha, self.floor, self.clip, self.rel_floor = alpha, floor, clip, rel_floor
         self.mean = self.var = 0.0
         self.n = 0
 
@@ -38,14 +44,14 @@ class EwmaZ:
         """Standardized distance of x from the baseline (0 until the baseline has two points)."""
         if self.n < 2:
             return 0.0
-        return (x - self.mean) / math.sqrt(max(self.var, self.floor))
+        return (x - self.mean) / math.sqrt(max(self.var, self.floor, (self.rel_floor * self.mean) ** 2))
 
     def update(self, x: float) -> None:
         if self.n == 0:
             self.mean = x
         else:
             d = x - self.mean
-            if self.n >= 2:                                     # winsorize: outliers count as clip sigma
+            if self.n >= 1 / self.alpha:                        # winsorize: outliers count as clip sigma
                 lim = self.clip * math.sqrt(max(self.var, self.floor))
                 d = -lim if d < -lim else (lim if d > lim else d)
             a = self.alpha if self.n >= 1 / self.alpha else 1.0 / (self.n + 1)   # plain mean while young
@@ -89,7 +95,7 @@ class BurstDetector:
         warm = self.ticks > self.warmup_ticks          # before that the baseline is still forming
         for i, x in enumerate(values):
             zs[i] = z = self.base[i].z(x) if math.isfinite(x) else 0.0
-            alarm = self.cusum[i].step(z) if warm else False
+            alarm = self.cusum[i].step(z) and i == 0 if warm else False
             if not self.active and warm and (alarm or z > self.z_spike):
                 self.active = True
                 self.recent.clear()

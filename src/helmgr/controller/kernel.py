@@ -30,8 +30,9 @@ ST_SIZE = OBS + N_FEATURES
 
 # -- cfg: constants -------------------------------------------------------------------------
 (C_OB_ALPHA, C_ALPHA, C_FLOOR, C_CLIP, C_K, C_H, C_Z_SPIKE, C_Z_EXIT, C_EXIT_TICKS, C_WARMUP, C_HAS_DET,
- C_HAS_BASE, C_MAX_STEP, C_HAS_AD, C_BOUND, C_EXPLORE, C_R_MIN, C_R_MAX, C_SLEW, C_REC_RATIO, C_REC_STEP) = range(21)
-CFG_SIZE = 21
+ C_HAS_BASE, C_MAX_STEP, C_HAS_AD, C_BOUND, C_EXPLORE, C_R_MIN, C_R_MAX, C_SLEW, C_REC_RATIO, C_REC_STEP,
+ C_REL_FLOOR) = range(22)
+CFG_SIZE = 22
 
 # -- x: this window's stats -----------------------------------------------------------------
 (X_RATIO, X_RPS, X_P99, X_SLO, X_EMB, X_KV, X_QUEUE, X_H2D, X_NEW, X_EMB_TIME) = range(10)
@@ -75,10 +76,11 @@ def _observe(x, st, cfg):
 
 
 @njit(cache=True, nogil=True)
-def _z(det, i, v, floor):
+def _z(det, i, v, cfg):
     if det[i, D_N] < 2:
         return 0.0
-    return (v - det[i, D_MEAN]) / math.sqrt(max(det[i, D_VAR], floor))
+    rel = cfg[C_REL_FLOOR] * det[i, D_MEAN]
+    return (v - det[i, D_MEAN]) / math.sqrt(max(det[i, D_VAR], cfg[C_FLOOR], rel * rel))
 
 
 @njit(cache=True, nogil=True)
@@ -88,7 +90,7 @@ def _update(det, i, v, cfg):
         det[i, D_MEAN] = v
     else:
         d = v - det[i, D_MEAN]
-        if n >= 2:
+        if n >= 1 / cfg[C_ALPHA]:
             lim = cfg[C_CLIP] * math.sqrt(max(det[i, D_VAR], cfg[C_FLOOR]))
             d = -lim if d < -lim else (lim if d > lim else d)
         alpha = cfg[C_ALPHA]
@@ -108,14 +110,14 @@ def _detect(sig, st, det, ring, cfg):
     z0 = 0.0
     for i in range(n_sig):
         v = sig[i]
-        z = _z(det, i, v, cfg[C_FLOOR]) if math.isfinite(v) else 0.0
+        z = _z(det, i, v, cfg) if math.isfinite(v) else 0.0
         if i == 0:
             z0 = z
         alarm = False
         if warm:
             s = max(0.0, det[i, D_CUSUM] + z - cfg[C_K])
             det[i, D_CUSUM] = s
-            alarm = s > cfg[C_H]
+            alarm = s > cfg[C_H] and i == 0          # miss rates start a burst by a spike only
         if not active and warm and (alarm or z > cfg[C_Z_SPIKE]):
             st[ACTIVE] = 1.0
             st[RING_N] = st[RING_I] = 0.0
