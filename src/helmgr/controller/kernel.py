@@ -167,7 +167,10 @@ def forward(obs, flat, dims, h):
             acc = bias[o]
             for i in range(n_in):
                 acc += w[o, i] * x[i]
-            y[o] = math.tanh(acc) if k < layers - 1 else acc
+            y[o] = acc
+        if k < layers - 1:                  # apart from the dot products, which then stay tight
+            for o in range(n_out):
+                y[o] = math.tanh(y[o])
         p += n_out * n_in + n_out
         n_in = n_out
         x, y = y, x
