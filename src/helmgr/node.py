@@ -59,6 +59,21 @@ class NodeStats:
         self.emb_wait_s = 0.0       # host gathers + H2D copies (queueing included) before compute
         self.recompute_s = 0.0      # prefix positions recomputed (FLOPs time)
 
+    def count(self, prefix_len: int, cached: int, ids: int, misses: int, tokens: int, token_misses: int,
+              busy_s: float, onload: int = 0, unfilled: int = 0) -> None:
+        """One request served: its prefix and how much of it was cached, the rows it looked up and
+        missed (all, and those of computed tokens), its busy time."""
+        self.requests += 1
+        self.prefix_tokens += prefix_len
+        self.kv_hit_tokens += cached
+        self.onload_tokens += onload
+        self.ids += ids
+        self.misses += misses
+        self.token_ids += tokens
+        self.token_misses += token_misses
+        self.unfilled_misses += unfilled
+        self.busy_s += busy_s
+
     @property
     def emb_hit_rate(self) -> float:
         return 1.0 - self.misses / self.ids if self.ids else 0.0
@@ -160,16 +175,7 @@ class Node:
         if self.kv_log is not None:
             self.kv_log.append((user, prefix_len + n_new))
         s.emb_wait_s += ready - start
-        s.requests += 1
-        s.prefix_tokens += prefix_len
-        s.kv_hit_tokens += cached
-        s.onload_tokens += onload
-        s.ids += ids
-        s.misses += misses
-        s.token_ids += tokens
-        s.token_misses += tokens - h
-        s.unfilled_misses += unfilled
-        s.busy_s += end - start
+        s.count(prefix_len, cached, ids, misses, tokens, tokens - h, end - start, onload, unfilled)
         return Service(start, end, computed_from, ids, misses, unfilled, ready - start, recompute)
 
     def check_integrity(self) -> None:

@@ -165,15 +165,8 @@ class NodeRuntime:
     def _count(self, prefix_len: int, cached: int, ids: int, hits: int, tokens: int, token_hits: int,
                busy_s: float, emb_s: float, recompute_s: float) -> None:
         s = self.stats
-        s.requests += 1
+        s.count(prefix_len, cached, ids, ids - hits, tokens, tokens - token_hits, busy_s)
         s.cold_requests += cached == 0 < prefix_len
-        s.prefix_tokens += prefix_len
-        s.kv_hit_tokens += cached
-        s.ids += ids
-        s.misses += ids - hits
-        s.token_ids += tokens
-        s.token_misses += tokens - token_hits
-        s.busy_s += busy_s
         s.emb_wait_s += emb_s
         s.recompute_s += recompute_s
 
