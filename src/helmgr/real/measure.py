@@ -1,9 +1,12 @@
 """The timings behind `helmgr calibrate`, taken on a `NodeRuntime` the way it serves.
 
 Every figure is the median of `repeats` timed runs after `warmup` untimed ones; on CUDA each run
-is bracketed by synchronizes. Serving never finds a lookup's maps or a request's K/V in cache:
-the request before it ran the model over other data in between. So each timed run here starts
-with the caches flushed (a buffer larger than them is written first, untimed), lookups draw
+is bracketed by synchronizes. Serving rarely finds a lookup's maps or a request's K/V in the
+core's private caches: the request before it ran the model over other data in between. So each
+timed run here starts with those caches flushed (a buffer larger than them is written first,
+untimed) -- on CPU 4 MiB, past the per-core L2 but not the shared L3, which a few-MB request
+working set does not clear either (flushing past L3 made every lookup pay DRAM and the
+prediction 11 % high on this machine; flushing nothing, 14-32 % low) -- lookups draw
 fresh random ids every run (resident ones for a hit, absent ones for a miss), and request shapes
 are served round-robin over several users, which also spreads a slow spell of a shared machine
 over every shape instead of spoiling one.
@@ -24,7 +27,7 @@ from helmgr.real.runtime import NodeRuntime
 
 Shape = tuple[int, int, int, int]       # prefix_len, cached, new_tokens, candidates
 USERS_PER_SHAPE = 3
-FLUSH_BYTES = {"cpu": 64 << 20, "cuda": 256 << 20}     # above a server CPU's L3, a GPU's L2
+FLUSH_BYTES = {"cpu": 4 << 20, "cuda": 256 << 20}      # past a CPU core's L2 (not the L3); past a GPU's L2
 
 
 def sizes(top: int, n: int = 4, factor: int = 4) -> list[int]:
