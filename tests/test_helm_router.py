@@ -6,7 +6,7 @@ import pytest
 from helmgr.node import Node, NodeConfig
 from helmgr.sim import SimConfig, parse_fault, simulate
 from helmgr.sim.residency import BLOCKED, CHUNK_S, HISTORY_MISS, REFILL_UNTIL, EmbSummary, KVBatch, ResidencyIndex, ResidencyReporter
-from helmgr.sim.route_kernel import FREE
+from helmgr.sim.route_kernel import FREE, MEMO
 from helmgr.sim.routers import ROUTERS, make_router
 from tests.conftest import tiny_node_profile
 from tests.test_node import N_ITEMS, history
@@ -73,6 +73,31 @@ def test_prefix_holder_wins_unless_its_queue_is_longer_than_the_recompute_it_sav
     assert r.route_request(1.0, 5, 1000, new, CANDS) == 1
     r.mine[1, FREE] = 1.0 + 1.01 * saving                        # just over: recompute elsewhere
     assert r.route_request(1.0, 5, 1000, new, CANDS) in (0, 2)
+
+
+def test_with_few_nodes_up_among_many_slots_the_holder_still_has_a_rival():
+    """A serving app lists more slots than it has replicas (here 2 up of 6, d = 2): random draws
+    would mostly land on down slots, leaving the prefix holder alone; the router then prices every
+    up node, so a holder whose queue outweighs the recompute it saves loses, every time."""
+    nodes = [warm_node(i) for i in range(2)]
+    r = ROUTERS["helm"](d=2, sample=1024)
+    r.bind(6, [True] * 6, np.random.default_rng(0))
+    index = r.attach(nodes[0].cost, N_ITEMS)
+    for n in range(2, 6):
+        r.node_down(n)
+    for i, node in enumerate(nodes):
+        index.apply_summary(ResidencyReporter(i, node).summary(0.0))
+    index.node[:, HISTORY_MISS] = 0.0
+    index.apply_kv(KVBatch(1, 1, [(5, 1000)]))                  # node 1 holds user 5's prefix
+    new = np.array([1000, 1001])
+    r.mine[1, FREE] = 1.0 + 1.01 * recompute_saving(nodes[0], 1000, new, CANDS)
+
+    def route():                       # the last decision's least-wait node was the holder too
+        r.consts[MEMO] = 1
+        return r.route_request(1.0, 5, 1000, new, CANDS)
+    assert {route() for _ in range(100)} == {0}
+    r.mine[1, FREE] = 0.0
+    assert {route() for _ in range(100)} == {1}
 
 
 def test_a_refilling_node_loses_to_an_equal_node_that_is_not():

@@ -19,12 +19,14 @@ LINEAR, ATTENTION, LOOKUP, LAUNCH, MISS, PCIE_LATENCY, USE_EMB, MEAN_MISS, D, SA
 # the waste weight: fixed (ADAPT = 0: WASTE), or from the router's load estimate (ADAPT = 1: RHO,
 # RATE = requests per node-second, capped at WASTE)
 WASTE, ADAPT, RHO, RATE = range(12, 16)
+# how many nodes are up (the router keeps it): with no more than d up, every up node is a candidate
+N_UP = 16
 # columns of the router's per-node array
 FREE, UP = range(2)
 
 
 def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, waste_cap: float) -> np.ndarray:
-    c = np.zeros(16)
+    c = np.zeros(17)
     c[LINEAR] = cost.layers * cost.linear_flops / cost.flops          # s per token-layer of linear work
     c[ATTENTION] = cost.layers * cost.attention_flops / cost.flops    # s per (query, key) pair
     c[LOOKUP] = cost.row_bytes / cost.hbm_bw                          # s per resident row read
@@ -76,7 +78,7 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, 
     samp = cand_ids[::step]
     k = 0
     n = len(up)
-    every = d >= n                              # every node is a candidate
+    every = d >= n or d >= c[N_UP]              # every up node is a candidate (draws could miss them)
     if every:
         cands = np.empty(n, np.int64)
         for i in range(n):

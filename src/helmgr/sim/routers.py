@@ -240,6 +240,7 @@ class Helm(Router):
     def attach(self, cost, n_items):
         self.index = ResidencyIndex(self.n, n_items)
         self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample, self.waste, self.MAX_WASTE)
+        self.consts[route_kernel.N_UP] = self.mine[:, route_kernel.UP].sum()
         # the index's containers, held directly (they are updated in place, never replaced)
         self._holders, self._bits, self._node = self.index.holders, self.index.bits, self.index.node
         self._left = 0
@@ -306,13 +307,22 @@ class Helm(Router):
             self.work[node] = 0.0               # no float drift across an idle period
         self.mine[node, route_kernel.FREE] = now + self.work[node]
 
+    def _count_up(self) -> None:
+        """The kernel's count of up nodes: with d or fewer up, it prices every one of them (a
+        cluster that lists more slots than it has nodes, such as a serving app's, would otherwise
+        draw down slots and leave a user's prefix holder without a rival)."""
+        if hasattr(self, "consts"):
+            self.consts[route_kernel.N_UP] = self.mine[:, route_kernel.UP].sum()
+
     def node_up(self, node):
         super().node_up(node)
         self.mine[node, route_kernel.UP] = 1.0
+        self._count_up()
 
     def node_down(self, node):
         super().node_down(node)
         self.mine[node] = 0.0                  # FREE and UP
+        self._count_up()
         self.pending[node].clear()
         self.work[node] = 0.0
         if self.index is not None:
