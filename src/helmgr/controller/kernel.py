@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from numba import njit
 
 from helmgr.controller.observe import N_FEATURES, P99_CAP
@@ -25,6 +24,7 @@ LAST, PLAN, RECOVERING = 3, 4, 5                    # controller: last ratio (Na
 ACTIVE, TICKS, RING_N, RING_I = 6, 7, 8, 9          # detector: burst on, ticks seen, ring fill/next
 NON_FINITE, CLAMPED, SLEWED = 10, 11, 12            # safety counters
 EVENT, EPS, DZ, NOISE_I = 13, 14, 15, 16            # outputs: 0/1 start/2 end, adapter noise, slope; noise left
+SIG = 17                                            # st[SIG:SIG + 3]: the detector's signals this window
 OBS = 20                                            # st[OBS:OBS + N_FEATURES]: the observation
 ST_SIZE = OBS + N_FEATURES
 
@@ -187,7 +187,7 @@ def decide(x, st, det, ring, cfg, flat, dims, h, ad, noise):
     tail = _observe(x, st, cfg)
     obs = st[OBS:OBS + N_FEATURES]
     if cfg[C_HAS_DET] != 0.0:
-        sig = np.empty(3)
+        sig = st[SIG:SIG + 3]                       # a view: nothing allocated on the decision path
         sig[0], sig[1], sig[2] = x[X_RPS], 1.0 - x[X_EMB], 1.0 - x[X_KV]
         _detect(sig, st, det, ring, cfg)
         if st[ACTIVE] != 0.0 and st[RECOVERING] == 0.0:
