@@ -96,6 +96,22 @@ def test_lfu_admits_a_miss_only_when_it_outscores_the_coldest_row():
     cache.check_integrity()
 
 
+def test_warm_loads_the_most_popular_rows_scored_as_settled_counts():
+    cache = emb_cache(policy="lfu", decay=0.5)
+    shares = torch.zeros(40, dtype=torch.float64)
+    shares[[7, 9, 30, 2]] = torch.tensor([0.1, 0.4, 0.3, 0.2], dtype=torch.float64)
+    assert cache.warm(shares, per_lookup=5.0) == 3
+    assert resident(cache) == {9, 30, 2}
+    assert cache.scores[9].item() == pytest.approx(0.4 * 5.0 / (1 - 0.5))   # 4 a lookup, decayed: 4 / (1 - 0.5)
+    rows, misses = cache.lookup(torch.tensor([9, 30, 2]))
+    assert misses == 0 and torch.equal(rows, cache.host[[9, 30, 2]])
+    cache.lookup(torch.tensor([7]))                      # 1.0 settled + 1: not above 2's 2.0, not admitted
+    assert resident(cache) == {9, 30, 2}
+    cache.check_integrity()
+    with pytest.raises(ValueError, match="40 finite shares"):
+        cache.warm(torch.ones(39))
+
+
 def test_a_batch_larger_than_the_cache_gets_every_row_and_keeps_its_own():
     cache = emb_cache(policy="lru")
     cache.lookup(torch.tensor([1, 2, 3]))

@@ -141,3 +141,16 @@ def test_reported_kv_events_track_the_cache_through_evictions():
     cached = {u: e.tokens for u, e in node.runtime.kv.entries.items()}
     assert 0 < len(cached) < 60
     assert index.holders == {u: {0: t} for u, t in cached.items()} and index.gaps == 0
+
+
+def test_simulated_runs_the_requests_loadgen_sends():
+    from helmgr.serve.loadgen import LoadConfig, requests, simulated
+
+    cfg = ServeConfig.from_dict(SMALL.to_dict() | {"controller": True})
+    load = LoadConfig(duration_s=3.0, rps=6.0, slo_ms=40.0)
+    sent = list(requests(cfg, load))
+    out = simulated(cfg, load)
+    assert out["requests"] == out["completed"] == len(sent) > 10
+    assert out["nodes"] == 2 and out["policy"] == "helm" and out["router"] == "helm"
+    assert out["slo_ms"] == 40.0 and out["model"] == cfg.node_profile().model.name
+    assert 0 < out["p50_ms"] <= out["p99_ms"]

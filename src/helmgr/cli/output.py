@@ -36,18 +36,24 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def table(title: str, rows: dict) -> Table:
+def _cells(v, n: int) -> list[str]:
+    return [_fmt(x) for x in v] if n > 1 else [_fmt(v)]
+
+
+def table(title: str, rows: dict, headers: tuple[str, ...] = ("value",)) -> Table:
+    """field -> value; with several `headers`, field -> a tuple of values, one per header."""
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("field")
-    t.add_column("value", justify="right")
+    for h in headers:
+        t.add_column(h, justify="right")
     for k, v in rows.items():
-        t.add_row(k, _fmt(v))
+        t.add_row(k, *_cells(v, len(headers)))
     return t
 
 
-def markdown_table(rows: dict) -> str:
-    lines = ["| field | value |", "|---|---:|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in rows.items()]
+def markdown_table(rows: dict, headers: tuple[str, ...] = ("value",)) -> str:
+    lines = ["| field | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(headers)]
+    lines += [f"| {k} | " + " | ".join(_cells(v, len(headers))) + " |" for k, v in rows.items()]
     return "\n".join(lines) + "\n"
 
 

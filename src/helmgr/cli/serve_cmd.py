@@ -97,16 +97,21 @@ SHOWN = ("requests", "completed", "errors", "p50_ms", "p95_ms", "p99_ms", "p999_
 @click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=50.0, show_default=True)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=30.0,
               show_default=True, help="Seconds a request may take before it counts as an error.")
+@click.option("--sim", "with_sim", is_flag=True,
+              help="Also run the same requests through the simulator (the app's nodes, cost profile and "
+                   "controller) and show the two side by side.")
 @json_option
 @out_option
-def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, as_json, out_dir):
+def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, with_sim, as_json,
+                out_dir):
     """Replay the synthetic workload against a serving app over HTTP; report latency, SLO
     attainment, throughput, hit rates and errors.
 
     \b
     helmgr loadgen --url http://127.0.0.1:8000 --workload steady --duration 20 --rps 20 --json
+    helmgr loadgen --duration 30 --rps 8 --sim        # next to the simulator on the same requests
     """
-    from helmgr.serve.loadgen import LoadConfig, loadgen
+    from helmgr.serve.loadgen import LoadConfig, loadgen, server_config, simulated
     from helmgr.workload import parse_regime
 
     parse_regime(regime)
@@ -114,13 +119,25 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     with progress("loadgen", None) as bar:
         task = bar.add_task(f"loadgen {regime} at {rps:g} req/s", total=None)
         result = loadgen(load, lambda n: bar.update(task, total=n), lambda: bar.advance(task))
+    if with_sim:
+        sim = simulated(server_config(url), load)
+        if sim["requests"] != result["requests"]:
+            stderr.print(f"[yellow]note: the simulator ran all {sim['requests']} requests of the workload, "
+                         f"loadgen sent {result['requests']} (--max-requests)[/yellow]")
+        result["simulated"] = {k: sim.get(k) for k in SHOWN if k in sim} | {"policy": sim["policy"],
+                                                                              "router": sim["router"]}
+    shown = {k: result[k] for k in SHOWN}
+    headers = ("value",)
+    if with_sim:
+        shown = {k: (v, result["simulated"].get(k, float("nan"))) for k, v in shown.items()}
+        headers = ("served", "simulated")
+    title = f"loadgen {regime}, {rps:g} req/s for {duration:g} s"
     with result_dir(out_dir) as scratch:
         if scratch is not None:
             (scratch / "loadgen.json").write_text(json.dumps(result, indent=2) + "\n")
-            (scratch / "loadgen.md").write_text(f"# loadgen {regime} against {url}\n\n"
-                                                + markdown_table({k: result[k] for k in SHOWN}))
+            (scratch / "loadgen.md").write_text(f"# {title} against {url}\n\n" + markdown_table(shown, headers))
     if as_json:
         emit_json(result)
     else:
-        stderr.print(table(f"loadgen {regime}, {rps:g} req/s for {duration:g} s", {k: result[k] for k in SHOWN}))
+        stderr.print(table(title, shown, headers))
         stderr.print(f"requests per node: {result['requests_per_node']}")

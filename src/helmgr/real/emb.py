@@ -162,6 +162,30 @@ class DeviceEmbCache:
         self.slot_of[miss_ids[order]] = victims
         self.rows_view().index_copy_(0, victims, fetched[order])
 
+    def warm(self, shares, per_lookup: float = 1.0) -> int:
+        """Start from a popularity snapshot (the simulated node's `EmbCache.warm`): `shares`, one
+        per item, become the scores that `per_lookup` ids a lookup would settle at under this
+        policy's aging, and the empty slots take the highest-scored rows not yet resident (one
+        gather and copy). Returns the rows loaded."""
+        s = torch.as_tensor(shares, dtype=torch.float64).reshape(-1)
+        if s.numel() != self.n_items or not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
+            raise ValueError(f"warm needs {self.n_items} finite shares >= 0, got {s.numel()}")
+        s = s / max(float(s.sum()), 1e-300) * per_lookup
+        if isinstance(self.policy, _LFU):
+            s = s * self.policy.weight / (1.0 - self.policy.decay)
+        self.scores.copy_(s.to(self.scores))
+        empty = (self.item_of == EMPTY).nonzero().reshape(-1)
+        free = self.slot_of == EMPTY
+        order = torch.argsort(torch.where(free, self.scores, float("-inf")), descending=True, stable=True)
+        ids = order[: min(len(empty), int(free.sum()))]
+        ids = ids[self.scores[ids] > 0]
+        if len(ids):
+            slots = empty[: len(ids)]
+            self.rows_view().index_copy_(0, slots, self._fetch(ids))
+            self.item_of[slots] = ids
+            self.slot_of[ids] = slots
+        return len(ids)
+
     # -- resize ---------------------------------------------------------------------------
     def on_resize(self, covered: range) -> None:
         """Follow a pool resize: slots the pool took are dropped, new slots start empty."""

@@ -3,11 +3,11 @@ the ingress and the load generator, so that all of them see the same model, item
 synthetic workload (same seed: the same users and histories everywhere)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from helmgr.errors import HelmInputError
 from helmgr.node import NodeConfig
-from helmgr.profiles import MIB, NodeProfile, load_hardware
+from helmgr.profiles import GIB, MIB, NodeProfile, load_hardware
 from helmgr.workload import SyntheticConfig, default_config
 
 
@@ -31,6 +31,7 @@ class ServeConfig:
     slo_ms: float = 50.0              # the controller's latency objective
     window_s: float = 1.0             # controller tick
     controller: bool = True           # False: the ratio stays where it is
+    warm: bool = True                 # start each EMB cache with the workload's most popular rows
     stats_period_s: float = 0.5       # how often replicas report residency to the routers
     max_ongoing: int = 8              # requests a replica accepts at once (it serves them one by one)
     seed: int = 0
@@ -56,9 +57,12 @@ class ServeConfig:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     def node_profile(self) -> NodeProfile:
+        """A replica as the simulator sees it: the router's cost profile (`hardware`), the
+        runtime's model, and a pool of `pool_mib` (the device's memory is set to what that implies)."""
         from helmgr.real.runtime import PAGE_MIB, runtime_model      # torch: only where a node is built
-        return NodeProfile(load_hardware(self.hardware), runtime_model(self.model, self.shrink, self.candidates),
-                           PAGE_MIB)
+        model, hw = runtime_model(self.model, self.shrink, self.candidates), load_hardware(self.hardware)
+        hbm = hw.reserved_gib + model.weights_gib + model.activations_gib + self.pool_mib * MIB / GIB
+        return NodeProfile(replace(hw, hbm_gib=hbm), model, PAGE_MIB)
 
     def node_config(self) -> NodeConfig:
         return NodeConfig(ratio=self.ratio)

@@ -136,6 +136,21 @@ def summarize(answers: list[Answer], slo_ms: float, wall_s: float) -> dict:
             "requests_per_node": dict(sorted(nodes.items())), "wall_s": wall_s}
 
 
+def simulated(cfg: ServeConfig, load: LoadConfig) -> dict:
+    """The same requests (same arrivals, users and items) through the simulator: one node per
+    replica with the router's cost profile (`cfg.hardware` and the runtime's model), the HELM
+    router, the controller ticking every `window_s` as the replicas' do (static at `cfg.ratio`
+    without one), no warm-up skipped (loadgen counts every request). What it leaves out is the
+    serving path itself: HTTP, the ingress and the handle hop."""
+    from helmgr.sim import SimConfig, simulate
+
+    w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload), cfg.seed)
+    sim = SimConfig(nodes=cfg.replicas, hardware=cfg.hardware, policy="helm" if cfg.controller else "static",
+                    ratio=cfg.ratio, router="helm", slo_ms=load.slo_ms, seed=cfg.seed, tick_s=cfg.window_s,
+                    window_s=cfg.window_s, warmup_s=0.0)
+    return simulate(sim, w, profile=cfg.node_profile()).summary
+
+
 def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
             on_answer: Callable[[], None] = lambda: None) -> dict:
     cfg = server_config(load.url)

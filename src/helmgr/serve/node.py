@@ -30,6 +30,15 @@ def with_new(history, prefix_len: int, new_ids: np.ndarray):
     return ids
 
 
+def ids_per_request(workload) -> float:
+    """EMB lookups per request, estimated from the workload's first second: candidates, new
+    items and half the prefix (the simulator's estimate for the same warm start)."""
+    first = next(iter(workload.chunks(1.0)), None)
+    if first is None or not len(first):
+        return 1.0
+    return (len(first.cand_ids) + len(first.item_ids) + 0.5 * float(first.prefix_len.sum())) / len(first)
+
+
 def snapshot(stats: NodeStats) -> dict:
     return {k: getattr(stats, k) for k in NodeStats.__slots__}
 
@@ -55,7 +64,10 @@ class ServeNode:
         self.cfg, self.clock = cfg, clock
         self.runtime = NodeRuntime(cfg.node_profile(), cfg.budget_bytes, cfg.device, cfg.seed, cfg.n_items,
                                    cfg.node_config())
-        self.history = synthetic_workload(cfg.workload_config(), cfg.seed).history
+        workload = synthetic_workload(cfg.workload_config(), cfg.seed)
+        self.history = workload.history
+        if cfg.warm and workload.prior is not None:        # as the simulated nodes start
+            self.runtime.emb.warm(workload.prior, ids_per_request(workload))
         self.reporter = Reporter(self.runtime)
         self.ctl = Controller.default() if cfg.controller else None
         self.decisions = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from helmgr.profiles import node_profile
+from helmgr.profiles import NodeProfile, node_profile
 from helmgr.sim.cluster import Cluster
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Series, summarize
@@ -21,11 +21,13 @@ class SimResult:
 
 
 def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = None,
-             router: Router | None = None, on_progress=None) -> SimResult:
+             router: Router | None = None, on_progress=None, profile: NodeProfile | None = None) -> SimResult:
     """Run `workload` through a cluster built from `cfg`. `policy`/`router` override the names in
-    `cfg` (for policies that need arguments)."""
+    `cfg` (for policies that need arguments); `profile` the node profile its hardware and model
+    name (for a profile built in code, e.g. a serving replica's)."""
     cfg = cfg.validate()
-    profile = node_profile(cfg.hardware, cfg.model)
+    model = cfg.model if profile is None else profile.model.name
+    profile = profile or node_profile(cfg.hardware, cfg.model)
     slo_s = (cfg.slo_ms if cfg.slo_ms is not None else profile.model.slo_ms) * 1e-3
     wall = time.perf_counter()
     cluster = Cluster(cfg, workload, profile, router or make_router(cfg.router), policy or make_policy(cfg.policy),
@@ -36,5 +38,5 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
                                 cfg.window_s, workload.bursts, wall, cluster.rerouted, min(cfg.warmup_s, 0.5 * workload.duration_s))
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": cfg.policy if policy is None else policy.name,
             "router": cfg.router if router is None else router.name, "ratio": cfg.ratio, "seed": cfg.seed,
-            "hardware": cfg.hardware, "model": cfg.model, "duration_s": workload.duration_s}
+            "hardware": cfg.hardware, "model": model, "duration_s": workload.duration_s}
     return SimResult(head | summary | cluster.policy.report(), series, cluster)
