@@ -65,4 +65,20 @@ def test_compiled_step_decides_as_the_reference(adapter, recovery):
     assert fast.safety.slewed == slow.safety.slewed and fast.safety.clamped == slow.safety.clamped
     if adapter:
         assert fast.adapter.updates == slow.adapter.updates > 0
-        np.testing.assert_allclose(fast.adapter.params, slow.adapter.params, atol=1e-9)
+        np.testing.assert_allclose(fast.adapter.params, slow.adapter.params, atol=1e-12)
+        assert fast.adapter.baseline == pytest.approx(slow.adapter.baseline, rel=1e-12)
+
+
+def test_kernel_tanh_matches_libm():
+    from numba import njit
+
+    @njit
+    def apply(v, out):
+        for i in range(v.shape[0]):
+            out[i] = K._tanh(v[i])
+
+    v = np.concatenate([np.linspace(-30.0, 30.0, 200_001), [0.0, 1e-300, -1e-12, 19.99, 20.01, 400.0, -400.0]])
+    out = np.empty_like(v)
+    apply(v, out)
+    assert np.abs(out - np.tanh(v)).max() <= 4e-16
+    assert out[-2] == 1.0 and out[-1] == -1.0

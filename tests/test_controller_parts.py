@@ -74,9 +74,10 @@ def test_adapter_learns_a_correction_from_window_rewards_and_swaps_whole():
     a = ResidualAdapter(2, rng=np.random.default_rng(1))
     x = np.array([1.0, 0.5])
     before = a.params
-    for _ in range(1500):                               # reward peaks where the correction is +0.03
-        out = a.decide(x)
-        a.learn(-((out - 0.03) / 0.05) ** 2)
+    out = None
+    for _ in range(1500):                               # reward peaks where the correction is +0.03 ...
+        prev, out = out, a.decide(x)                    # ... and arrives one decision late, as a window's does
+        a.learn(math.nan if prev is None else -((prev - 0.03) / 0.05) ** 2)
     assert a.output(x) == pytest.approx(0.03, abs=0.006)
     assert before.tolist() == [0.0, 0.0, 0.0] and a.params is not before     # replaced, never edited
     a.frozen = True

@@ -3,8 +3,11 @@
 `output = bound * tanh(w . x + b)`, so it never moves the ratio by more than `bound` (default
 0.05) on its own, and with `w = b = 0` at start it is an exact no-op. It learns from window
 rewards by REINFORCE on a Gaussian exploration: each decision adds noise `eps ~ N(0, sigma^2)`
-to the output and remembers it; when the window's reward arrives, `learn` moves the parameters
-along `(reward - baseline) * eps / sigma^2 * d output / d params` (baseline: an EWMA of rewards).
+to the output and remembers it; when the reward of the window that decision set arrives, `learn`
+moves the parameters along `(reward - baseline) * eps / sigma^2 * d output / d params` (baseline:
+an EWMA of rewards). The controller calls `learn` right after a decision, with the reward of the
+window just seen — the outcome of the *previous* decision — so `learn` credits the decisions made
+before the latest `decide` and keeps the latest for the next reward.
 
 Learning runs off the decision path: `learn` builds a new parameter array (`[w..., b]`) and
 swaps it in with one assignment (atomic under the GIL), and a decision reads the current array
@@ -31,7 +34,8 @@ class ResidualAdapter:
         self.baseline: float | None = None
         self.updates = 0
         self._noise: list[float] = []
-        self._trace: list[tuple[np.ndarray, float, float]] = []   # (x, eps, d output / d z) per decision
+        self._trace: list[tuple[np.ndarray, float, float]] = []   # (x, eps, d output / d z), awaiting a reward
+        self._latest: list[tuple[np.ndarray, float, float]] = []  # the latest decision's: its window is next
 
     def output(self, x: np.ndarray) -> float:
         """The correction for features x, without exploration."""
@@ -47,13 +51,14 @@ class ResidualAdapter:
             if not self._noise:
                 self._noise = self.rng.normal(0.0, self.sigma, 4096).tolist()
             eps = self._noise.pop()
-            self._trace.append((x.copy(), eps, self.bound * (1.0 - t * t)))
+            self._latest.append((x.copy(), eps, self.bound * (1.0 - t * t)))
             out += eps
         return out
 
     def learn(self, reward: float) -> None:
-        """Credit the window's reward to the decisions made since the last call."""
-        trace, self._trace = self._trace, []
+        """Credit `reward` (non-finite: none) to the decisions made before the latest `decide`;
+        the latest waits for the next call."""
+        trace, self._trace, self._latest = self._trace, self._latest, []
         if self.frozen or not trace or not np.isfinite(reward):
             return
         if self.baseline is None:

@@ -13,9 +13,11 @@ Each step: build the observation; run the burst detector on arrival rate and mis
   burst end *and* the node is back under its SLO (the backlog a burst leaves is part of it);
 and pass the proposal through Safety (finite, clamped, slew-limited). Only then, with the
 decision made and its wall-clock latency recorded, the adapter learns from the reward of the
-window the previous decision produced (never during recovery). Start/end events are kept.
+window the previous decision produced (never during recovery): the noise of the decision just
+made is credited with the next window's reward, the window it sets. Start/end events are kept.
 
-`step` runs all of that up to the decision as one compiled call (`helmgr.controller.kernel`);
+`step` runs all of that up to the decision as one compiled call (`helmgr.controller.kernel`),
+and the adapter's learning after it as another;
 `reference_step` runs the same tiers as the readable Python objects, one by one. They decide
 the same ratios (tested); the objects hold the configuration either way, and their running
 state advances only on the path that is used.
@@ -33,7 +35,8 @@ from helmgr.controller.adapter import ResidualAdapter
 from helmgr.controller import kernel as K
 from helmgr.controller.detect import BurstDetector
 from helmgr.controller.mlp import MLPPolicy
-from helmgr.controller.observe import N_FEATURES, Observer, WindowStats, p99_over_slo, reward
+from helmgr.controller.observe import (MISS_PENALTY, MOVE_COST, N_FEATURES, Observer, WindowStats, p99_over_slo,
+                                      reward)
 from helmgr.controller.safety import Safety
 from helmgr.errors import HelmInputError
 
@@ -94,6 +97,10 @@ class Controller:
         st[[K.LAST, K.PLAN]] = np.nan
         flat, dims, h = (b.flat, b.dims, b.scratch) if b else (np.zeros(1), np.zeros(1, np.int64), np.zeros(2))
         det = np.zeros((len(d.base), 4))
+        if a is not None:
+            self._lc = np.zeros(K.LC_SIZE)
+            self._lc[[K.L_LR, K.L_SIGMA2, K.L_BASELINE_ALPHA, K.L_MISS_PENALTY, K.L_MOVE_COST]] = (
+                a.lr, a.sigma**2, a.baseline_alpha, MISS_PENALTY, MOVE_COST)
         return np.zeros(10), st, det, np.zeros(d.exit_ticks), cfg, flat, dims, h, np.zeros(0)
 
     def step(self, stats: WindowStats) -> float:
@@ -121,9 +128,11 @@ class Controller:
         self.plan = st[K.PLAN]
         if a is not None:
             a.frozen = self.recovering
-            if a.explore and not self.recovering:
-                a._trace.append((st[K.OBS:K.OBS + N_FEATURES].copy(), st[K.EPS], st[K.DZ]))
-        return self._after(stats, current, ratio)
+            new = np.empty_like(a.params)            # learning, compiled too, after the decision
+            if K.learn(x, st, self._lc, a.params, new, self.moved if self.windows else 0.0):
+                a.params = new                       # the atomic swap
+            a.updates, a.baseline = int(st[K.UPDATES]), (st[K.BASELINE] if st[K.HAS_BASELINE] else None)
+        return self._after(stats, current, ratio, learned=True)
 
     def reference_step(self, stats: WindowStats) -> float:
         """`step` through the tier objects one by one: the readable reference (~25 µs)."""
@@ -157,11 +166,11 @@ class Controller:
         self.latency_ns.append(time.perf_counter_ns() - t0)
         return self._after(stats, current, ratio)
 
-    def _after(self, stats: WindowStats, current: float, ratio: float) -> float:
+    def _after(self, stats: WindowStats, current: float, ratio: float, learned: bool = False) -> float:
         # learning, after the decision (its latency above leaves it out): the window just seen is
         # the outcome of the previous decision
-        if self.adapter is not None and self.windows:
-            self.adapter.learn(reward(stats, self.moved))
+        if self.adapter is not None and not learned:   # credits the previous decision, keeps this one's
+            self.adapter.learn(reward(stats, self.moved) if self.windows else math.nan)
         self.moved = ratio - current
         self.last = ratio
         self.windows += 1

@@ -54,7 +54,10 @@ def p99_over_slo(s: WindowStats) -> float:
     return min(s.p99_s / s.slo_s, P99_CAP)
 
 
-def reward(s: WindowStats, moved: float, miss_penalty: float = 1.0, move_cost: float = 2.0) -> float:
+MISS_PENALTY, MOVE_COST = 1.0, 2.0
+
+
+def reward(s: WindowStats, moved: float, miss_penalty: float = MISS_PENALTY, move_cost: float = MOVE_COST) -> float:
     """Minus normalized tail latency, minus a penalty if the window missed its SLO, minus a cost
     per unit of ratio moved (migration is not free)."""
     tail = p99_over_slo(s)
