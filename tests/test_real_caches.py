@@ -234,6 +234,37 @@ def test_kv_bad_inputs_are_named_value_errors():
         PagedKVCache(DevicePool(640, 64, 16), KVLayout(layers=3, heads=2, d_qk=2, d_v=2))
 
 
+@pytest.mark.parametrize("policy, decay", [("lfu", 0.5), ("lfu", 0.99), ("lru", 0.99)])
+def test_admission_from_the_candidate_pool_equals_a_scan_of_every_slot(policy, decay):
+    """A 120-slot cache with a pool of 8 candidates (and rescales every ~60 lookups at decay 0.5)
+    against the same cache sorting all its slots every time: the same slots, lookup after
+    lookup, through resizes; popular ids, so scores tie and grow unevenly."""
+    table = host_table(n_items=400)
+    caches = []
+    for pool_size in (8, 10 ** 9):
+        cache = DeviceEmbCache(DevicePool(4 * 120 * 16, 120 * 16, 16, ratio=0.25), table, policy, decay)
+        cache.POOL = pool_size
+        caches.append(cache)
+    gen = torch.Generator().manual_seed(7)
+    popular = torch.randint(0, 400, (60,), generator=gen)
+    for step in range(1000):
+        if step % 97 == 96:
+            ratio = [0.25, 0.2, 0.3][(step // 97) % 3]
+            for c in caches:
+                move = c.pool.resize(ratio)
+                c.on_resize(move.emb_slots)
+        n = int(torch.randint(1, 7, (1,), generator=gen))
+        ids = torch.cat([popular[torch.randint(0, 60, (n,), generator=gen)], torch.randint(0, 400, (n,), generator=gen)])
+        for c in caches:
+            rows, _ = c.lookup(ids)
+            assert torch.equal(rows, c.host[ids])
+        assert torch.equal(caches[0].item_of, caches[1].item_of), step
+    assert caches[0]._pool is not None and caches[0].policy.rescales == caches[1].policy.rescales
+    assert (caches[0].policy.rescales > 0) == (decay == 0.5)
+    for c in caches:
+        c.check_integrity()
+
+
 # -- both caches on one pool, random operations --------------------------------------------
 ops = st.lists(st.one_of(
     st.tuples(st.just("resize"), st.floats(0.0, 1.0)),

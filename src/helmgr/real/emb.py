@@ -30,6 +30,7 @@ class _LFU:
             raise ValueError(f"LFU decay must be in (0, 1], got {decay}")
         self.decay = decay
         self.weight = 1.0
+        self.rescales = 0
 
     def touch(self, scores: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor, epoch: int) -> None:
         scores.index_add_(0, ids, counts.to(scores.dtype) * self.weight)
@@ -37,11 +38,14 @@ class _LFU:
         if self.weight > 1e18:
             scores /= self.weight
             self.weight = 1.0
+            self.rescales += 1
 
 
 class _LRU:
     """Recency: the epoch of the last access, ties inside an epoch going to the busier row
     (the simulator's LRU score)."""
+
+    rescales = 0                 # scores only grow: never rescaled
 
     def __init__(self, decay: float = 0.99):
         pass                     # recency does not age: `decay` is accepted for a common signature
@@ -59,7 +63,13 @@ class Lookup(NamedTuple):
 
 
 class DeviceEmbCache:
-    """Rows of `host_table` (n_items, width) cached in `pool`'s EMB region, one row per slot."""
+    """Rows of `host_table` (n_items, width) cached in `pool`'s EMB region, one row per slot.
+
+    Admission replaces the coldest slots: lowest (score, slot index), empty slots first. In a
+    cache of more than 2 x POOL slots they come from a pool of the POOL coldest, kept between
+    misses (see `_coldest`), instead of a scan of every slot per miss batch."""
+
+    POOL = 4096
 
     def __init__(self, pool: DevicePool, host_table: torch.Tensor, policy: str = "lfu", decay: float = 0.99):
         if policy not in POLICIES:
@@ -83,6 +93,9 @@ class DeviceEmbCache:
         self._staging = torch.empty(0, host_table.shape[1], dtype=host_table.dtype,
                                     pin_memory=self.on_cuda)
         self._copied: torch.cuda.Event | None = None   # the last H2D copy out of _staging
+        self._pool: torch.Tensor | None = None          # admission's candidate slots, ascending
+        self._pool_edge = (0.0, 0)                      # (score, slot) of the pool's hottest at its refill
+        self._pool_rescales = 0
 
     @property
     def n_items(self) -> int:
@@ -142,16 +155,13 @@ class DeviceEmbCache:
         return fetched
 
     def _admit(self, miss_ids: torch.Tensor, fetched: torch.Tensor, keep: torch.Tensor) -> None:
-        """Pair the best-scored misses with the worst resident slots (empty first, never a slot
-        in `keep`) and admit each miss that scores higher than the row it replaces."""
+        """Pair the best-scored misses with the coldest slots (empty first, never a slot in
+        `keep`) and admit each miss that scores higher than the row it replaces."""
         n_slots = self.item_of.numel()
         if n_slots == 0:
             return
-        resident = self.item_of != EMPTY
-        prio = torch.where(resident, self.scores[self.item_of.clamp(min=0)], float("-inf"))
-        prio[keep] = float("inf")
         k = min(len(miss_ids), n_slots)
-        victim_prio, victims = torch.topk(prio, k, largest=False)
+        victims, victim_prio = self._coldest(k, keep)
         miss_scores = self.scores[miss_ids]
         order = torch.argsort(miss_scores, descending=True, stable=True)[:k]
         admit = miss_scores[order] > victim_prio
@@ -161,6 +171,59 @@ class DeviceEmbCache:
         self.item_of[victims] = miss_ids[order]
         self.slot_of[miss_ids[order]] = victims
         self.rows_view().index_copy_(0, victims, fetched[order])
+
+    def _prio(self, slots: torch.Tensor) -> torch.Tensor:
+        items = self.item_of[slots]
+        return torch.where(items != EMPTY, self.scores[items.clamp(min=0)], float("-inf"))
+
+    def _coldest(self, k: int, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k slots of lowest (priority, slot index), none in `keep`, and their priorities,
+        coldest first. Small caches (or large k): one stable sort of every slot. Large caches:
+        the same answer from the pool of the POOL coldest slots found at the pool's last refill.
+        A slot outside the pool was above the pool's edge then and still is: scores only grow
+        (LFU's rare rescale drops the pool, as do resizes and `warm`), and a row is admitted only
+        in place of one that scores lower, so a slot that changes hands outside the pool (a large
+        batch's full sort) still scores above the edge. So the pool's entries still at or below
+        the edge are the coldest of the whole cache; when fewer than k are, the pool is refilled
+        (and if that is not enough, every slot is sorted)."""
+        n = self.item_of.numel()
+        if n <= 2 * self.POOL or k > self.POOL // 2:
+            return self._coldest_of(torch.arange(n, device=self.item_of.device), k, keep)
+        for _ in range(2):
+            if self._pool is None or self.policy.rescales != self._pool_rescales:
+                self._refill_pool()
+            slots, prio = self._coldest_of(self._pool, k, keep)
+            edge_prio, edge_slot = self._pool_edge
+            last_prio, last_slot = float(prio[-1]), int(slots[-1])
+            if last_prio < edge_prio or (last_prio == edge_prio and last_slot <= edge_slot):
+                return slots, prio
+            self._pool = None                   # used up (or `keep` covers most of it): refill
+        return self._coldest_of(torch.arange(n, device=self.item_of.device), k, keep)
+
+    def _coldest_of(self, cand: torch.Tensor, k: int, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k coldest of `cand` (slot indices, ascending), ties to the lower slot: the k-th
+        priority from a top-k, the slots below it and the first ones at it, a stable sort of those."""
+        prio = self._prio(cand)
+        kept = torch.zeros(self.item_of.numel(), dtype=torch.bool, device=cand.device)
+        kept[keep] = True                       # (torch.isin here cost more than the sort)
+        prio[kept[cand]] = float("inf")
+        if k < len(cand):
+            kth = torch.topk(prio, k, largest=False, sorted=False).values.max()
+            below = torch.nonzero(prio < kth).flatten()
+            at = torch.nonzero(prio == kth).flatten()[:k - len(below)]
+            pick = torch.sort(torch.cat([below, at])).values
+        else:
+            pick = torch.arange(len(cand), device=cand.device)
+        prio, order = torch.sort(prio[pick], stable=True)
+        return cand[pick[order]], prio
+
+    def _refill_pool(self) -> None:
+        dev = self.item_of.device
+        slots, prio = self._coldest_of(torch.arange(self.item_of.numel(), device=dev), self.POOL,
+                                       torch.zeros(0, dtype=torch.int64, device=dev))
+        self._pool = torch.sort(slots).values
+        self._pool_edge = (float(prio[-1]), int(slots[-1]))
+        self._pool_rescales = self.policy.rescales
 
     def warm(self, shares, per_lookup: float = 1.0) -> int:
         """Start from a popularity snapshot (the simulated node's `EmbCache.warm`): `shares`, one
@@ -174,6 +237,7 @@ class DeviceEmbCache:
         if isinstance(self.policy, _LFU):
             s = s * self.policy.weight / (1.0 - self.policy.decay)
         self.scores.copy_(s.to(self.scores))
+        self._pool = None
         empty = (self.item_of == EMPTY).nonzero().reshape(-1)
         free = self.slot_of == EMPTY
         order = torch.argsort(torch.where(free, self.scores, float("-inf")), descending=True, stable=True)
@@ -190,6 +254,7 @@ class DeviceEmbCache:
     def on_resize(self, covered: range) -> None:
         """Follow a pool resize: slots the pool took are dropped, new slots start empty."""
         n_old, n_new = self.item_of.numel(), self.pool.n_rows
+        self._pool = None
         expected = range(min(n_old, n_new), max(n_old, n_new))
         if covered != expected:
             raise ValueError(f"EMB slots {covered} do not match the pool's move from {n_old} to {n_new} rows")
