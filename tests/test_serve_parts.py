@@ -154,3 +154,26 @@ def test_simulated_runs_the_requests_loadgen_sends():
     assert out["nodes"] == 2 and out["policy"] == "helm" and out["router"] == "helm"
     assert out["slo_ms"] == 40.0 and out["model"] == cfg.node_profile().model.name
     assert 0 < out["p50_ms"] <= out["p99_ms"]
+
+
+def test_emb_deltas_keep_routers_exact_and_late_ones_catch_up_when_idle():
+    node = ServeNode(ServeConfig.from_dict(SMALL.to_dict() | {"pool_mib": 1.0, "n_items": 20_000, "warm": False}))
+    node.reporter.FULL_EVERY, node.reporter.emb_recent = 8, 600
+    every, sometimes = ResidencyIndex(1, 20_000), ResidencyIndex(1, 20_000)
+    truth = lambda: np.packbits((node.runtime.emb.slot_of != -1).numpy(), bitorder="little")
+    h, rng, kinds = node.history, np.random.default_rng(3), set()
+    for k in range(60):
+        user = int(rng.integers(0, 1000))
+        node.serve(user, 30, h(user, 30, 34), rng.integers(0, 20_000, 8))
+        rep = node.report()
+        kinds.add("bits" if rep["emb_bits"] else "delta")
+        assert apply_report(every, 0, rep)
+        assert np.array_equal(every.bits[0], truth()), k            # deltas or bitmap: exact each time
+        if k % 13 == 0:
+            assert apply_report(sometimes, 0, rep)                  # misses most reports ...
+    assert kinds == {"bits", "delta"} and every.emb_version[0] == node.reporter.emb_version
+    late = ResidencyIndex(1, 20_000)
+    idle = node.report()                                            # ... nothing changed: the bitmap
+    assert idle["emb_bits"] and idle == node.report()               # and then the same report
+    for index in (every, sometimes, late):
+        assert apply_report(index, 0, idle) and np.array_equal(index.bits[0], truth())

@@ -5,9 +5,14 @@ pulls with `record_routing_stats` and broadcasts to every router of the deployme
 - `kv_first`, `kv_events`: the last `RECENT` KV events `(user, tokens now cached; 0 = gone)`,
   numbered from `kv_first`. A router applies the ones newer than what it holds, so reports it
   never saw (Ray keeps only the latest) lose nothing unless more than `RECENT` events passed;
-- `emb_version`, `emb_bits`: the resident rows as a packed little-endian bitmap over item ids,
-  base64; the version moves only when the rows or the miss rate changed, so an idle replica's
-  report stays equal and Ray broadcasts nothing;
+- `emb_version`, `emb_first`, `emb_delta`, `emb_bits`: the resident rows. The version moves
+  only when the rows or the miss rate changed. `emb_delta` holds the changes of versions
+  `emb_first`..`emb_version` (per version: the rows that came and went, int32 ids, base64), at
+  most `FULL_EVERY` versions and half the bitmap's size; `emb_bits`, the whole packed little-endian bitmap over item ids
+  (base64), comes every `FULL_EVERY`-th version, with a change too large for the delta ring,
+  and whenever nothing changed since the last report (so a router that missed too much, or
+  joined late, catches up at the latest once the replica is idle; an idle replica's report then
+  stays equal and Ray broadcasts nothing). A busy replica sends its churn, not its whole cache;
 - `history_miss`: miss rate of computed-token rows since the last new version (-1: none);
 - `ratio`, `requests`: for metrics and logs.
 
@@ -25,8 +30,17 @@ from helmgr.real.emb import EMPTY
 from helmgr.sim.residency import EmbSummary, KVBatch, ResidencyIndex
 
 
+def _b64(a: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(a, "<i4").tobytes()).decode("ascii")
+
+
+def _ids(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), "<i4").astype(np.int64)
+
+
 class Reporter:
-    RECENT = 4096
+    RECENT = 4096              # KV events kept for routers that missed reports
+    FULL_EVERY = 16            # a whole EMB bitmap at least every this many versions
 
     def __init__(self, runtime):
         self.runtime = runtime
@@ -34,7 +48,12 @@ class Reporter:
         self.kv_version = 0
         self.recent: deque[tuple[int, int]] = deque(maxlen=self.RECENT)
         self.emb_version = 0
-        self._bits = b""
+        self._resident = np.zeros(runtime.emb.n_items, bool)
+        # EMB row changes kept: at 32 bits an id, at most half the bitmap's size
+        self.emb_recent = max(1, runtime.emb.n_items // 64)
+        self._changes: deque[tuple[int, str, str, int]] = deque()   # (version, added, removed, rows)
+        self._rows = 0
+        self._full = True          # the next report carries the bitmap
         self._tokens = (0, 0)
         self._miss = -1.0
 
@@ -43,15 +62,33 @@ class Reporter:
         events, rt.kv.events = rt.kv.events, []
         self.recent.extend(events)
         self.kv_version += len(events)
-        bits = np.packbits((rt.emb.slot_of != EMPTY).cpu().numpy(), bitorder="little").tobytes()
+        resident = (rt.emb.slot_of != EMPTY).cpu().numpy()
         s = rt.stats
         ids, misses = s.token_ids - self._tokens[0], s.token_misses - self._tokens[1]
-        if bits != self._bits or ids:
+        changed = resident != self._resident
+        if changed.any() or ids:
             self.emb_version += 1
-            self._bits, self._tokens = bits, (s.token_ids, s.token_misses)
+            added, removed = np.flatnonzero(changed & resident), np.flatnonzero(changed & ~resident)
+            rows = len(added) + len(removed)
+            if rows > self.emb_recent:               # cheaper as a bitmap: restart the ring after it
+                self._changes.clear()
+                self._rows, self._full = 0, True
+            else:
+                self._changes.append((self.emb_version, _b64(added), _b64(removed), rows))
+                self._rows += rows
+                while self._rows > self.emb_recent or len(self._changes) > self.FULL_EVERY:
+                    self._rows -= self._changes.popleft()[3]
+                self._full = self.emb_version % self.FULL_EVERY == 0
+            self._resident, self._tokens = resident, (s.token_ids, s.token_misses)
             self._miss = misses / ids if ids else -1.0
+        else:
+            self._full = True                        # idle: settle on a report a late router can use
+        first = self._changes[0][0] if self._changes else self.emb_version + 1
+        bits = np.packbits(self._resident, bitorder="little").tobytes() if self._full else b""
         return {"kv_first": self.kv_version - len(self.recent) + 1, "kv_events": [list(e) for e in self.recent],
-                "emb_version": self.emb_version, "emb_bits": base64.b64encode(self._bits).decode("ascii"),
+                "emb_version": self.emb_version, "emb_first": first,
+                "emb_delta": [[v, a, r] for v, a, r, _ in self._changes],
+                "emb_bits": base64.b64encode(bits).decode("ascii"),
                 "history_miss": self._miss, "ratio": round(rt.ratio, 6), "requests": s.requests}
 
 
@@ -65,14 +102,34 @@ def apply_report(index: ResidencyIndex, node: int, stats: dict) -> bool:
         first, version = int(stats["kv_first"]), int(stats["emb_version"])
         miss = float(stats["history_miss"])
         bits = None
-        if version > index.emb_version[node]:
+        have = index.emb_version[node]
+        if version > have:
             bits = np.frombuffer(base64.b64decode(stats["emb_bits"]), np.uint8)
-            if len(bits) != index.bits.shape[1]:
+            if not len(bits):                        # no bitmap: the changes since `have`, if kept
+                bits = None
+                if have + 1 >= int(stats.get("emb_first", version + 1)):
+                    bits = index.bits[node].copy()
+                    for v, added, removed in stats["emb_delta"]:
+                        if int(v) > have:
+                            _set(bits, _ids(added), True)
+                            _set(bits, _ids(removed), False)
+            elif len(bits) != index.bits.shape[1]:
                 return False
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, IndexError):
         return False
     if events and first + len(events) - 1 > index.kv_version[node]:    # re-sent reports: nothing new
         index.apply_kv(KVBatch(node, first, events))
     if bits is not None:
         index.apply_summary(EmbSummary(node, version, bits, miss, 0.0, 0.0, 0.0))
     return True
+
+
+def _set(bits: np.ndarray, ids: np.ndarray, on: bool) -> None:
+    """Set (or clear) the rows `ids` in a packed little-endian bitmap."""
+    if not len(ids):
+        return
+    masks = np.left_shift(1, ids & 7).astype(np.uint8)
+    if on:
+        np.bitwise_or.at(bits, ids >> 3, masks)
+    else:
+        np.bitwise_and.at(bits, ids >> 3, ~masks)
