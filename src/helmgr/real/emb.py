@@ -178,7 +178,7 @@ class DeviceEmbCache:
 
     def _coldest(self, k: int, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The k slots of lowest (priority, slot index), none in `keep`, and their priorities,
-        coldest first. Small caches (or large k): one stable sort of every slot. Large caches:
+        coldest first. Small caches (or large k): a selection over every slot. Large caches:
         the same answer from the pool of the POOL coldest slots found at the pool's last refill.
         A slot outside the pool was above the pool's edge then and still is: scores only grow
         (LFU's rare rescale drops the pool, as do resizes and `warm`), and a row is admitted only
