@@ -116,11 +116,12 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
 
     parse_regime(regime)
     load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s)
+    cfg = server_config(url)
     with progress("loadgen", None) as bar:
         task = bar.add_task(f"loadgen {regime} at {rps:g} req/s", total=None)
-        result = loadgen(load, lambda n: bar.update(task, total=n), lambda: bar.advance(task))
+        result = loadgen(load, lambda n: bar.update(task, total=n), lambda: bar.advance(task), cfg)
     if with_sim:
-        sim = simulated(server_config(url), load)
+        sim = simulated(cfg, load)
         if sim["requests"] != result["requests"]:
             stderr.print(f"[yellow]note: the simulator ran all {sim['requests']} requests of the workload, "
                          f"loadgen sent {result['requests']} (--max-requests)[/yellow]")

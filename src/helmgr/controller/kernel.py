@@ -269,7 +269,7 @@ def learn(x, st, lc, old, new, moved):
         else:
             advantage = r - st[BASELINE]
             st[BASELINE] += lc[L_BASELINE_ALPHA] * advantage
-            g = advantage * st[T_EPS] / lc[L_SIGMA2] * st[T_DZ] / 1.0
+            g = advantage * st[T_EPS] / lc[L_SIGMA2] * st[T_DZ]
             n = old.shape[0] - 1
             for i in range(n):
                 new[i] = old[i] + lc[L_LR] * (g * st[T_OBS + i])

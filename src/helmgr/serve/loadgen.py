@@ -152,8 +152,9 @@ def simulated(cfg: ServeConfig, load: LoadConfig) -> dict:
 
 
 def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
-            on_answer: Callable[[], None] = lambda: None) -> dict:
-    cfg = server_config(load.url)
+            on_answer: Callable[[], None] = lambda: None, cfg: ServeConfig | None = None) -> dict:
+    """Replay the workload against the app; `cfg`: the app's config, if already fetched."""
+    cfg = cfg or server_config(load.url)
     reqs = list(requests(cfg, load))
     on_start(len(reqs))
     t = time.perf_counter()

@@ -30,15 +30,6 @@ def with_new(history, prefix_len: int, new_ids: np.ndarray):
     return ids
 
 
-def ids_per_request(workload) -> float:
-    """EMB lookups per request, estimated from the workload's first second: candidates, new
-    items and half the prefix (the simulator's estimate for the same warm start)."""
-    first = next(iter(workload.chunks(1.0)), None)
-    if first is None or not len(first):
-        return 1.0
-    return (len(first.cand_ids) + len(first.item_ids) + 0.5 * float(first.prefix_len.sum())) / len(first)
-
-
 def snapshot(stats: NodeStats) -> dict:
     return {k: getattr(stats, k) for k in NodeStats.__slots__}
 
@@ -67,7 +58,8 @@ class ServeNode:
         workload = synthetic_workload(cfg.workload_config(), cfg.seed)
         self.history = workload.history
         if cfg.warm and workload.prior is not None:        # as the simulated nodes start
-            self.runtime.emb.warm(workload.prior, ids_per_request(workload))
+            ids, requests, _ = workload.first_second_lookups()
+            self.runtime.emb.warm(workload.prior, ids / requests if requests else 1.0)
         self.reporter = Reporter(self.runtime)
         self.ctl = Controller.default() if cfg.controller else None
         self.decisions = 0

@@ -77,11 +77,10 @@ class Cluster:
     def _ids_per_refresh(self) -> float:
         """Accesses a node sees per refresh, estimated from the first simulated second: scales the
         warm-start prior into count units."""
-        first = next(iter(self.workload.chunks(1.0)), None)
-        if first is None or not len(first):
+        ids, requests, span_s = self.workload.first_second_lookups()
+        if not requests:
             return 1.0
-        per_s = (len(first.cand_ids) + len(first.item_ids) + 0.5 * float(first.prefix_len.sum())) / max(first.t[-1], 1e-9)
-        return per_s * self.cfg.refresh_s / self.cfg.nodes
+        return ids / max(span_s, 1e-9) * self.cfg.refresh_s / self.cfg.nodes
 
     def _fresh_node(self, i: int) -> Node:
         node = Node(self.profile, self.workload.n_items, self.node_config, node_id=i)

@@ -67,6 +67,16 @@ class Workload:
     def n_items(self) -> int:
         return self.space.n_items
 
+    def first_second_lookups(self) -> tuple[float, int, float]:
+        """EMB lookups of the first simulated second (candidates, new items and half of each
+        prefix), its requests, and its last arrival time; (0, 0, 0) if it is empty. What scales
+        the warm-start prior into count units, for the simulated nodes and the serving replicas."""
+        first = next(iter(self.chunks(1.0)), None)
+        if first is None or not len(first):
+            return 0.0, 0, 0.0
+        ids = len(first.cand_ids) + len(first.item_ids) + 0.5 * float(first.prefix_len.sum())
+        return ids, len(first), float(first.t[-1])
+
     def chunks(self, chunk_s: float = 1.0) -> Iterator[RequestChunk]:
         """The stream, in time order, one chunk per `chunk_s` simulated seconds."""
         rng = np.random.default_rng(self.seed)
