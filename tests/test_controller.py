@@ -102,6 +102,27 @@ def test_recovery_holds_until_the_backlog_has_drained():
         assert ctl.events == [(30, "start"), (60, "end")]
 
 
+@pytest.mark.parametrize("hold", [0.0, 40.0])
+def test_after_a_burst_the_ratio_decays_no_faster_than_the_hold(hold):
+    """A base policy that pulls the plan down 0.03 a window: without a hold the ratio falls 0.03 a
+    window from the hand-back; with a 40-window hold the floor falls (0.85 - 0.05) / 40 = 0.02 a
+    window and the plan rides it. Both ways of stepping agree."""
+    for fast in (True, False):
+        ctl = Controller(constant_policy(-1.0, max_step=0.03), detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20),
+                         recovery_ratio=0.85, recovery_step=0.1, recovery_hold=hold)
+        rng = np.random.default_rng(0)
+        ratios = []
+        for w in range(70):
+            s = stats(ratio=ratios[-1] if ratios else 0.6, rps=(1200.0 if 30 <= w < 40 else 300.0) + rng.normal(0, 10),
+                      emb=0.9 + rng.normal(0, 0.005), kv=0.8 + rng.normal(0, 0.005))
+            ratios.append(ctl.step(s) if fast else ctl.reference_step(s))
+        end = ctl.events[1][0]
+        assert ratios[end - 1] == pytest.approx(0.85)
+        fall = 0.02 if hold else 0.03
+        assert ratios[end:end + 20] == pytest.approx([0.85 - fall * (k + 1) for k in range(20)], abs=1e-12)
+        assert (ctl.hold is not None) == bool(hold)
+
+
 def test_adapter_is_a_bounded_offset_around_the_plan_never_a_walk():
     """A saturated adapter (+0.05 every window) with a base that holds: the ratio sits 0.05 above
     the plan, it does not climb 0.05 a window."""

@@ -11,6 +11,8 @@ Each step: build the observation; run the burst detector on arrival rate and mis
   the adapter is left out (transients must not push the learned tiers around). Recovery starts
   on the detector's burst and hands back with hysteresis: only once the detector has seen the
   burst end *and* the node is back under its SLO (the backlog a burst leaves is part of it);
+  after the hand-back the plan falls no faster than a floor that decays from the hand-back plan
+  to r_min over `recovery_hold` windows (bursts come in clusters: keep the split just built);
 and pass the proposal through Safety (finite, clamped, slew-limited). Only then, with the
 decision made and its wall-clock latency recorded, the adapter learns from the reward of the
 window the previous decision produced (never during recovery): the noise of the decision just
@@ -46,12 +48,15 @@ DEFAULT_POLICY = "default_policy.npz"
 class Controller:
     def __init__(self, base: MLPPolicy | None, adapter: ResidualAdapter | None = None,
                  detector: BurstDetector | None = None, safety: Safety | None = None,
-                 recovery_ratio: float = 0.85, recovery_step: float = 0.1):
+                 recovery_ratio: float = 0.85, recovery_step: float = 0.1, recovery_hold: float = 60.0):
         if base is not None and base.n_obs != N_FEATURES:
             raise ValueError(f"base policy takes {base.n_obs} observations, the controller gives {N_FEATURES}")
         self.base, self.adapter, self.detector = base, adapter, detector
         self.safety = safety or Safety(max_slew=0.1)
-        self.recovery_ratio, self.recovery_step = recovery_ratio, recovery_step
+        if not recovery_hold >= 0:
+            raise ValueError(f"recovery_hold must be >= 0 windows, got {recovery_hold}")
+        self.recovery_ratio, self.recovery_step, self.recovery_hold = recovery_ratio, recovery_step, recovery_hold
+        self.hold: float | None = None         # after a burst: the floor under the plan, decaying
         self.observer = Observer()
         self.last: float | None = None          # the last ratio this controller set
         self.plan: float | None = None          # the base (or recovery) tier's ratio, before the adapter
@@ -93,8 +98,9 @@ class Controller:
                                               a.bound if a else 0.0, bool(a and a.explore), sf.r_min, sf.r_max,
                                               sf.max_slew, self.recovery_ratio, self.recovery_step)
         cfg[K.C_REL_FLOOR] = d.base[0].rel_floor
+        cfg[K.C_HOLD_STEP] = self._hold_step()
         st = np.zeros(K.ST_SIZE)
-        st[[K.LAST, K.PLAN]] = np.nan
+        st[[K.LAST, K.PLAN, K.HOLD]] = np.nan
         flat, dims, h = (b.flat, b.dims, b.scratch) if b else (np.zeros(1), np.zeros(1, np.int64), np.zeros(2))
         det = np.zeros((len(d.base), 4))
         if a is not None:
@@ -102,6 +108,13 @@ class Controller:
             self._lc[[K.L_LR, K.L_SIGMA2, K.L_BASELINE_ALPHA, K.L_MISS_PENALTY, K.L_MOVE_COST]] = (
                 a.lr, a.sigma**2, a.baseline_alpha, MISS_PENALTY, MOVE_COST)
         return np.zeros(10), st, det, np.zeros(d.exit_ticks), cfg, flat, dims, h, np.zeros(0)
+
+    def _hold_step(self) -> float:
+        """How far the post-burst floor falls a window: from the recovery ratio to r_min in
+        `recovery_hold` windows (0: no floor)."""
+        if not self.recovery_hold:
+            return 0.0
+        return max(self.recovery_ratio - self.safety.r_min, 0.0) / self.recovery_hold
 
     def step(self, stats: WindowStats) -> float:
         """The next ratio for the window `stats` describes (one compiled call up to the decision)."""
@@ -126,6 +139,7 @@ class Controller:
         sf = self.safety
         sf.non_finite, sf.clamped, sf.slewed = int(st[K.NON_FINITE]), int(st[K.CLAMPED]), int(st[K.SLEWED])
         self.plan = st[K.PLAN]
+        self.hold = None if math.isnan(st[K.HOLD]) else float(st[K.HOLD])
         if a is not None:
             a.frozen = self.recovering
             new = np.empty_like(a.params)            # learning, compiled too, after the decision
@@ -143,10 +157,11 @@ class Controller:
         if self.detector is not None:
             self.detector.step((stats.arrival_rps, 1.0 - stats.emb_hit_rate, 1.0 - stats.kv_hit_rate))
             if self.detector.active and not self.recovering:
-                self.recovering = True
+                self.recovering, self.hold = True, None
                 self.events.append((self.windows, "start"))
             elif self.recovering and not self.detector.active and p99_over_slo(stats) <= 1.0:
                 self.recovering = False
+                self.hold = plan if self._hold_step() > 0 else None
                 self.events.append((self.windows, "end"))
         if self.adapter is not None:
             self.adapter.frozen = self.recovering
@@ -157,6 +172,12 @@ class Controller:
         else:
             if self.base is not None:
                 plan += self.base.step(obs)
+            if self.hold is not None:                 # after a burst the plan decays, no faster
+                self.hold -= self._hold_step()
+                if self.hold <= self.safety.r_min:
+                    self.hold = None
+                else:
+                    plan = max(plan, self.hold)
             if self.adapter is not None:
                 offset = self.adapter.decide(obs)
         ratio = self.safety.apply(plan + offset, current)

@@ -30,7 +30,8 @@ OBS = 20                                            # st[OBS:OBS + N_FEATURES]: 
 # the next window's reward is credited to; the reward baseline; updates made
 T_HAS, T_EPS, T_DZ, BASELINE, HAS_BASELINE, UPDATES = 30, 31, 32, 33, 34, 35
 T_OBS = 36                                          # st[T_OBS:T_OBS + N_FEATURES]
-ST_SIZE = T_OBS + N_FEATURES
+HOLD = T_OBS + N_FEATURES                           # after a burst: the floor under the plan, decaying (NaN: none)
+ST_SIZE = HOLD + 1
 
 # -- lc: the adapter's learning constants ---------------------------------------------------
 L_LR, L_SIGMA2, L_BASELINE_ALPHA, L_MISS_PENALTY, L_MOVE_COST = range(5)
@@ -39,8 +40,8 @@ LC_SIZE = 5
 # -- cfg: constants -------------------------------------------------------------------------
 (C_OB_ALPHA, C_ALPHA, C_FLOOR, C_CLIP, C_K, C_H, C_Z_SPIKE, C_Z_EXIT, C_EXIT_TICKS, C_WARMUP, C_HAS_DET,
  C_HAS_BASE, C_MAX_STEP, C_HAS_AD, C_BOUND, C_EXPLORE, C_R_MIN, C_R_MAX, C_SLEW, C_REC_RATIO, C_REC_STEP,
- C_REL_FLOOR) = range(22)
-CFG_SIZE = 22
+ C_REL_FLOOR, C_HOLD_STEP) = range(23)
+CFG_SIZE = 23
 
 # -- x: this window's stats -----------------------------------------------------------------
 (X_RATIO, X_RPS, X_P99, X_SLO, X_EMB, X_KV, X_QUEUE, X_H2D, X_NEW, X_EMB_TIME) = range(10)
@@ -208,9 +209,11 @@ def decide(x, st, det, ring, cfg, flat, dims, h, ad, noise):
         sig[0], sig[1], sig[2] = x[X_RPS], 1.0 - x[X_EMB], 1.0 - x[X_KV]
         _detect(sig, st, det, ring, cfg)
         if st[ACTIVE] != 0.0 and st[RECOVERING] == 0.0:
-            st[RECOVERING], st[EVENT] = 1.0, 1.0
+            st[RECOVERING], st[EVENT], st[HOLD] = 1.0, 1.0, math.nan
         elif st[RECOVERING] != 0.0 and st[ACTIVE] == 0.0 and tail <= 1.0:
             st[RECOVERING], st[EVENT] = 0.0, 2.0
+            if cfg[C_HOLD_STEP] > 0.0:
+                st[HOLD] = plan
     offset = 0.0
     st[EPS] = st[DZ] = math.nan
     if st[RECOVERING] != 0.0:
@@ -219,6 +222,12 @@ def decide(x, st, det, ring, cfg, flat, dims, h, ad, noise):
     else:
         if cfg[C_HAS_BASE] != 0.0:
             plan += forward(obs, flat, dims, h) * cfg[C_MAX_STEP]
+        if not math.isnan(st[HOLD]):               # after a burst the plan decays, no faster
+            st[HOLD] -= cfg[C_HOLD_STEP]
+            if st[HOLD] <= cfg[C_R_MIN]:
+                st[HOLD] = math.nan
+            elif plan < st[HOLD]:
+                plan = st[HOLD]
         if cfg[C_HAS_AD] != 0.0:
             n = obs.shape[0]
             z = ad[n]
