@@ -69,3 +69,19 @@ def test_a_miss_rate_signal_alone_can_start_a_burst():
         if det.step([30.0 + rng.standard_normal(), miss]) == "start":
             starts.append(t)
     assert starts and 300 <= starts[0] <= 303
+
+
+def test_a_ramp_is_not_a_burst_but_a_3x_step_is():
+    """Trend seed 2's false alarm (background refill, node 0, windows 60-109 of the run): on the
+    traffic ramp the EWMA baseline lags, z sits near k = 1 window after window, the CUSUM creeps
+    up, and one high window (453) tips it over. With the standard deviation floored at 1 % of the
+    mean that alarmed, and, the baseline frozen below the still-rising rate, never ended; at the
+    default 10 % the ramp stays under k. A x3 step still starts a burst in its first window."""
+    rps = [322, 329, 346, 325, 343, 315, 328, 324, 337, 332, 353, 339, 358, 348, 366, 322, 346, 354, 366, 337,
+           357, 358, 351, 352, 328, 370, 349, 363, 363, 368, 339, 354, 352, 389, 384, 376, 403, 389, 384, 399,
+           383, 411, 403, 413, 402, 406, 401, 423, 453, 415]
+    old = BurstDetector(1, rel_floor=0.01)
+    assert events(old, rps) == [(48, "start")] and old.active
+    assert events(BurstDetector(1), rps) == []
+    stepped = [x * (3 if t >= 30 else 1) for t, x in enumerate(rps)]
+    assert events(BurstDetector(1), stepped)[:1] == [(30, "start")]
