@@ -7,7 +7,7 @@ sustained shift of about `2k` standard deviations in a few ticks while single ou
 The baseline is frozen while a burst is on, so the burst does not become the new normal. Once
 it has `1/alpha` points, each update is winsorized at `clip` standard deviations, so one spike
 the detector let through cannot inflate the variance and blind it to the next; and the standard
-deviation is never taken below `rel_floor` of the mean (detector default 0.1): a burst is a step
+deviation is never taken below `rel_floor` of the mean (default 0.1): a burst is a step
 of x2 or more (SPEC: x3-x5), so a rise of a few percent -- the noise of a node's 400 requests a
 window, a traffic ramp -- is never more than a sigma or so, however steady the signal was while
 the baseline formed. (At 0.01, a +13 % window on trend's ramp once raised an alarm, and with the
@@ -36,7 +36,7 @@ class EwmaZ:
 
     __slots__ = ("alpha", "mean", "var", "n", "floor", "clip", "rel_floor")
 
-    def __init__(self, alpha: float = 0.1, floor: float = 1e-9, clip: float = 4.0, rel_floor: float = 0.01):
+    def __init__(self, alpha: float = 0.1, floor: float = 1e-9, clip: float = 4.0, rel_floor: float = 0.1):
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"EWMA weight must be in (0, 1), got {alpha}")
         self.alpha, self.floor, self.clip, self.rel_floor = alpha, floor, clip, rel_floor
