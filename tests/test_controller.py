@@ -8,6 +8,7 @@ from helmgr.controller.detect import BurstDetector
 from helmgr.controller.env import HelmEnv
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.controller.observe import N_FEATURES, Observer, reward
+from helmgr.controller.safety import Safety
 
 TINY = dict(episode_s=4.0, warmup_s=2.0, rps_per_node=80.0, users_per_node=4000,
             workload={"n_items": 20_000, "n_clusters": 8})
@@ -52,12 +53,28 @@ def test_exported_policy_matches_the_trained_one():
 
 
 def test_base_policy_step_and_safety():
-    ctl = Controller(constant_policy(1.0, max_step=0.02))
+    ctl = Controller(constant_policy(1.0, max_step=0.02), safety=Safety(max_slew=0.1))   # no min_move
     assert ctl.step(stats(0.5)) == pytest.approx(0.52)
     assert ctl.step(stats(0.52)) == pytest.approx(0.54)
     assert len(ctl.latency_ns) == 2 and min(ctl.latency_ns) > 0
     nan = Controller(constant_policy(math.nan))
     assert nan.step(stats(0.4)) == 0.4 and nan.safety.non_finite == 1
+
+
+def test_the_ratio_moves_only_in_steps_of_min_move():
+    """A base policy stepping +0.02 a window under the default min_move 0.03: the target walks
+    0.52, 0.54, 0.56, 0.58, 0.60; the node's ratio stays at 0.50 until the target is 0.04 away, then
+    follows it: 0.50, 0.54, 0.54, 0.58, 0.58. Both ways of stepping agree; the move cost in the
+    adapter's reward is the move made."""
+    for fast in (True, False):
+        ctl = Controller(constant_policy(1.0, max_step=0.02))
+        ratio, ratios = 0.5, []
+        for _ in range(5):
+            ratio = ctl.step(stats(ratio)) if fast else ctl.reference_step(stats(ratio))
+            ratios.append(ratio)
+        assert ratios == pytest.approx([0.50, 0.54, 0.54, 0.58, 0.58], abs=1e-12)
+        assert ctl.target == pytest.approx(0.60, abs=1e-12) and ctl.safety.settled == 3
+        assert ctl.moved == 0.0
 
 
 def test_zero_adapter_changes_nothing_until_it_learns():
@@ -72,7 +89,7 @@ def test_zero_adapter_changes_nothing_until_it_learns():
 
 def test_recovery_tier_takes_over_in_a_burst_and_hands_back():
     ctl = Controller(constant_policy(-1.0, max_step=0.02), detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20),
-                     recovery_ratio=0.85, recovery_step=0.1)
+                     recovery_ratio=0.85, recovery_step=0.1, safety=Safety(max_slew=0.1))   # every step moves
     rng = np.random.default_rng(0)
     ratios = []
     for w in range(80):
@@ -109,7 +126,7 @@ def test_after_a_burst_the_ratio_decays_no_faster_than_the_hold(hold):
     window and the plan rides it. Both ways of stepping agree."""
     for fast in (True, False):
         ctl = Controller(constant_policy(-1.0, max_step=0.03), detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20),
-                         recovery_ratio=0.85, recovery_step=0.1, recovery_hold=hold)
+                         recovery_ratio=0.85, recovery_step=0.1, recovery_hold=hold, safety=Safety(max_slew=0.1))
         rng = np.random.default_rng(0)
         ratios = []
         for w in range(70):

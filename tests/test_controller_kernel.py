@@ -63,6 +63,7 @@ def test_compiled_step_decides_as_the_reference(adapter, recovery):
     assert fast.events == slow.events
     assert (len(fast.events) >= 4) == recovery            # two bursts: start and end each
     assert fast.safety.slewed == slow.safety.slewed and fast.safety.clamped == slow.safety.clamped
+    assert fast.safety.settled == slow.safety.settled > 0 and fast.target == pytest.approx(slow.target, abs=1e-12)
     if adapter:
         assert fast.adapter.updates == slow.adapter.updates > 0
         np.testing.assert_allclose(fast.adapter.params, slow.adapter.params, atol=1e-12)

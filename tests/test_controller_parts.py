@@ -20,6 +20,18 @@ def test_safety_clamps_slews_and_keeps_the_last_good_ratio():
         Safety(r_min=0.9, r_max=0.1)
 
 
+def test_safety_moves_the_node_only_in_steps_of_min_move():
+    s = Safety(r_min=0.1, r_max=0.9, max_slew=0.1, min_move=0.03)
+    assert s.settle(0.52, 0.50) == 0.50 and s.settled == 1           # 0.02 away: stays
+    assert s.settle(0.48, 0.50) == 0.50 and s.settled == 2
+    assert s.settle(0.54, 0.50) == 0.54                             # 0.04 away: moves all the way
+    assert s.settle(0.50, 0.50) == 0.50 and s.settled == 2          # nothing to move: not counted
+    assert s.settle(0.10, 0.12) == 0.10 and s.settle(0.90, 0.89) == 0.90   # a bound is always reached
+    assert Safety(min_move=0.0).settle(0.501, 0.5) == 0.501
+    with pytest.raises(ValueError, match="min_move"):
+        Safety(max_slew=0.05, min_move=0.2)
+
+
 def random_mlp(seed=0, sizes=(10, 16, 16, 1), **kw):
     rng = np.random.default_rng(seed)
     ws = [rng.normal(0, 0.5, (o, i)) for i, o in zip(sizes[:-1], sizes[1:])]

@@ -13,7 +13,9 @@ Each step: build the observation; run the burst detector on arrival rate and mis
   burst end *and* the node is back under its SLO (the backlog a burst leaves is part of it);
   after the hand-back the plan falls no faster than a floor that decays from the hand-back plan
   to r_min over `recovery_hold` windows (bursts come in clusters: keep the split just built);
-and pass the proposal through Safety (finite, clamped, slew-limited). Only then, with the
+and pass the proposal through Safety (finite, clamped, slew-limited: the *target*), which moves
+the node's ratio to the target only once the two are `min_move` apart (a resize's churn costs more
+than a small step earns; default 0.03). Only then, with the
 decision made and its wall-clock latency recorded, the adapter learns from the reward of the
 window the previous decision produced (never during recovery): the noise of the decision just
 made is credited with the next window's reward, the window it sets. Start/end events are kept.
@@ -43,6 +45,7 @@ from helmgr.controller.safety import Safety
 from helmgr.errors import HelmInputError
 
 DEFAULT_POLICY = "default_policy.npz"
+MIN_MOVE = 0.03        # the node's ratio follows the target only in moves of at least this (Safety.settle)
 
 
 class Controller:
@@ -52,13 +55,14 @@ class Controller:
         if base is not None and base.n_obs != N_FEATURES:
             raise ValueError(f"base policy takes {base.n_obs} observations, the controller gives {N_FEATURES}")
         self.base, self.adapter, self.detector = base, adapter, detector
-        self.safety = safety or Safety(max_slew=0.1)
+        self.safety = safety or Safety(max_slew=0.1, min_move=MIN_MOVE)
         if not recovery_hold >= 0:
             raise ValueError(f"recovery_hold must be >= 0 windows, got {recovery_hold}")
         self.recovery_ratio, self.recovery_step, self.recovery_hold = recovery_ratio, recovery_step, recovery_hold
         self.hold: float | None = None         # after a burst: the floor under the plan, decaying
         self.observer = Observer()
         self.last: float | None = None          # the last ratio this controller set
+        self.target: float | None = None        # the tiers' last ratio after clamp and slew (moves under min_move)
         self.plan: float | None = None          # the base (or recovery) tier's ratio, before the adapter
         self.recovering = False
         self.moved = 0.0
@@ -99,8 +103,9 @@ class Controller:
                                               sf.max_slew, self.recovery_ratio, self.recovery_step)
         cfg[K.C_REL_FLOOR] = d.base[0].rel_floor
         cfg[K.C_HOLD_STEP] = self._hold_step()
+        cfg[K.C_MIN_MOVE] = sf.min_move
         st = np.zeros(K.ST_SIZE)
-        st[[K.LAST, K.PLAN, K.HOLD]] = np.nan
+        st[[K.LAST, K.PLAN, K.HOLD, K.APPLIED]] = np.nan
         flat, dims, h = (b.flat, b.dims, b.scratch) if b else (np.zeros(1), np.zeros(1, np.int64), np.zeros(2))
         det = np.zeros((len(d.base), 4))
         if a is not None:
@@ -129,7 +134,7 @@ class Controller:
             noise = a.rng.normal(0.0, a.sigma, 4096)
             self._k = self._k[:-1] + (noise,)
             st[K.NOISE_I] = len(noise)
-        current = s.ratio if self.last is None else self.last
+        current = s.ratio if self.last is None else self.last       # the ratio set before
         ratio = K.decide(x, st, det, ring, cfg, flat, dims, h, a.params if a is not None else noise, noise)
         self.latency_ns.append(time.perf_counter_ns() - t0)
         event = st[K.EVENT]
@@ -138,7 +143,8 @@ class Controller:
             self.recovering = event == 1
         sf = self.safety
         sf.non_finite, sf.clamped, sf.slewed = int(st[K.NON_FINITE]), int(st[K.CLAMPED]), int(st[K.SLEWED])
-        self.plan = st[K.PLAN]
+        sf.settled = int(st[K.SETTLED])
+        self.plan, self.target = st[K.PLAN], st[K.LAST]
         self.hold = None if math.isnan(st[K.HOLD]) else float(st[K.HOLD])
         if a is not None:
             a.frozen = self.recovering
@@ -151,7 +157,8 @@ class Controller:
     def reference_step(self, stats: WindowStats) -> float:
         """`step` through the tier objects one by one: the readable reference (~25 µs)."""
         t0 = time.perf_counter_ns()
-        current = stats.ratio if self.last is None else self.last
+        current = stats.ratio if self.target is None else self.target
+        applied = stats.ratio if self.last is None else self.last
         plan = current if self.plan is None else self.plan
         obs = self.observer(stats)
         if self.detector is not None:
@@ -184,10 +191,13 @@ class Controller:
         if ratio != plan + offset:          # clamped, slewed or non-finite: the plan is what was set
             plan = ratio - offset if math.isfinite(offset) else ratio
         self.plan = min(self.safety.r_max, max(self.safety.r_min, plan))
+        self.target = ratio
+        ratio = self.safety.settle(ratio, applied)
         self.latency_ns.append(time.perf_counter_ns() - t0)
-        return self._after(stats, current, ratio)
+        return self._after(stats, applied, ratio)
 
     def _after(self, stats: WindowStats, current: float, ratio: float, learned: bool = False) -> float:
+        # `current`: the ratio set before this decision; `ratio`: the one set now
         # learning, after the decision (its latency above leaves it out): the window just seen is
         # the outcome of the previous decision
         if self.adapter is not None and not learned:   # credits the previous decision, keeps this one's

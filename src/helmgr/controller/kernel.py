@@ -20,7 +20,7 @@ from helmgr.controller.observe import N_FEATURES, P99_CAP
 
 # -- st: scalars ----------------------------------------------------------------------------
 OB_MEAN, OB_PREV, OB_INIT = 0, 1, 2                 # observer: long-run rate, last rate, started
-LAST, PLAN, RECOVERING = 3, 4, 5                    # controller: last ratio (NaN: none), plan, flag
+LAST, PLAN, RECOVERING = 3, 4, 5                    # controller: last target (NaN: none), plan, flag
 ACTIVE, TICKS, RING_N, RING_I = 6, 7, 8, 9          # detector: burst on, ticks seen, ring fill/next
 NON_FINITE, CLAMPED, SLEWED = 10, 11, 12            # safety counters
 EVENT, EPS, DZ, NOISE_I = 13, 14, 15, 16            # outputs: 0/1 start/2 end, adapter noise, slope; noise left
@@ -31,7 +31,8 @@ OBS = 20                                            # st[OBS:OBS + N_FEATURES]: 
 T_HAS, T_EPS, T_DZ, BASELINE, HAS_BASELINE, UPDATES = 30, 31, 32, 33, 34, 35
 T_OBS = 36                                          # st[T_OBS:T_OBS + N_FEATURES]
 HOLD = T_OBS + N_FEATURES                           # after a burst: the floor under the plan, decaying (NaN: none)
-ST_SIZE = HOLD + 1
+APPLIED, SETTLED = HOLD + 1, HOLD + 2               # the ratio last set (NaN: none); targets not moved to (counter)
+ST_SIZE = HOLD + 3
 
 # -- lc: the adapter's learning constants ---------------------------------------------------
 L_LR, L_SIGMA2, L_BASELINE_ALPHA, L_MISS_PENALTY, L_MOVE_COST = range(5)
@@ -40,8 +41,8 @@ LC_SIZE = 5
 # -- cfg: constants -------------------------------------------------------------------------
 (C_OB_ALPHA, C_ALPHA, C_FLOOR, C_CLIP, C_K, C_H, C_Z_SPIKE, C_Z_EXIT, C_EXIT_TICKS, C_WARMUP, C_HAS_DET,
  C_HAS_BASE, C_MAX_STEP, C_HAS_AD, C_BOUND, C_EXPLORE, C_R_MIN, C_R_MAX, C_SLEW, C_REC_RATIO, C_REC_STEP,
- C_REL_FLOOR, C_HOLD_STEP) = range(23)
-CFG_SIZE = 23
+ C_REL_FLOOR, C_HOLD_STEP, C_MIN_MOVE) = range(24)
+CFG_SIZE = 24
 
 # -- x: this window's stats -----------------------------------------------------------------
 (X_RATIO, X_RPS, X_P99, X_SLO, X_EMB, X_KV, X_QUEUE, X_H2D, X_NEW, X_EMB_TIME) = range(10)
@@ -198,9 +199,10 @@ def forward(obs, flat, dims, h):
 
 @njit(cache=True, nogil=True)
 def decide(x, st, det, ring, cfg, flat, dims, h, ad, noise):
-    """One Controller.step up to the decision; returns the ratio. Learning is `learn`, after it."""
+    """One Controller.step up to the decision; returns the ratio to set. Learning is `learn`, after it."""
     st[EVENT] = 0.0
     current = x[X_RATIO] if math.isnan(st[LAST]) else st[LAST]
+    applied = x[X_RATIO] if math.isnan(st[APPLIED]) else st[APPLIED]
     plan = current if math.isnan(st[PLAN]) else st[PLAN]
     tail = _observe(x, st, cfg)
     obs = st[OBS:OBS + N_FEATURES]
@@ -259,6 +261,11 @@ def decide(x, st, det, ring, cfg, flat, dims, h, ad, noise):
         plan = ratio - offset if math.isfinite(offset) else ratio
     st[PLAN] = min(cfg[C_R_MAX], max(cfg[C_R_MIN], plan))
     st[LAST] = ratio
+    # Safety.settle: the node's ratio moves only once the target is min_move away from it
+    if ratio != applied and abs(ratio - applied) < cfg[C_MIN_MOVE] and cfg[C_R_MIN] < ratio < cfg[C_R_MAX]:
+        st[SETTLED] += 1
+        ratio = applied
+    st[APPLIED] = ratio
     return ratio
 
 

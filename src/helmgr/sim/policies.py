@@ -243,7 +243,7 @@ class HelmPolicy(MemoryPolicy):
 
     def report(self):
         """Burst start/end events per node, the controllers' decisions and their wall-clock
-        latency, and the safety step's counts."""
+        latency, and the safety step's counts (settled: targets under min_move, not moved to)."""
         ctls = list(self.ctl.values()) + self.retired
         us = np.asarray([t for c in ctls for t in c.latency_ns], float) / 1e3
         return {"controller": {
@@ -252,7 +252,7 @@ class HelmPolicy(MemoryPolicy):
             "decision_us_p99": float(np.percentile(us, 99)) if us.size else None,
             "burst_events": [{"node": n, "t": round(t, 3), "event": e} for n, t, e in self.events],
             "non_finite": sum(c.safety.non_finite for c in ctls), "clamped": sum(c.safety.clamped for c in ctls),
-            "slewed": sum(c.safety.slewed for c in ctls)}}
+            "slewed": sum(c.safety.slewed for c in ctls), "settled": sum(c.safety.settled for c in ctls)}}
 
     def decide(self, index, node, now):
         return self.target.pop(index, None)
