@@ -77,6 +77,20 @@ def test_the_ratio_moves_only_in_steps_of_min_move():
         assert ctl.moved == 0.0
 
 
+def test_the_slew_limit_holds_for_the_ratio_set_under_the_hysteresis():
+    """+0.029 a window, slew 0.05, min_move 0.03: the target 0.529 is not moved to; next window the
+    plan is 0.558 but the ratio set moves 0.05 from 0.50, to 0.55 (a slew counted from the target
+    would have let it jump 0.058)."""
+    for fast in (True, False):
+        ctl = Controller(constant_policy(1.0, max_step=0.029), safety=Safety(max_slew=0.05, min_move=0.03))
+        ratio, ratios = 0.5, [0.5]
+        for _ in range(6):
+            ratio = ctl.step(stats(ratio)) if fast else ctl.reference_step(stats(ratio))
+            ratios.append(ratio)
+        assert ratios[1:3] == pytest.approx([0.50, 0.55], abs=1e-12)
+        assert max(np.abs(np.diff(ratios))) <= 0.05 + 1e-12 and ctl.safety.slewed >= 1
+
+
 def test_zero_adapter_changes_nothing_until_it_learns():
     from helmgr.controller.adapter import ResidualAdapter
     a = ResidualAdapter(N_FEATURES)

@@ -62,7 +62,8 @@ class Controller:
         self.hold: float | None = None         # after a burst: the floor under the plan, decaying
         self.observer = Observer()
         self.last: float | None = None          # the last ratio this controller set
-        self.target: float | None = None        # the tiers' last ratio after clamp and slew (moves under min_move)
+        self.target: float | None = None        # the tiers' last ratio after clamp and slew (`last` follows it in
+                                                # moves of at least min_move)
         self.plan: float | None = None          # the base (or recovery) tier's ratio, before the adapter
         self.recovering = False
         self.moved = 0.0
@@ -134,7 +135,7 @@ class Controller:
             noise = a.rng.normal(0.0, a.sigma, 4096)
             self._k = self._k[:-1] + (noise,)
             st[K.NOISE_I] = len(noise)
-        current = s.ratio if self.last is None else self.last       # the ratio set before
+        current = s.ratio if self.last is None else self.last
         ratio = K.decide(x, st, det, ring, cfg, flat, dims, h, a.params if a is not None else noise, noise)
         self.latency_ns.append(time.perf_counter_ns() - t0)
         event = st[K.EVENT]
@@ -157,8 +158,7 @@ class Controller:
     def reference_step(self, stats: WindowStats) -> float:
         """`step` through the tier objects one by one: the readable reference (~25 µs)."""
         t0 = time.perf_counter_ns()
-        current = stats.ratio if self.target is None else self.target
-        applied = stats.ratio if self.last is None else self.last
+        current = stats.ratio if self.last is None else self.last      # the ratio set last
         plan = current if self.plan is None else self.plan
         obs = self.observer(stats)
         if self.detector is not None:
@@ -192,9 +192,9 @@ class Controller:
             plan = ratio - offset if math.isfinite(offset) else ratio
         self.plan = min(self.safety.r_max, max(self.safety.r_min, plan))
         self.target = ratio
-        ratio = self.safety.settle(ratio, applied)
+        ratio = self.safety.settle(ratio, current)
         self.latency_ns.append(time.perf_counter_ns() - t0)
-        return self._after(stats, applied, ratio)
+        return self._after(stats, current, ratio)
 
     def _after(self, stats: WindowStats, current: float, ratio: float, learned: bool = False) -> float:
         # `current`: the ratio set before this decision; `ratio`: the one set now

@@ -20,7 +20,7 @@ from helmgr.controller.observe import N_FEATURES, P99_CAP
 
 # -- st: scalars ----------------------------------------------------------------------------
 OB_MEAN, OB_PREV, OB_INIT = 0, 1, 2                 # observer: long-run rate, last rate, started
-LAST, PLAN, RECOVERING = 3, 4, 5                    # controller: last target (NaN: none), plan, flag
+LAST, PLAN, RECOVERING = 3, 4, 5                    # controller: last target (reported), plan, flag
 ACTIVE, TICKS, RING_N, RING_I = 6, 7, 8, 9          # detector: burst on, ticks seen, ring fill/next
 NON_FINITE, CLAMPED, SLEWED = 10, 11, 12            # safety counters
 EVENT, EPS, DZ, NOISE_I = 13, 14, 15, 16            # outputs: 0/1 start/2 end, adapter noise, slope; noise left
@@ -201,8 +201,7 @@ def forward(obs, flat, dims, h):
 def decide(x, st, det, ring, cfg, flat, dims, h, ad, noise):
     """One Controller.step up to the decision; returns the ratio to set. Learning is `learn`, after it."""
     st[EVENT] = 0.0
-    current = x[X_RATIO] if math.isnan(st[LAST]) else st[LAST]
-    applied = x[X_RATIO] if math.isnan(st[APPLIED]) else st[APPLIED]
+    current = x[X_RATIO] if math.isnan(st[APPLIED]) else st[APPLIED]     # the ratio set last
     plan = current if math.isnan(st[PLAN]) else st[PLAN]
     tail = _observe(x, st, cfg)
     obs = st[OBS:OBS + N_FEATURES]
@@ -262,9 +261,9 @@ def decide(x, st, det, ring, cfg, flat, dims, h, ad, noise):
     st[PLAN] = min(cfg[C_R_MAX], max(cfg[C_R_MIN], plan))
     st[LAST] = ratio
     # Safety.settle: the node's ratio moves only once the target is min_move away from it
-    if ratio != applied and abs(ratio - applied) < cfg[C_MIN_MOVE] and cfg[C_R_MIN] < ratio < cfg[C_R_MAX]:
+    if ratio != current and abs(ratio - current) < cfg[C_MIN_MOVE] and cfg[C_R_MIN] < ratio < cfg[C_R_MAX]:
         st[SETTLED] += 1
-        ratio = applied
+        ratio = current
     st[APPLIED] = ratio
     return ratio
 

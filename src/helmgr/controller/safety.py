@@ -27,7 +27,7 @@ class Safety:
         self.settled = 0                # targets under min_move from the node's ratio (not moved)
 
     def apply(self, proposed: float, last: float) -> float:
-        """The target, given the tiers' proposal and the last target (assumed good)."""
+        """The target, given the tiers' proposal and the last ratio set (assumed good)."""
         if not math.isfinite(proposed):
             self.non_finite += 1
             return last
