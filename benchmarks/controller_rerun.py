@@ -30,8 +30,11 @@ from helmgr.sim.run import simulate
 
 def run(job: tuple) -> str:
     workload, seed, policy, refill, held_r_star, out = job
-    cfg = build_config(8, policy, 0.5, "helm", "a100-80g", "large", None, refill, (), 10.0, 2.0, 1, seed)
-    r = simulate(cfg, build_workload(workload, 120.0, seed, None, None, "inter", None, 1, ()))
+    # `helmgr simulate`'s defaults, named
+    cfg = build_config(nodes=8, policy=policy, ratio=0.5, router="helm", hardware="a100-80g", model="large",
+                       slo_ms=None, refill=refill, faults=(), tick_ms=10.0, refresh_s=2.0, max_batch=1, seed=seed)
+    r = simulate(cfg, build_workload(regime=workload, duration=120.0, seed=seed, rps=None, trace=None,
+                                     trace_format="inter", time_compression=None, clone_users=1, overlay=()))
     summary = r.summary
     if held_r_star is not None:
         summary["held_oracle_distance"] = oracle_distance(r.series.timeline, summary["nodes"], summary["duration_s"],
