@@ -53,7 +53,7 @@ def test_compiled_step_decides_as_the_reference(adapter, recovery):
         s = replace(s, ratio=ratios[-1] if ratios else 0.5)          # the node reports the ratio it was given
         ratios.append(fast.step(s))
         assert ratios[-1] == pytest.approx(slow.reference_step(s), abs=1e-12)
-        x, st, det, *_ = fast._k              # the kernel's running state, against the objects'
+        st, _, _, _, det, *_ = fast._k[-1]     # views of the kernel's running state, against the objects'
         assert st[K.OB_MEAN] == pytest.approx(slow.observer.mean_rps, rel=1e-12)
         if recovery:
             assert det[:, K.D_MEAN] == pytest.approx([b.mean for b in slow.detector.base], rel=1e-12)
@@ -83,3 +83,15 @@ def test_kernel_tanh_matches_libm():
     apply(v, out)
     assert np.abs(out - np.tanh(v)).max() <= 4e-16
     assert out[-2] == 1.0 and out[-1] == -1.0
+
+
+def test_integer_and_bool_stats_decide_as_floats():
+    """A stack may report counts as ints: the compiled step takes them as the same floats."""
+    a, b = controller(True, True), controller(True, True)
+    for k in range(30):
+        ints = WindowStats(ratio=1 if k < 15 else 0, arrival_rps=300 + k, p99_s=None if k == 3 else 0.01, slo_s=1,
+                           queue_len=k, h2d_utilization=True)
+        floats = WindowStats(ratio=float(ints.ratio), arrival_rps=float(ints.arrival_rps), p99_s=ints.p99_s, slo_s=1.0,
+                             queue_len=float(k), h2d_utilization=1.0)
+        assert a.step(ints) == b.step(floats)
+    assert a.adapter.params.tolist() == b.adapter.params.tolist() and a.adapter.updates == b.adapter.updates > 0

@@ -19,6 +19,8 @@ import math
 
 import numpy as np
 
+NOISE_BATCH = 4096      # exploration noise is drawn this many at a time
+
 
 class ResidualAdapter:
     def __init__(self, n_features: int, bound: float = 0.05, lr: float = 0.01, sigma: float = 0.005,
@@ -49,7 +51,7 @@ class ResidualAdapter:
         out = self.bound * t
         if self.explore and not self.frozen:
             if not self._noise:
-                self._noise = self.rng.normal(0.0, self.sigma, 4096).tolist()
+                self._noise = self.rng.normal(0.0, self.sigma, NOISE_BATCH).tolist()
             eps = self._noise.pop()
             self._latest.append((x.copy(), eps, self.bound * (1.0 - t * t)))
             out += eps

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from helmgr.controller.adapter import ResidualAdapter
+from helmgr.controller.adapter import NOISE_BATCH, ResidualAdapter
 from helmgr.controller import kernel as K
 from helmgr.controller.detect import BurstDetector
 from helmgr.controller.mlp import MLPPolicy
@@ -93,7 +93,10 @@ class Controller:
     # -- the decision ---------------------------------------------------------------------
     def _kernel_arrays(self) -> tuple:
         d, a, sf, b = self.detector or BurstDetector(3), self.adapter, self.safety, self.base
-        cfg = np.zeros(K.CFG_SIZE)
+        if len(d.base) != K.N_SIG:
+            raise ValueError(f"the compiled step watches {K.N_SIG} signals, the detector {len(d.base)}")
+        flat, dims, h = (b.flat, b.dims, b.scratch) if b else (np.zeros(1), np.zeros(1, np.int64), np.zeros(2))
+        mem, (st, cfg, lc, *_) = K.layout(d.exit_ticks, len(h), NOISE_BATCH if a is not None else 0)
         cfg[[K.C_OB_ALPHA, K.C_ALPHA, K.C_FLOOR, K.C_CLIP, K.C_K, K.C_H, K.C_Z_SPIKE, K.C_Z_EXIT, K.C_EXIT_TICKS,
              K.C_WARMUP, K.C_HAS_DET]] = (self.observer.mean_alpha, d.base[0].alpha, d.base[0].floor, d.base[0].clip,
                                           d.cusum[0].k, d.cusum[0].h, d.z_spike, d.z_exit, d.exit_ticks,
@@ -105,15 +108,11 @@ class Controller:
         cfg[K.C_REL_FLOOR] = d.base[0].rel_floor
         cfg[K.C_HOLD_STEP] = self._hold_step()
         cfg[K.C_MIN_MOVE] = sf.min_move
-        st = np.zeros(K.ST_SIZE)
         st[[K.LAST, K.PLAN, K.HOLD, K.APPLIED]] = np.nan
-        flat, dims, h = (b.flat, b.dims, b.scratch) if b else (np.zeros(1), np.zeros(1, np.int64), np.zeros(2))
-        det = np.zeros((len(d.base), 4))
         if a is not None:
-            self._lc = np.zeros(K.LC_SIZE)
-            self._lc[[K.L_LR, K.L_SIGMA2, K.L_BASELINE_ALPHA, K.L_MISS_PENALTY, K.L_MOVE_COST]] = (
+            lc[[K.L_LR, K.L_SIGMA2, K.L_BASELINE_ALPHA, K.L_MISS_PENALTY, K.L_MOVE_COST]] = (
                 a.lr, a.sigma**2, a.baseline_alpha, MISS_PENALTY, MOVE_COST)
-        return np.zeros(10), st, det, np.zeros(d.exit_ticks), cfg, flat, dims, h, np.zeros(0)
+        return mem, flat, dims, np.zeros(1), K._views(mem)
 
     def _hold_step(self) -> float:
         """How far the post-burst floor falls a window: from the recovery ratio to r_min in
@@ -127,17 +126,18 @@ class Controller:
         t0 = time.perf_counter_ns()
         if self._k is None:
             self._k = self._kernel_arrays()
-        x, st, det, ring, cfg, flat, dims, h, noise = self._k
+        mem, flat, dims, no_params, views = self._k
         s, a = stats, self.adapter
-        x[:] = (s.ratio, s.arrival_rps, np.nan if s.p99_s is None else s.p99_s, s.slo_s, s.emb_hit_rate,
-                s.kv_hit_rate, s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share)
-        if a is not None and st[K.NOISE_I] == 0:         # the adapter's next batch of exploration noise
-            noise = a.rng.normal(0.0, a.sigma, 4096)
-            self._k = self._k[:-1] + (noise,)
-            st[K.NOISE_I] = len(noise)
+        if a is not None and mem[K.NOISE_I] == 0:        # the adapter's next batch of exploration noise
+            noise = views[-1]
+            noise[:] = a.rng.normal(0.0, a.sigma, len(noise))
+            mem[K.NOISE_I] = len(noise)
         current = s.ratio if self.last is None else self.last
-        ratio = K.decide(x, st, det, ring, cfg, flat, dims, h, a.params if a is not None else noise, noise)
+        ratio = K.decide(mem, flat, dims, no_params if a is None else a.params, s.ratio, s.arrival_rps,
+                         math.nan if s.p99_s is None else s.p99_s, s.slo_s, s.emb_hit_rate, s.kv_hit_rate,
+                         s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share)
         self.latency_ns.append(time.perf_counter_ns() - t0)
+        st = views[0]
         event = st[K.EVENT]
         if event:
             self.events.append((self.windows, "start" if event == 1 else "end"))
@@ -150,7 +150,7 @@ class Controller:
         if a is not None:
             a.frozen = self.recovering
             new = np.empty_like(a.params)            # learning, compiled too, after the decision
-            if K.learn(x, st, self._lc, a.params, new, self.moved if self.windows else 0.0):
+            if K.learn(mem, a.params, new, self.moved if self.windows else 0.0):
                 a.params = new                       # the atomic swap
             a.updates, a.baseline = int(st[K.UPDATES]), (st[K.BASELINE] if st[K.HAS_BASELINE] else None)
         return self._after(stats, current, ratio, learned=True)

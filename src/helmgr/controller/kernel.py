@@ -6,14 +6,19 @@ decision (tests/test_controller_kernel.py). Calling them one by one costs ~25 µ
 of it interpreter overhead on ten-element vectors; this kernel does the same arithmetic, in the
 same order, in one numba call on a handful of preallocated arrays (~2–5 µs).
 
-State lives in float64 arrays the Controller owns (index names below); the adapter's parameters
-come in as the one array the adapter swaps whole, so a decision reads either the old or the new
-parameters, never a mix.
+State lives in one float64 array the Controller owns, `mem` (`layout` below): the scalars `st`,
+the constants `cfg` and `lc`, this window's stats `x`, the detector's rows, its exit ring, the
+policy's scratch and the adapter's exploration noise, each a view of it. One array, because a
+call's cost from Python is mostly numba unboxing its arguments (~0.15 µs an array): ten arrays
+were half of a decision. The stats come in as ten floats (cheaper than writing them into an
+array from Python first). The adapter's parameters come in as the one array the adapter swaps
+whole, so a decision reads either the old or the new parameters, never a mix.
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import njit
 
 from helmgr.controller.observe import N_FEATURES, P99_CAP
@@ -41,14 +46,40 @@ LC_SIZE = 5
 # -- cfg: constants -------------------------------------------------------------------------
 (C_OB_ALPHA, C_ALPHA, C_FLOOR, C_CLIP, C_K, C_H, C_Z_SPIKE, C_Z_EXIT, C_EXIT_TICKS, C_WARMUP, C_HAS_DET,
  C_HAS_BASE, C_MAX_STEP, C_HAS_AD, C_BOUND, C_EXPLORE, C_R_MIN, C_R_MAX, C_SLEW, C_REC_RATIO, C_REC_STEP,
- C_REL_FLOOR, C_HOLD_STEP, C_MIN_MOVE) = range(24)
-CFG_SIZE = 24
+ C_REL_FLOOR, C_HOLD_STEP, C_MIN_MOVE, C_RING, C_SCRATCH, C_NOISE) = range(27)
+CFG_SIZE = 27                                       # C_RING, C_SCRATCH, C_NOISE: those views' lengths
 
 # -- x: this window's stats -----------------------------------------------------------------
 (X_RATIO, X_RPS, X_P99, X_SLO, X_EMB, X_KV, X_QUEUE, X_H2D, X_NEW, X_EMB_TIME) = range(10)
 
-# -- det: one row per signal ----------------------------------------------------------------
+# -- det: one row per signal (arrival rate, EMB miss rate, KV miss rate) ---------------------
 D_MEAN, D_VAR, D_N, D_CUSUM = range(4)
+N_SIG = 3
+
+# -- mem: [st | cfg | lc | x | det | ring | scratch | noise] --------------------------------
+CFG_AT = ST_SIZE
+LC_AT = CFG_AT + CFG_SIZE
+X_AT = LC_AT + LC_SIZE
+DET_AT = X_AT + 10
+RING_AT = DET_AT + 4 * N_SIG
+
+
+def layout(ring: int, scratch: int, noise: int):
+    """A zeroed `mem` for a detector ring, policy scratch and noise batch of these lengths, and
+    its named views (st, cfg, lc, x, det, ring, scratch, noise): the same memory the kernel uses."""
+    mem = np.zeros(RING_AT + ring + scratch + noise)
+    mem[CFG_AT + C_RING], mem[CFG_AT + C_SCRATCH], mem[CFG_AT + C_NOISE] = ring, scratch, noise
+    return mem, _views(mem)
+
+
+@njit(cache=True, nogil=True)
+def _views(mem):
+    cfg = mem[CFG_AT:CFG_AT + CFG_SIZE]
+    n_ring, n_h = int(cfg[C_RING]), int(cfg[C_SCRATCH])
+    h_at = RING_AT + n_ring
+    return (mem[:ST_SIZE], cfg, mem[LC_AT:LC_AT + LC_SIZE], mem[X_AT:X_AT + 10],
+            mem[DET_AT:RING_AT].reshape((N_SIG, 4)), mem[RING_AT:h_at], mem[h_at:h_at + n_h],
+            mem[h_at + n_h:h_at + n_h + int(cfg[C_NOISE])])
 
 
 @njit(cache=True, nogil=True)
@@ -197,9 +228,18 @@ def forward(obs, flat, dims, h):
     return -1.0 if a < -1.0 else (1.0 if a > 1.0 else a)
 
 
-@njit(cache=True, nogil=True)
-def decide(x, st, det, ring, cfg, flat, dims, h, ad, noise):
-    """One Controller.step up to the decision; returns the ratio to set. Learning is `learn`, after it."""
+_F = "float64, " * 10
+# explicit types: compiled once, at import (cached), and a stack's ints or bools arrive as floats
+# instead of compiling a new variant per type combination (seconds each)
+
+
+@njit(f"float64(float64[::1], float64[::1], int64[::1], float64[::1], {_F[:-2]})", cache=True, nogil=True)
+def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
+    """One Controller.step up to the decision, for a window's stats (p99 NaN: none); returns the
+    ratio to set. Learning is `learn`, after it."""
+    st, cfg, lc, x, det, ring, h, noise = _views(mem)
+    x[X_RATIO], x[X_RPS], x[X_P99], x[X_SLO], x[X_EMB] = ratio, rps, p99, slo, emb
+    x[X_KV], x[X_QUEUE], x[X_H2D], x[X_NEW], x[X_EMB_TIME] = kv, queue, h2d, new_users, emb_time
     st[EVENT] = 0.0
     current = x[X_RATIO] if math.isnan(st[APPLIED]) else st[APPLIED]     # the ratio set last
     plan = current if math.isnan(st[PLAN]) else st[PLAN]
@@ -268,12 +308,13 @@ def decide(x, st, det, ring, cfg, flat, dims, h, ad, noise):
     return ratio
 
 
-@njit(cache=True, nogil=True)
-def learn(x, st, lc, old, new, moved):
+@njit("int64(float64[::1], float64[::1], float64[::1], float64)", cache=True, nogil=True)
+def learn(mem, old, new, moved):
     """ResidualAdapter.learn, after `decide`: the reward of the window in `x` (observe.reward, with
     `moved` the previous decision's move) is credited to the previous decision's noise; then the
     decision just made becomes the one awaiting a reward. Writes the updated parameters into
     `new` and returns 1, or returns 0 and leaves `new` alone (no update)."""
+    st, cfg, lc, x, det, ring, h, noise = _views(mem)
     p99 = x[X_P99]
     tail = min(p99 / x[X_SLO], P99_CAP) if math.isfinite(p99) else 0.0
     r = -tail - (lc[L_MISS_PENALTY] if tail > 1.0 else 0.0) - lc[L_MOVE_COST] * abs(moved)
