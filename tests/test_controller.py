@@ -166,6 +166,35 @@ def test_adapter_is_a_bounded_offset_around_the_plan_never_a_walk():
     assert ratios == pytest.approx([0.45] * 10) and ctl.plan == pytest.approx(0.4)
 
 
+def pull_policy(target: float, max_step: float = 0.05) -> MLPPolicy:
+    """A base that steers the ratio it sees toward `target`: action tanh(-(r - target) / 0.1)."""
+    w = np.zeros((1, N_FEATURES))
+    w[0, 0] = -1.0
+    mean, var = np.zeros(N_FEATURES), np.ones(N_FEATURES)
+    mean[0], var[0] = target, 0.01
+    return MLPPolicy([w, np.ones((1, 1))], [np.zeros(1), np.zeros(1)], mean, var, max_step=max_step)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_base_does_not_cancel_the_adapters_offset(compiled):
+    """A base that steers toward 0.4, an adapter held at +0.05: the node settles at 0.45, the plan
+    at 0.4. (When the base read the node's ratio, it saw 0.45, steered the plan to 0.35 and the
+    node ended at 0.4: the offset was cancelled.)"""
+    from helmgr.controller.adapter import ResidualAdapter
+    runs = {}
+    for offset in (0.0, 0.05):
+        a = ResidualAdapter(N_FEATURES, bound=0.05)
+        a.explore, a.params = False, np.zeros(N_FEATURES + 1)
+        a.params[-1] = 1e6 if offset else 0.0
+        ctl = Controller(pull_policy(0.4), adapter=a, safety=Safety(max_slew=0.1))
+        ratio = 0.6
+        for _ in range(60):
+            ratio = ctl.step(stats(ratio)) if compiled else ctl.reference_step(stats(ratio))
+        runs[offset] = ratio, ctl.plan
+    assert runs[0.0] == pytest.approx((0.4, 0.4), abs=1e-6)
+    assert runs[0.05] == pytest.approx((0.45, 0.4), abs=1e-6)
+
+
 def test_observation_and_reward_by_hand():
     ob = Observer()
     o = ob(WindowStats(ratio=0.4, arrival_rps=100.0, p99_s=0.06, slo_s=0.03, queue_len=math.e - 1))

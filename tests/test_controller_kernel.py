@@ -27,21 +27,25 @@ def stats_stream(seed: int, n: int):
 
 def random_policy(seed: int) -> MLPPolicy:
     """Two tanh layers of random weights, so actions move with every feature, plus one path that
-    pulls the ratio back toward 0.5, so the run stays mostly inside (r_min, r_max)."""
+    pulls the ratio back toward 0.5, so the run stays mostly inside (r_min, r_max), and one that
+    follows the queue, so the plan moves."""
     rng = np.random.default_rng(seed)
     sizes = (N_FEATURES, 16, 8, 1)
     ws = [rng.normal(0, 0.4, (o, i)) for i, o in zip(sizes, sizes[1:])]
     ws[0][0] = 0.0
     ws[0][0, 0], ws[1][0] = -3.0, 0.0       # hidden unit 0 of layer 1 = tanh(-3 z(ratio)) ...
     ws[1][0, 0], ws[2][0] = 2.0, 0.0        # ... carried by unit 0 of layer 2 ...
-    ws[2][0, 0] = 1.5                       # ... to the action
+    ws[2][0, 0] = 1.5                       # ... to the action; and unit 1 of both layers carries the
+    ws[0][1], ws[1][1] = 0.0, 0.0           # queue (random from window to window), so the plan moves
+    ws[0][1, 5], ws[1][1, 1], ws[2][0, 1] = 0.5, 1.0, 1.5
     mean, var = rng.normal(0, 0.3, N_FEATURES), rng.uniform(0.5, 2.0, N_FEATURES)
-    mean[0], var[0] = 0.5, 0.01
+    mean[0], var[0] = 0.5, 0.25
     return MLPPolicy(ws, [rng.normal(0, 0.1, o) for o in sizes[1:]], mean, var, max_step=0.03)
 
 
 def controller(adapter: bool, recovery: bool) -> Controller:
-    return Controller(random_policy(3), ResidualAdapter(N_FEATURES, rng=np.random.default_rng(5)) if adapter else None,
+    ad = ResidualAdapter(N_FEATURES, block=20, z=1.0, rng=np.random.default_rng(5))   # blocks that step, some coordinates not
+    return Controller(random_policy(3), ad if adapter else None,
                       BurstDetector(3) if recovery else None)
 
 
@@ -66,6 +70,7 @@ def test_compiled_step_decides_as_the_reference(adapter, recovery):
     assert fast.safety.settled == slow.safety.settled > 0 and fast.target == pytest.approx(slow.target, abs=1e-12)
     if adapter:
         assert fast.adapter.updates == slow.adapter.updates > 0
+        assert fast.adapter.applied == slow.adapter.applied > 0
         np.testing.assert_allclose(fast.adapter.params, slow.adapter.params, atol=1e-12)
         assert fast.adapter.baseline == pytest.approx(slow.adapter.baseline, rel=1e-12)
 

@@ -81,6 +81,23 @@ def test_adapter_starts_as_a_no_op_and_stays_bounded():
     assert a.output(x) == pytest.approx(-0.05)
 
 
+def test_adapter_does_not_walk_on_noise():
+    """Rewards that do not depend on the decisions (a steady node's window noise: sd 0.073 around
+    -0.3): after 3,000 windows the gated adapter is still an exact no-op; without the gate (z = 0)
+    the same estimates walk it away."""
+    from helmgr.controller.adapter import ResidualAdapter
+    x = np.array([1.0, 0.5, -0.3])
+    for seed in range(4):
+        gated, ungated = (ResidualAdapter(3, z=z, rng=np.random.default_rng(seed)) for z in (4.0, 0.0))
+        noise = np.random.default_rng(100 + seed).normal(-0.3, 0.073, 3000)
+        for r in noise:
+            for a in (gated, ungated):
+                a.decide(x)
+                a.learn(r)
+        assert gated.updates == 2998 and gated.applied == 0 and gated.output(x) == 0.0
+        assert ungated.applied == 49 and abs(ungated.output(x)) > 0.005
+
+
 def test_adapter_learns_a_correction_from_window_rewards_and_swaps_whole():
     from helmgr.controller.adapter import ResidualAdapter
     a = ResidualAdapter(2, rng=np.random.default_rng(1))

@@ -13,7 +13,12 @@ Each step: build the observation; run the burst detector on arrival rate and mis
   burst end *and* the node is back under its SLO (the backlog a burst leaves is part of it);
   after the hand-back the plan falls no faster than a floor that decays from the hand-back plan
   to r_min over `recovery_hold` windows (bursts come in clusters: keep the split just built);
-and pass the proposal through Safety (finite, clamped, slew-limited: the *target*), which moves
+The learned tiers see the *plan* as the ratio feature, not the node's ratio: the base policy
+closes its loop on its own trajectory, as in training (where the two were the same). Fed the
+node's ratio, it read the adapter's offset as its own error and stepped the plan the other way:
+an adapter held at +0.05 moved the plan to 0.397 and the node to 0.447, where the base alone
+sits at 0.445 (steady, seed 1, 60 s) — the offset was cancelled, so the adapter could not change
+the split at all. Then pass the proposal through Safety (finite, clamped, slew-limited: the *target*), which moves
 the node's ratio to the target only once the two are `min_move` apart (a resize's churn costs more
 than a small step earns; default 0.03). Only then, with the
 decision made and its wall-clock latency recorded, the adapter learns from the reward of the
@@ -110,8 +115,8 @@ class Controller:
         cfg[K.C_MIN_MOVE] = sf.min_move
         st[[K.LAST, K.PLAN, K.HOLD, K.APPLIED]] = np.nan
         if a is not None:
-            lc[[K.L_LR, K.L_SIGMA2, K.L_BASELINE_ALPHA, K.L_MISS_PENALTY, K.L_MOVE_COST]] = (
-                a.lr, a.sigma**2, a.baseline_alpha, MISS_PENALTY, MOVE_COST)
+            lc[[K.L_LR, K.L_SIGMA2, K.L_BASELINE_ALPHA, K.L_MISS_PENALTY, K.L_MOVE_COST, K.L_BLOCK, K.L_Z]] = (
+                a.lr, a.sigma**2, a.baseline_alpha, MISS_PENALTY, MOVE_COST, a.block, a.z)
         return mem, flat, dims, np.zeros(1), K._views(mem)
 
     def _hold_step(self) -> float:
@@ -152,7 +157,8 @@ class Controller:
             new = np.empty_like(a.params)            # learning, compiled too, after the decision
             if K.learn(mem, a.params, new, self.moved if self.windows else 0.0):
                 a.params = new                       # the atomic swap
-            a.updates, a.baseline = int(st[K.UPDATES]), (st[K.BASELINE] if st[K.HAS_BASELINE] else None)
+            a.updates, a.applied = int(st[K.UPDATES]), int(st[K.BLOCKS_APPLIED])
+            a.baseline = st[K.BASELINE] if st[K.HAS_BASELINE] else None
         return self._after(stats, current, ratio, learned=True)
 
     def reference_step(self, stats: WindowStats) -> float:
@@ -161,6 +167,7 @@ class Controller:
         current = stats.ratio if self.last is None else self.last      # the ratio set last
         plan = current if self.plan is None else self.plan
         obs = self.observer(stats)
+        obs[0] = plan                    # the learned tiers see the plan, not the node's ratio
         if self.detector is not None:
             self.detector.step((stats.arrival_rps, 1.0 - stats.emb_hit_rate, 1.0 - stats.kv_hit_rate))
             if self.detector.active and not self.recovering:

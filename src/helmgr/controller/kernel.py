@@ -37,11 +37,16 @@ T_HAS, T_EPS, T_DZ, BASELINE, HAS_BASELINE, UPDATES = 30, 31, 32, 33, 34, 35
 T_OBS = 36                                          # st[T_OBS:T_OBS + N_FEATURES]
 HOLD = T_OBS + N_FEATURES                           # after a burst: the floor under the plan, decaying (NaN: none)
 APPLIED, SETTLED = HOLD + 1, HOLD + 2               # the ratio last set (NaN: none); targets not moved to (counter)
-ST_SIZE = HOLD + 3
+# the adapter's block of gradient estimates (ResidualAdapter.learn): sums, sums of squares, count;
+# blocks that changed the parameters
+G_SUM = HOLD + 3                                    # st[G_SUM:G_SUM + N_FEATURES + 1]
+G_SQ = G_SUM + N_FEATURES + 1                       # st[G_SQ:G_SQ + N_FEATURES + 1]
+G_K, BLOCKS_APPLIED = G_SQ + N_FEATURES + 1, G_SQ + N_FEATURES + 2
+ST_SIZE = BLOCKS_APPLIED + 1
 
 # -- lc: the adapter's learning constants ---------------------------------------------------
-L_LR, L_SIGMA2, L_BASELINE_ALPHA, L_MISS_PENALTY, L_MOVE_COST = range(5)
-LC_SIZE = 5
+L_LR, L_SIGMA2, L_BASELINE_ALPHA, L_MISS_PENALTY, L_MOVE_COST, L_BLOCK, L_Z = range(7)
+LC_SIZE = 7
 
 # -- cfg: constants -------------------------------------------------------------------------
 (C_OB_ALPHA, C_ALPHA, C_FLOOR, C_CLIP, C_K, C_H, C_Z_SPIKE, C_Z_EXIT, C_EXIT_TICKS, C_WARMUP, C_HAS_DET,
@@ -245,6 +250,7 @@ def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_u
     plan = current if math.isnan(st[PLAN]) else st[PLAN]
     tail = _observe(x, st, cfg)
     obs = st[OBS:OBS + N_FEATURES]
+    obs[0] = plan                                   # the learned tiers see the plan (Controller's docstring)
     if cfg[C_HAS_DET] != 0.0:
         sig = st[SIG:SIG + 3]                       # a view: nothing allocated on the decision path
         sig[0], sig[1], sig[2] = x[X_RPS], 1.0 - x[X_EMB], 1.0 - x[X_KV]
@@ -311,9 +317,10 @@ def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_u
 @njit("int64(float64[::1], float64[::1], float64[::1], float64)", cache=True, nogil=True)
 def learn(mem, old, new, moved):
     """ResidualAdapter.learn, after `decide`: the reward of the window in `x` (observe.reward, with
-    `moved` the previous decision's move) is credited to the previous decision's noise; then the
-    decision just made becomes the one awaiting a reward. Writes the updated parameters into
-    `new` and returns 1, or returns 0 and leaves `new` alone (no update)."""
+    `moved` the previous decision's move) is credited to the previous decision's noise, and added
+    to the block; then the decision just made becomes the one awaiting a reward. When a block
+    changes the parameters, writes them into `new` and returns 1; otherwise returns 0 (`new` is
+    scratch)."""
     st, cfg, lc, x, det, ring, h, noise = _views(mem)
     p99 = x[X_P99]
     tail = min(p99 / x[X_SLO], P99_CAP) if math.isfinite(p99) else 0.0
@@ -327,11 +334,26 @@ def learn(mem, old, new, moved):
             st[BASELINE] += lc[L_BASELINE_ALPHA] * advantage
             g = advantage * st[T_EPS] / lc[L_SIGMA2] * st[T_DZ]
             n = old.shape[0] - 1
-            for i in range(n):
-                new[i] = old[i] + lc[L_LR] * (g * st[T_OBS + i])
-            new[n] = old[n] + lc[L_LR] * g
+            for i in range(n + 1):
+                gi = g * st[T_OBS + i] if i < n else g
+                st[G_SUM + i] += gi
+                st[G_SQ + i] += gi * gi
             st[UPDATES] += 1
-            updated = 1
+            st[G_K] += 1
+            if st[G_K] >= lc[L_BLOCK]:            # the block is full: step where its mean is significant
+                k = st[G_K]
+                for i in range(n + 1):
+                    total = st[G_SUM + i]
+                    mean = total / k
+                    se = math.sqrt(max(st[G_SQ + i] - k * mean * mean, 0.0) / (k - 1) / k)
+                    if abs(mean) > lc[L_Z] * se:
+                        updated = 1
+                        new[i] = old[i] + lc[L_LR] * total
+                    else:
+                        new[i] = old[i]
+                    st[G_SUM + i] = st[G_SQ + i] = 0.0
+                st[G_K] = 0.0
+                st[BLOCKS_APPLIED] += updated
     if math.isnan(st[EPS]):                 # no exploration in this decision: nothing to credit
         st[T_HAS] = 0.0
     else:
