@@ -218,6 +218,7 @@ def test_helm_policy_drives_every_node_in_the_simulator(tmp_path):
     c = s["controller"]
     assert c["decisions"] == sum(len(ctl.latency_ns) for ctl in r.cluster.policy.ctl.values()) >= 10
     assert c["decision_us_p50"] > 0 and c["burst_events"] == [] and c["slewed"] == 0
+    assert c["adapter_estimates"] == c["adapter_steps"] == 0                   # the base alone: no adapter
 
 
 def test_burst_events_reach_the_results():
@@ -231,6 +232,10 @@ def test_burst_events_reach_the_results():
     r = simulate(SimConfig(nodes=2, ratio=0.5, router="helm", warmup_s=2.0), w, policy=HelmPolicy())
     assert r.summary["controller"]["burst_events"] == [{"node": 0, "t": 39.0, "event": "start"},
                                                        {"node": 1, "t": 39.0, "event": "start"}]
+    # each adapter learned from the windows before the burst (windows 1-38, less the first two:
+    # nothing to credit yet, then the reward baseline) and is frozen since: 36 estimates, no
+    # 60-window block full, so no step
+    assert r.summary["controller"]["adapter_estimates"] == 72 and r.summary["controller"]["adapter_steps"] == 0
 
 
 def test_relative_reward_is_zero_for_holding_and_moves_when_the_policy_moves():

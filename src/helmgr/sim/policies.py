@@ -243,7 +243,8 @@ class HelmPolicy(MemoryPolicy):
 
     def report(self):
         """Burst start/end events per node, the controllers' decisions and their wall-clock
-        latency, and the safety step's counts (settled: targets under min_move, not moved to)."""
+        latency, the safety step's counts (settled: targets under min_move, not moved to), and the
+        adapters' gradient estimates and the blocks of them that changed their parameters."""
         ctls = list(self.ctl.values()) + self.retired
         us = np.asarray([t for c in ctls for t in c.latency_ns], float) / 1e3
         return {"controller": {
@@ -252,7 +253,9 @@ class HelmPolicy(MemoryPolicy):
             "decision_us_p99": float(np.percentile(us, 99)) if us.size else None,
             "burst_events": [{"node": n, "t": round(t, 3), "event": e} for n, t, e in self.events],
             "non_finite": sum(c.safety.non_finite for c in ctls), "clamped": sum(c.safety.clamped for c in ctls),
-            "slewed": sum(c.safety.slewed for c in ctls), "settled": sum(c.safety.settled for c in ctls)}}
+            "slewed": sum(c.safety.slewed for c in ctls), "settled": sum(c.safety.settled for c in ctls),
+            "adapter_estimates": sum(c.adapter.updates for c in ctls if c.adapter),
+            "adapter_steps": sum(c.adapter.applied for c in ctls if c.adapter)}}
 
     def decide(self, index, node, now):
         return self.target.pop(index, None)
