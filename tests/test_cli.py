@@ -29,6 +29,8 @@ def run(capsys, *argv):
     (["bench", "--nodes", "32,x"], "--nodes '32,x'"),
     (["bench", "--nodes", "0"], "every node count must be >= 1"),
     (["bench", "--router", "fastest"], "'--router': 'fastest'"),
+    (["bench", "--cold-mb", "-1", "--controller"], "'--cold-mb': -1"),
+    (["bench", "--cold-mb", "4"], "--cold-mb 4 goes with --controller"),
     (["train", "--workloads", "nope"], "unknown workload 'nope'"),
     (["train", "--timesteps", "10"], "'--timesteps': 10"),
 ])
@@ -138,3 +140,11 @@ def test_bench_router_json(capsys):
     r = json.loads(out)
     assert r["router"] == "helm" and [row["nodes"] for row in r["sizes"]] == [4, 16]
     assert all(0 < row["p50_us"] <= row["p99_us"] for row in r["sizes"])
+
+
+def test_bench_controller_json(capsys):
+    code, out, _ = run(capsys, "bench", "--controller", "--decisions", "300", "--cold-mb", "1", "--json")
+    assert code == 0
+    r = json.loads(out)
+    assert r["steps"] == 300 and r["cold_mb"] == 1 and r["policy"] == "default"
+    assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"] and r["bursts"] == 0    # the first 4x burst is at 4,500

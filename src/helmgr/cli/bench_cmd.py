@@ -29,8 +29,11 @@ def _sizes(text: str) -> list[int]:
 @click.option("--controller", is_flag=True, help="Time the HELM controller's decisions instead.")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="With --controller: an exported base policy [default: the shipped one].")
+@click.option("--cold-mb", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --controller: write over a buffer of this many MB between two decisions, "
+                   "as the rest of a serving process would (a cold decision).")
 @json_option
-def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, as_json):
+def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, cold_mb, as_json):
     """Microseconds per routing decision (p50, p99, mean) at each cluster size, or with
     --controller per controller decision (p50, p99, p99.9).
 
@@ -41,14 +44,18 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, a
     \b
     helmgr bench --router helm --nodes 32,1024
     helmgr bench --controller
+    helmgr bench --controller --cold-mb 16 --decisions 2000
     """
+    if cold_mb and not controller:
+        raise HelmInputError(f"--cold-mb {cold_mb} goes with --controller")
     if controller:
         from helmgr.bench import controller_bench
-        r = controller_bench(policy_path, decisions)
+        r = controller_bench(policy_path, decisions, cold_mb=cold_mb)
         if as_json:
             emit_json(r)
         else:
-            stderr.print(f"controller ({r['policy']}): {r['steps']:,} decisions: p50 {r['p50_us']:.1f} us, "
+            cold = f", {cold_mb} MB written between decisions" if cold_mb else ""
+            stderr.print(f"controller ({r['policy']}{cold}): {r['steps']:,} decisions: p50 {r['p50_us']:.1f} us, "
                          f"p99 {r['p99_us']:.1f} us, p99.9 {r['p999_us']:.1f} us")
         return
     from helmgr.bench import router_bench
