@@ -59,9 +59,10 @@ def main() -> None:
         for noise in (0.0, 0.24):
             for z in (4.0, 2.0):
                 rows = [run(args.windows, s, min_move, noise, z) for s in seeds]
-                print(f"| {min_move} | {noise} | {z:g} | " + " / ".join(str(b) for b, _, _ in rows) + " | "
-                      + " / ".join(f"{o:+.3f}" for _, o, _ in rows) + " | "
-                      + " / ".join(f"{m:.3f}" for _, _, m in rows) + " |", flush=True)
+                steps, offsets, means = zip(*rows)
+                print(f"| {min_move} | {noise} | {z:g} | {' / '.join(map(str, steps))} | "
+                      f"{' / '.join(f'{o:+.3f}' for o in offsets)} | {' / '.join(f'{m:.3f}' for m in means)} |",
+                      flush=True)
 
 
 if __name__ == "__main__":

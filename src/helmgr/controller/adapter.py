@@ -12,13 +12,14 @@ before the latest `decide` and keeps the latest for the next reward.
 It moves only on evidence: the estimates are summed over a block of `block` windows (default
 60), and a parameter takes its block's step (`lr` times the sum, what per-window steps would
 have added up to) only where the block's mean estimate is more than `z` (default 4) standard
-errors from zero (4, not 2 or 3: an estimate is a product of two Gaussians, heavy-tailed, so
-the normal approximation's tails are too thin; with pure-noise rewards z = 3 with 30-window
-blocks still moved 8 of 20 seeded adapters within 3,000 windows, z = 4 with 60 none, and both
-learn the test's +0.03 correction as fast as before). One window's P99 is a noisy reward (steady: sd 0.07 around a mean of -0.30, a
-3 % P99 difference is 0.009), so without the test the parameters random-walk on noise (steady
-seed 1, 120 s: offsets -0.019..+0.039 after 118 ungated steps), and an offset that moves the node
-costs P99; with it, an adapter that has seen no consistent signal is still an exact no-op.
+errors from zero. One window's P99 is a noisy reward (steady: sd 0.07 around a mean of -0.30,
+where a 3 % P99 difference is 0.009), so without the test the parameters random-walk on noise
+(steady seed 1, 120 s: offsets -0.019..+0.039 after 118 ungated steps), and an offset that moves
+the node costs P99; with it, an adapter that has seen no consistent signal is still an exact
+no-op. Why 4 and not 2 or 3: an estimate is a product of two Gaussians, heavy-tailed, so the
+normal approximation's tails are too thin; with pure-noise rewards z = 3 with 30-window blocks
+still moved 8 of 20 seeded adapters within 3,000 windows, z = 4 with 60 none, and both learn
+the test's +0.03 correction as fast as before.
 
 Learning runs off the decision path: `learn` builds a new parameter array (`[w..., b]`) and
 swaps it in with one assignment (atomic under the GIL), and a decision reads the current array

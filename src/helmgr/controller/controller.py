@@ -13,23 +13,24 @@ Each step: build the observation; run the burst detector on arrival rate and mis
   burst end *and* the node is back under its SLO (the backlog a burst leaves is part of it);
   after the hand-back the plan falls no faster than a floor that decays from the hand-back plan
   to r_min over `recovery_hold` windows (bursts come in clusters: keep the split just built);
+then pass the proposal through Safety (finite, clamped, slew-limited: the *target*), which moves
+the node's ratio to the target only once the two are `min_move` apart (a resize's churn costs
+more than a small step earns; default 0.03). Only then, with the decision made and its
+wall-clock latency recorded, the adapter learns from the reward of the window the previous
+decision produced (never during recovery): the noise of the decision just made is credited with
+the next window's reward, the window it sets. Start/end events are kept.
+
 The learned tiers see the *plan* as the ratio feature, not the node's ratio: the base policy
 closes its loop on its own trajectory, as in training (where the two were the same). Fed the
 node's ratio, it read the adapter's offset as its own error and stepped the plan the other way:
 an adapter held at +0.05 moved the plan to 0.397 and the node to 0.447, where the base alone
 sits at 0.445 (steady, seed 1, 60 s) — the offset was cancelled, so the adapter could not change
-the split at all. Then pass the proposal through Safety (finite, clamped, slew-limited: the *target*), which moves
-the node's ratio to the target only once the two are `min_move` apart (a resize's churn costs more
-than a small step earns; default 0.03). Only then, with the
-decision made and its wall-clock latency recorded, the adapter learns from the reward of the
-window the previous decision produced (never during recovery): the noise of the decision just
-made is credited with the next window's reward, the window it sets. Start/end events are kept.
+the split at all.
 
 `step` runs all of that up to the decision as one compiled call (`helmgr.controller.kernel`),
-and the adapter's learning after it as another;
-`reference_step` runs the same tiers as the readable Python objects, one by one. They decide
-the same ratios (tested); the objects hold the configuration either way, and their running
-state advances only on the path that is used.
+and the adapter's learning after it as another; `reference_step` runs the same tiers as the
+readable Python objects, one by one. They decide the same ratios (tested); the objects hold the
+configuration either way, and their running state advances only on the path that is used.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The tiers are written as plain Python classes (observe.py, detect.py, mlp.py, ad
 safety.py): readable, unit-tested, and the reference this kernel is tested against decision for
 decision (tests/test_controller_kernel.py). Calling them one by one costs ~25 µs here, nearly all
 of it interpreter overhead on ten-element vectors; this kernel does the same arithmetic, in the
-same order, in one numba call on a handful of preallocated arrays (~2–5 µs).
+same order, in one numba call on one preallocated state array (~2–5 µs).
 
 State lives in one float64 array the Controller owns, `mem` (`layout` below): the scalars `st`,
 the constants `cfg` and `lc`, this window's stats `x`, the detector's rows, its exit ring, the
