@@ -102,7 +102,8 @@ class Controller:
         if len(d.base) != K.N_SIG:
             raise ValueError(f"the compiled step watches {K.N_SIG} signals, the detector {len(d.base)}")
         flat, dims, h = (b.flat, b.dims, b.scratch) if b else (np.zeros(1), np.zeros(1, np.int64), np.zeros(2))
-        mem, (st, cfg, lc, *_) = K.layout(d.exit_ticks, len(h), NOISE_BATCH if a is not None else 0)
+        mem, views = K.layout(d.exit_ticks, len(h), NOISE_BATCH if a is not None else 0)
+        st, cfg, lc = views[:3]
         cfg[[K.C_OB_ALPHA, K.C_ALPHA, K.C_FLOOR, K.C_CLIP, K.C_K, K.C_H, K.C_Z_SPIKE, K.C_Z_EXIT, K.C_EXIT_TICKS,
              K.C_WARMUP, K.C_HAS_DET]] = (self.observer.mean_alpha, d.base[0].alpha, d.base[0].floor, d.base[0].clip,
                                           d.cusum[0].k, d.cusum[0].h, d.z_spike, d.z_exit, d.exit_ticks,
@@ -118,7 +119,7 @@ class Controller:
         if a is not None:
             lc[[K.L_LR, K.L_SIGMA2, K.L_BASELINE_ALPHA, K.L_MISS_PENALTY, K.L_MOVE_COST, K.L_BLOCK, K.L_Z]] = (
                 a.lr, a.sigma**2, a.baseline_alpha, MISS_PENALTY, MOVE_COST, a.block, a.z)
-        return mem, flat, dims, np.zeros(1), K._views(mem)
+        return mem, flat, dims, np.zeros(1), views
 
     def _hold_step(self) -> float:
         """How far the post-burst floor falls a window: from the recovery ratio to r_min in
