@@ -119,7 +119,7 @@ class Controller:
         if a is not None:
             lc[[K.L_LR, K.L_SIGMA2, K.L_BASELINE_ALPHA, K.L_MISS_PENALTY, K.L_MOVE_COST, K.L_BLOCK, K.L_Z]] = (
                 a.lr, a.sigma**2, a.baseline_alpha, MISS_PENALTY, MOVE_COST, a.block, a.z)
-        return mem, flat, dims, np.zeros(1), views
+        return mem, flat, dims, np.zeros(a.params.shape if a is not None else 1), views   # spare: see step
 
     def _hold_step(self) -> float:
         """How far the post-burst floor falls a window: from the recovery ratio to r_min in
@@ -133,18 +133,17 @@ class Controller:
         t0 = time.perf_counter_ns()
         if self._k is None:
             self._k = self._kernel_arrays()
-        mem, flat, dims, no_params, views = self._k
-        s, a = stats, self.adapter
-        if a is not None and mem[K.NOISE_I] == 0:        # the adapter's next batch of exploration noise
+        mem, flat, dims, spare, views = self._k
+        st, s, a = views[0], stats, self.adapter
+        if a is not None and st[K.NOISE_I] == 0:         # the adapter's next batch of exploration noise
             noise = views[-1]
             noise[:] = a.rng.normal(0.0, a.sigma, len(noise))
-            mem[K.NOISE_I] = len(noise)
+            st[K.NOISE_I] = len(noise)
         current = s.ratio if self.last is None else self.last
-        ratio = K.decide(mem, flat, dims, no_params if a is None else a.params, s.ratio, s.arrival_rps,
+        ratio = K.decide(mem, flat, dims, spare if a is None else a.params, s.ratio, s.arrival_rps,
                          math.nan if s.p99_s is None else s.p99_s, s.slo_s, s.emb_hit_rate, s.kv_hit_rate,
                          s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share)
         self.latency_ns.append(time.perf_counter_ns() - t0)
-        st = views[0]
         event = st[K.EVENT]
         if event:
             self.events.append((self.windows, "start" if event == 1 else "end"))
@@ -156,9 +155,10 @@ class Controller:
         self.hold = None if math.isnan(st[K.HOLD]) else float(st[K.HOLD])
         if a is not None:
             a.frozen = self.recovering
-            new = np.empty_like(a.params)            # learning, compiled too, after the decision
-            if K.learn(mem, a.params, new, self.moved if self.windows else 0.0):
-                a.params = new                       # the atomic swap
+            # learning, compiled too, after the decision, into the spare array (the next parameters)
+            if K.learn(mem, a.params, spare, self.moved if self.windows else 0.0):
+                a.params = spare                     # the atomic swap; a fresh spare for the next one
+                self._k = self._k[:3] + (np.empty_like(spare), views)
             a.updates, a.applied = int(st[K.UPDATES]), int(st[K.BLOCKS_APPLIED])
             a.baseline = st[K.BASELINE] if st[K.HAS_BASELINE] else None
         return self._after(stats, current, ratio, learned=True)

@@ -233,12 +233,12 @@ def forward(obs, flat, dims, h):
     return -1.0 if a < -1.0 else (1.0 if a > 1.0 else a)
 
 
-_F = "float64, " * 10
+_STATS = ", ".join(["float64"] * 10)
 # explicit types: compiled once, at import (cached), and a stack's ints or bools arrive as floats
 # instead of compiling a new variant per type combination (seconds each)
 
 
-@njit(f"float64(float64[::1], float64[::1], int64[::1], float64[::1], {_F[:-2]})", cache=True, nogil=True)
+@njit(f"float64(float64[::1], float64[::1], int64[::1], float64[::1], {_STATS})", cache=True, nogil=True)
 def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
     """One Controller.step up to the decision, for a window's stats (p99 NaN: none); returns the
     ratio to set. Learning is `learn`, after it."""
