@@ -85,3 +85,19 @@ def test_a_ramp_is_not_a_burst_but_a_3x_step_is():
     assert events(BurstDetector(1), rps) == []
     stepped = [x * (3 if t >= 30 else 1) for t, x in enumerate(rps)]
     assert events(BurstDetector(1), stepped)[:1] == [(30, "start")]
+
+
+def test_a_near_zero_miss_rate_rising_a_point_or_two_is_not_a_burst():
+    """H200, steady (node 7 of seed 1): EMB miss rate ~0.0002 while the cache holds everything, then
+    0.015 once the node's own resize has evicted a few rows -- 477 sigma without the share floor
+    (a "burst" that steered the split to the recovery ratio). With it (sd >= 0.01): z = 1.5. A
+    cold-user burst's rise of 0.3 still starts a burst in its window."""
+    rng = np.random.default_rng(4)
+    calm = [(300.0 + rng.normal(0, 15), abs(rng.normal(0.0002, 0.0002))) for _ in range(30)]
+    resized = calm + [(300.0, 0.015)]
+    old = BurstDetector(2, share_floor=0.0)
+    assert [(t, ev) for t, x in enumerate(resized) if (ev := old.step(x))] == [(30, "start")]
+    det = BurstDetector(2)
+    assert [det.step(x) for x in resized] == [None] * 31
+    assert det.base[1].z(0.015) == pytest.approx((0.015 - det.base[1].mean) / 0.01)
+    assert det.step((300.0, 0.3)) == "start"

@@ -103,11 +103,12 @@ class Controller:
             raise ValueError(f"the compiled step watches {K.N_SIG} signals, the detector {len(d.base)}")
         flat, dims, h = (b.flat, b.dims, b.scratch) if b else (np.zeros(1), np.zeros(1, np.int64), np.zeros(2))
         mem, views = K.layout(d.exit_ticks, len(h), NOISE_BATCH if a is not None else 0)
-        st, cfg, lc = views[:3]
-        cfg[[K.C_OB_ALPHA, K.C_ALPHA, K.C_FLOOR, K.C_CLIP, K.C_K, K.C_H, K.C_Z_SPIKE, K.C_Z_EXIT, K.C_EXIT_TICKS,
-             K.C_WARMUP, K.C_HAS_DET]] = (self.observer.mean_alpha, d.base[0].alpha, d.base[0].floor, d.base[0].clip,
+        st, cfg, lc, _, det = views[:5]
+        cfg[[K.C_OB_ALPHA, K.C_ALPHA, K.C_CLIP, K.C_K, K.C_H, K.C_Z_SPIKE, K.C_Z_EXIT, K.C_EXIT_TICKS,
+             K.C_WARMUP, K.C_HAS_DET]] = (self.observer.mean_alpha, d.base[0].alpha, d.base[0].clip,
                                           d.cusum[0].k, d.cusum[0].h, d.z_spike, d.z_exit, d.exit_ticks,
                                           d.warmup_ticks, self.detector is not None)
+        det[:, K.D_FLOOR] = [b.floor for b in d.base]
         cfg[[K.C_HAS_BASE, K.C_MAX_STEP, K.C_HAS_AD, K.C_BOUND, K.C_EXPLORE, K.C_R_MIN, K.C_R_MAX, K.C_SLEW,
              K.C_REC_RATIO, K.C_REC_STEP]] = (b is not None, b.max_step if b else 0.0, a is not None,
                                               a.bound if a else 0.0, bool(a and a.explore), sf.r_min, sf.r_max,

@@ -24,6 +24,14 @@ that up into an alarm within ten windows); it ends with hysteresis: the first si
 rate's) z-score, averaged over the last `exit_ticks` ticks, back below `z_exit`. Only the first:
 miss rates after a burst settle somewhere new (the caches hold other rows now), and against a
 frozen baseline they would hold the burst open for ever. Start and end events are returned to the caller, who logs them.
+
+The signals after the first are shares in [0, 1] (miss rates), and their standard deviation is
+never taken below `share_floor` (default 0.01), so a spike needs a rise of 8 points of miss rate.
+Without it, a cache that holds nearly everything (H200, EMB miss rate ~0.001, a sigma of 0.0002)
+saw the node's own resize -- a few rows evicted, the miss rate up to 0.02 -- as a 20- to
+400-sigma spike: ten "bursts" in a steady minute, each steering the split to the recovery ratio,
++27 % P99 over 300 s (the relative floor does not help near zero). A burst of cold users moves a
+miss rate by tens of points.
 """
 from __future__ import annotations
 
@@ -83,8 +91,12 @@ class BurstDetector:
     """Burst on/off from several signals. `step(values)` returns "start", "end" or None."""
 
     def __init__(self, n_signals: int, alpha: float = 0.1, k: float = 1.0, h: float = 6.0, z_spike: float = 8.0,
-                 z_exit: float = 1.0, exit_ticks: int = 20, warmup_ticks: int = 10, rel_floor: float = 0.1):
-        self.base = [EwmaZ(alpha, rel_floor=rel_floor) for _ in range(n_signals)]
+                 z_exit: float = 1.0, exit_ticks: int = 20, warmup_ticks: int = 10, rel_floor: float = 0.1,
+                 share_floor: float = 0.01):
+        if not share_floor >= 0:
+            raise ValueError(f"share_floor must be >= 0, got {share_floor}")
+        floors = [1e-9] + [max(share_floor**2, 1e-9)] * (n_signals - 1)      # variances
+        self.base = [EwmaZ(alpha, floor=f, rel_floor=rel_floor) for f in floors]
         self.cusum = [Cusum(k, h) for _ in range(n_signals)]
         self.z_spike, self.z_exit, self.exit_ticks, self.warmup_ticks = z_spike, z_exit, exit_ticks, warmup_ticks
         self.active = False

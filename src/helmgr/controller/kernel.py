@@ -49,24 +49,24 @@ L_LR, L_SIGMA2, L_BASELINE_ALPHA, L_MISS_PENALTY, L_MOVE_COST, L_BLOCK, L_Z = ra
 LC_SIZE = 7
 
 # -- cfg: constants -------------------------------------------------------------------------
-(C_OB_ALPHA, C_ALPHA, C_FLOOR, C_CLIP, C_K, C_H, C_Z_SPIKE, C_Z_EXIT, C_EXIT_TICKS, C_WARMUP, C_HAS_DET,
+(C_OB_ALPHA, C_ALPHA, C_CLIP, C_K, C_H, C_Z_SPIKE, C_Z_EXIT, C_EXIT_TICKS, C_WARMUP, C_HAS_DET,
  C_HAS_BASE, C_MAX_STEP, C_HAS_AD, C_BOUND, C_EXPLORE, C_R_MIN, C_R_MAX, C_SLEW, C_REC_RATIO, C_REC_STEP,
- C_REL_FLOOR, C_HOLD_STEP, C_MIN_MOVE, C_RING, C_SCRATCH, C_NOISE) = range(27)
-CFG_SIZE = 27                                       # C_RING, C_SCRATCH, C_NOISE: those views' lengths
+ C_REL_FLOOR, C_HOLD_STEP, C_MIN_MOVE, C_RING, C_SCRATCH, C_NOISE) = range(26)
+CFG_SIZE = 26                                       # C_RING, C_SCRATCH, C_NOISE: those views' lengths
 
 # -- x: this window's stats -----------------------------------------------------------------
 (X_RATIO, X_RPS, X_P99, X_SLO, X_EMB, X_KV, X_QUEUE, X_H2D, X_NEW, X_EMB_TIME) = range(10)
 
 # -- det: one row per signal (arrival rate, EMB miss rate, KV miss rate) ---------------------
-D_MEAN, D_VAR, D_N, D_CUSUM = range(4)
-N_SIG = 3
+D_MEAN, D_VAR, D_N, D_CUSUM, D_FLOOR = range(5)     # D_FLOOR: the signal's variance floor (EwmaZ.floor)
+D_COLS, N_SIG = 5, 3
 
 # -- mem: [st | cfg | lc | x | det | ring | scratch | noise] --------------------------------
 CFG_AT = ST_SIZE
 LC_AT = CFG_AT + CFG_SIZE
 X_AT = LC_AT + LC_SIZE
 DET_AT = X_AT + 10
-RING_AT = DET_AT + 4 * N_SIG
+RING_AT = DET_AT + D_COLS * N_SIG
 
 
 def layout(ring: int, scratch: int, noise: int):
@@ -83,7 +83,7 @@ def _views(mem):
     n_ring, n_h = int(cfg[C_RING]), int(cfg[C_SCRATCH])
     h_at = RING_AT + n_ring
     return (mem[:ST_SIZE], cfg, mem[LC_AT:LC_AT + LC_SIZE], mem[X_AT:X_AT + 10],
-            mem[DET_AT:RING_AT].reshape((N_SIG, 4)), mem[RING_AT:h_at], mem[h_at:h_at + n_h],
+            mem[DET_AT:RING_AT].reshape((N_SIG, D_COLS)), mem[RING_AT:h_at], mem[h_at:h_at + n_h],
             mem[h_at + n_h:h_at + n_h + int(cfg[C_NOISE])])
 
 
@@ -126,7 +126,7 @@ def _z(det, i, v, cfg):
     if det[i, D_N] < 2:
         return 0.0
     rel = cfg[C_REL_FLOOR] * det[i, D_MEAN]
-    return (v - det[i, D_MEAN]) / math.sqrt(max(det[i, D_VAR], cfg[C_FLOOR], rel * rel))
+    return (v - det[i, D_MEAN]) / math.sqrt(max(det[i, D_VAR], det[i, D_FLOOR], rel * rel))
 
 
 @njit(cache=True, nogil=True)
@@ -137,7 +137,7 @@ def _update(det, i, v, cfg):
     else:
         d = v - det[i, D_MEAN]
         if n >= 1 / cfg[C_ALPHA]:
-            lim = cfg[C_CLIP] * math.sqrt(max(det[i, D_VAR], cfg[C_FLOOR]))
+            lim = cfg[C_CLIP] * math.sqrt(max(det[i, D_VAR], det[i, D_FLOOR]))
             d = -lim if d < -lim else (lim if d > lim else d)
         alpha = cfg[C_ALPHA]
         a = alpha if n >= 1 / alpha else 1.0 / (n + 1)
