@@ -119,6 +119,24 @@ def test_recovery_tier_takes_over_in_a_burst_and_hands_back():
     assert ratios[end] < ratios[end - 1]                       # handed back: the base policy again
 
 
+def test_recovery_grows_the_emb_cache_only_while_it_misses():
+    """The burst above on a node whose EMB cache already holds nearly everything (hit rate 0.995,
+    as on H200): recovery starts and ends as before but leaves the plan where the base put it
+    (r_min, 0.05); a miss rate of 0.02 (> recovery_miss 0.01) steers it up 0.1 a window. A plan
+    above the recovery target still comes down to it. Both ways of stepping agree."""
+    for fast in (True, False):
+        for emb, start in ((0.995, 0.05), (0.98, 0.05), (0.995, 0.95)):
+            ctl = Controller(constant_policy(-1.0 if start < 0.5 else 0.0, max_step=0.02), safety=Safety(max_slew=0.1),
+                             detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20), recovery_ratio=0.85)
+            ratios = []
+            for w in range(40):
+                s = stats(ratio=ratios[-1] if ratios else start, rps=1200.0 if w >= 30 else 300.0 + w % 3, emb=emb)
+                ratios.append(ctl.step(s) if fast else ctl.reference_step(s))
+            assert [e for _, e in ctl.events] == ["start"] and ctl.events[0][0] == 30
+            expected = {(0.995, 0.05): 0.05, (0.98, 0.05): 0.45, (0.995, 0.95): 0.85}[emb, start]
+            assert ratios[33] == pytest.approx(expected)
+
+
 def test_recovery_holds_until_the_backlog_has_drained():
     """The burst is over at window 40 but the node stays over its SLO until window 60: recovery
     hands back only then (both ways of stepping agree)."""

@@ -14,13 +14,14 @@ from helmgr.controller.observe import N_FEATURES
 
 
 def stats_stream(seed: int, n: int):
-    """Plausible windows with two 4x bursts, a few empty windows and a few non-finite fields."""
+    """Plausible windows with two 4x bursts (in the second the EMB cache misses little, so
+    recovery does not grow it), a few empty windows and a few non-finite fields."""
     rng = np.random.default_rng(seed)
     for k in range(n):
         burst = 4.0 if 150 <= k < 160 or 400 <= k < 405 else 1.0
         p99 = None if k % 97 == 5 else (0.004 + 0.04 * rng.random()) * (30.0 if burst > 1 else 1.0)
         yield WindowStats(ratio=0.5, arrival_rps=300.0 * burst * (0.95 + 0.1 * rng.random()), p99_s=p99, slo_s=0.03,
-                          emb_hit_rate=0.8 + 0.1 * rng.random(), kv_hit_rate=(0.2 if burst > 1 else 0.7) + 0.1 * rng.random(),
+                          emb_hit_rate=0.995 if 400 <= k < 405 else 0.8 + 0.1 * rng.random(), kv_hit_rate=(0.2 if burst > 1 else 0.7) + 0.1 * rng.random(),
                           queue_len=math.inf if k == 77 else 20.0 * rng.random(), h2d_utilization=0.5 * rng.random(),
                           new_user_share=0.1, emb_time_share=math.nan if k == 300 else 0.4)
 

@@ -8,7 +8,11 @@ Each step: build the observation; run the burst detector on arrival rate and mis
   correction is added on top of the plan: the adapter is a bounded *offset* (±0.05 by default)
   around the base tier's trajectory, never a step of its own, so it cannot walk the ratio away;
 - recovery: the plan steers toward the recovery target, at most `recovery_step` per window, and
-  the adapter is left out (transients must not push the learned tiers around). Recovery starts
+  the adapter is left out (transients must not push the learned tiers around). It grows the
+  EMB cache only while the window's EMB miss rate is above `recovery_miss` (default 0.01): a
+  burst of cold users needs their rows, not their (absent) prefixes, but once the EMB cache
+  holds nearly everything (H200) more of it buys nothing and costs returning users their KV.
+  (A stack that does not report the EMB hit rate leaves it at 1.0: no growth.) Recovery starts
   on the detector's burst and hands back with hysteresis: only once the detector has seen the
   burst end *and* the node is back under its SLO (the backlog a burst leaves is part of it);
   after the hand-back the plan falls no faster than a floor that decays from the hand-back plan
@@ -57,14 +61,18 @@ MIN_MOVE = 0.03        # the node's ratio follows the target only in moves of at
 class Controller:
     def __init__(self, base: MLPPolicy | None, adapter: ResidualAdapter | None = None,
                  detector: BurstDetector | None = None, safety: Safety | None = None,
-                 recovery_ratio: float = 0.85, recovery_step: float = 0.1, recovery_hold: float = 60.0):
+                 recovery_ratio: float = 0.85, recovery_step: float = 0.1, recovery_hold: float = 60.0,
+                 recovery_miss: float = 0.01):
         if base is not None and base.n_obs != N_FEATURES:
             raise ValueError(f"base policy takes {base.n_obs} observations, the controller gives {N_FEATURES}")
         self.base, self.adapter, self.detector = base, adapter, detector
         self.safety = safety or Safety(max_slew=0.1, min_move=MIN_MOVE)
         if not recovery_hold >= 0:
             raise ValueError(f"recovery_hold must be >= 0 windows, got {recovery_hold}")
+        if not 0.0 <= recovery_miss <= 1.0:
+            raise ValueError(f"recovery_miss must be an EMB miss rate in [0, 1], got {recovery_miss}")
         self.recovery_ratio, self.recovery_step, self.recovery_hold = recovery_ratio, recovery_step, recovery_hold
+        self.recovery_miss = recovery_miss
         self.hold: float | None = None         # after a burst: the floor under the plan, decaying
         self.observer = Observer()
         self.last: float | None = None          # the last ratio this controller set
@@ -116,6 +124,7 @@ class Controller:
         cfg[K.C_REL_FLOOR] = d.base[0].rel_floor
         cfg[K.C_HOLD_STEP] = self._hold_step()
         cfg[K.C_MIN_MOVE] = sf.min_move
+        cfg[K.C_REC_MISS] = self.recovery_miss
         st[[K.LAST, K.PLAN, K.HOLD, K.APPLIED]] = np.nan
         if a is not None:
             lc[[K.L_LR, K.L_SIGMA2, K.L_BASELINE_ALPHA, K.L_MISS_PENALTY, K.L_MOVE_COST, K.L_BLOCK, K.L_Z]] = (
@@ -185,7 +194,8 @@ class Controller:
         offset = 0.0
         if self.recovering:
             gap = self.recovery_ratio - plan
-            plan += max(-self.recovery_step, min(self.recovery_step, gap))
+            if gap < 0 or not 1.0 - stats.emb_hit_rate <= self.recovery_miss:   # grow EMB only while it misses
+                plan += max(-self.recovery_step, min(self.recovery_step, gap))
         else:
             if self.base is not None:
                 plan += self.base.step(obs)

@@ -51,8 +51,8 @@ LC_SIZE = 7
 # -- cfg: constants -------------------------------------------------------------------------
 (C_OB_ALPHA, C_ALPHA, C_CLIP, C_K, C_H, C_Z_SPIKE, C_Z_EXIT, C_EXIT_TICKS, C_WARMUP, C_HAS_DET,
  C_HAS_BASE, C_MAX_STEP, C_HAS_AD, C_BOUND, C_EXPLORE, C_R_MIN, C_R_MAX, C_SLEW, C_REC_RATIO, C_REC_STEP,
- C_REL_FLOOR, C_HOLD_STEP, C_MIN_MOVE, C_RING, C_SCRATCH, C_NOISE) = range(26)
-CFG_SIZE = 26                                       # C_RING, C_SCRATCH, C_NOISE: those views' lengths
+ C_REL_FLOOR, C_HOLD_STEP, C_MIN_MOVE, C_REC_MISS, C_RING, C_SCRATCH, C_NOISE) = range(27)
+CFG_SIZE = 27                                       # C_RING, C_SCRATCH, C_NOISE: those views' lengths
 
 # -- x: this window's stats -----------------------------------------------------------------
 (X_RATIO, X_RPS, X_P99, X_SLO, X_EMB, X_KV, X_QUEUE, X_H2D, X_NEW, X_EMB_TIME) = range(10)
@@ -265,7 +265,8 @@ def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_u
     st[EPS] = st[DZ] = math.nan
     if st[RECOVERING] != 0.0:
         gap = cfg[C_REC_RATIO] - plan
-        plan += max(-cfg[C_REC_STEP], min(cfg[C_REC_STEP], gap))
+        if gap < 0.0 or not 1.0 - x[X_EMB] <= cfg[C_REC_MISS]:    # grow the EMB cache only while it misses
+            plan += max(-cfg[C_REC_STEP], min(cfg[C_REC_STEP], gap))
     else:
         if cfg[C_HAS_BASE] != 0.0:
             plan += forward(obs, flat, dims, h) * cfg[C_MAX_STEP]
