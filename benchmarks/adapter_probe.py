@@ -25,6 +25,7 @@ import numpy as np
 from helmgr.cli.simulate_cmd import build_config
 from helmgr.cli.workload_cmd import build_workload
 from helmgr.controller import Controller
+from helmgr.controller.detect import BurstDetector
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.controller.observe import WindowStats
 from helmgr.sim.policies import HelmPolicy
@@ -106,7 +107,6 @@ class Probed(HelmPolicy):
         self.pool = Pool(0.05, pairs, z, eta)
 
     def attach(self, index, node):
-        from helmgr.controller.detect import BurstDetector
         ad = ProbeLearner(self.pool, 1 if index % 2 == 0 else -1, self.delta, self.hold) if self.probe else None
         self.ctl[index] = ctl = Controller(biased_base(self.shift), ad, BurstDetector(3))
         ctl.safety.r_min, ctl.safety.r_max = node.config.r_min, node.config.r_max

@@ -57,7 +57,8 @@ def main() -> None:
           "static-best + least-loaded | helm vs baseline | window SLO helm / baseline | burst events |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
     for h, w, s in cells:
-        get = lambda name: results[f"{h}-{w}-s{s}-{name}.json"]                    # noqa: E731
+        def get(name: str) -> dict:
+            return results[f"{h}-{w}-s{s}-{name}.json"]
         helm, base = get("helm-helm"), get("helm-base-helm")
         best_h = min((get(f"static-{r}-helm") for r in GRID), key=lambda d: d["p99_ms"])
         best_ll = min((get(f"static-{r}-least-loaded") for r in GRID), key=lambda d: d["p99_ms"])
