@@ -28,7 +28,7 @@ from helmgr.controller import Controller
 from helmgr.controller.detect import BurstDetector
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.controller.observe import WindowStats
-from helmgr.sim.policies import HelmPolicy
+from helmgr.policy.policies import HelmPolicy
 from helmgr.sim.run import simulate
 
 

@@ -10,8 +10,9 @@ import argparse
 import time
 
 
-from helmgr.node import Node, NodeConfig
-from helmgr.profiles import node_profile
+from helmgr.core.records import NodeConfig
+from helmgr.sim.node import Node
+from helmgr.core.profiles import node_profile
 from helmgr.workload import default_config, synthetic_workload
 
 

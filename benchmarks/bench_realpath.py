@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from helmgr.costs import CostModel
-from helmgr.errors import HelmInputError
-from helmgr.node import NodeConfig
-from helmgr.profiles import MIB, NodeProfile, load_hardware, load_model
+from helmgr.core.costs import CostModel
+from helmgr.core.errors import HelmInputError
+from helmgr.core.records import NodeConfig
+from helmgr.core.profiles import MIB, NodeProfile, load_hardware, load_model
 from helmgr.real.calibrate import DEVICE_DEFAULTS, CalibrateConfig, calibrate, check_device, total_steps
 from helmgr.real.calibrated_toml import check_out, model_path, write_profiles
 from helmgr.real.runtime import PAGE_MIB, NodeRuntime, predicted

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from helmgr.bench import router_bench
+from helmgr.experiments.bench import router_bench
 
 
 def main() -> None:

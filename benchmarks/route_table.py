@@ -65,7 +65,7 @@ def main() -> None:
                   f"{mean('window_slo_satisfaction'):.3f} | {mean('kv_hit_rate'):.3f} | {mean('emb_hit_rate'):.3f} | "
                   f"{mean('utilization'):.2f} | {peak:.2f} |")
     if args.plot:
-        from helmgr.plots import plot_router_p99
+        from helmgr.experiments.plots import plot_router_p99
         plot_router_p99(p99, "P99 by router at each regime's static-best ratio (8 nodes; bars: mean, dots: seeds)",
                         args.plot)
         print(f"\nplot: {args.plot}")

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from helmgr.profiles import HardwareProfile, ModelProfile, NodeProfile
+from helmgr.core.profiles import HardwareProfile, ModelProfile, NodeProfile
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

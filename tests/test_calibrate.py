@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from helmgr.cli import main
-from helmgr.costs import CostModel
-from helmgr.node import NodeConfig
-from helmgr.profiles import MIB, NodeProfile, load_hardware, load_model, node_profile
+from helmgr.core.costs import CostModel
+from helmgr.core.records import NodeConfig
+from helmgr.core.profiles import MIB, NodeProfile, load_hardware, load_model, node_profile
 from helmgr.real.calibrate import CalibrateConfig, compute_shapes, fit_affine, fit_compute, fit_profiles
 from helmgr.real.calibrated_toml import model_path
 from helmgr.real.measure import Measure

@@ -5,7 +5,7 @@ import pytest
 
 from helmgr.controller import Controller, WindowStats
 from helmgr.controller.detect import BurstDetector
-from helmgr.controller.env import HelmEnv
+from helmgr.learn.env import HelmEnv
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.controller.observe import N_FEATURES, Observer, reward
 from helmgr.controller.safety import Safety
@@ -41,7 +41,7 @@ def test_env_is_seeded_and_passes_check_env():
 
 
 def test_exported_policy_matches_the_trained_one():
-    from helmgr.controller.train import export, make_model
+    from helmgr.learn.train import export, make_model
     model, venv = make_model(TINY, seed=3, n_steps=32)
     model.learn(total_timesteps=64)
     p = export(model, venv, max_step=0.05)
@@ -224,7 +224,7 @@ def test_observation_and_reward_by_hand():
 
 def test_helm_policy_drives_every_node_in_the_simulator(tmp_path):
     from helmgr.sim import SimConfig, simulate
-    from helmgr.sim.policies import HelmBase
+    from helmgr.policy.policies import HelmBase
     from tests.test_sim import small
     constant_policy(1.0, max_step=0.05).save(tmp_path / "up.npz")   # always "more EMB"
     r = simulate(SimConfig(nodes=2, ratio=0.3, router="helm", warmup_s=2.0), small(duration_s=6.0),
@@ -243,7 +243,7 @@ def test_burst_events_reach_the_results():
     """A x3.8 burst from 37.9 s to 41.7 s: both nodes' recovery tiers start at the end of the
     first whole window inside it (39 s), and the events are in the run's summary."""
     from helmgr.sim import SimConfig, simulate
-    from helmgr.sim.policies import HelmPolicy
+    from helmgr.policy.policies import HelmPolicy
     from tests.test_sim import small
     w = small("burst", seed=1, duration_s=60.0)
     assert [(round(b.start, 1), round(b.end, 1)) for b in w.bursts] == [(37.9, 41.7)]

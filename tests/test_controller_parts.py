@@ -5,7 +5,7 @@ import pytest
 
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.controller.safety import Safety
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 
 
 def test_safety_clamps_slews_and_keeps_the_last_good_ratio():

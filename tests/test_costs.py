@@ -3,7 +3,7 @@ hbm 1000 GB/s, PCIe 10 GB/s + 10 us, 100 TFLOP/s x 0.5, launch 5 us, host 1 us/r
 2 layers, 2 heads, d_qk = d_v = 4, d_model 8; rows 2 x 8 x 4 = 64 B; K/V 2 x 2 x 8 x 2 = 64 B/token."""
 import pytest
 
-from helmgr.costs import CostModel, attention_pairs
+from helmgr.core.costs import CostModel, attention_pairs
 from tests.conftest import tiny_hardware, tiny_model
 
 

@@ -3,11 +3,12 @@ import json
 import numpy as np
 import pytest
 
-from helmgr.node import Node, NodeConfig
+from helmgr.core.records import NodeConfig
+from helmgr.sim.node import Node
 from helmgr.sim import SimConfig, parse_fault, simulate
-from helmgr.sim.residency import BLOCKED, CHUNK_S, HISTORY_MISS, REFILL_UNTIL, EmbSummary, KVBatch, ResidencyIndex, ResidencyReporter
-from helmgr.sim.route_kernel import FREE, MEMO
-from helmgr.sim.routers import ROUTERS, make_router
+from helmgr.routing.residency import BLOCKED, CHUNK_S, HISTORY_MISS, REFILL_UNTIL, EmbSummary, KVBatch, ResidencyIndex, ResidencyReporter
+from helmgr.routing.kernel import FREE, MEMO
+from helmgr.routing.routers import ROUTERS, make_router
 from tests.conftest import tiny_node_profile
 from tests.test_node import N_ITEMS, history
 from tests.test_sim import small

@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 
 from helmgr.memory import EMB_MISS, KV_ONLOAD
-from helmgr.node import Node, NodeConfig
-from helmgr.profiles import NodeProfile
+from helmgr.core.records import NodeConfig
+from helmgr.sim.node import Node
+from helmgr.core.profiles import NodeProfile
 from tests.conftest import tiny_hardware, tiny_model, tiny_node_profile
 
 N_ITEMS = 200_000

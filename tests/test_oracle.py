@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 from helmgr.sim import SimConfig
 from helmgr.sim.metrics import window_stats
-from helmgr.sim.oracle import run_oracle
+from helmgr.experiments.oracle import run_oracle
 from helmgr.workload import default_config, synthetic_workload
 
 GRID = [0.1, 0.5, 0.9]

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from helmgr.sim import SimConfig, simulate
-from helmgr.sim.policies import NodeWindow, Static
+from helmgr.policy.policies import NodeWindow, Static
 from helmgr.workload import default_config, synthetic_workload
 from helmgr.workload.arrivals import SessionShape
 

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 from helmgr.memory import EmbCache, HBMPool, KVCache
 
 PAGE = 1000

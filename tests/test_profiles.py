@@ -2,10 +2,10 @@ from importlib import resources
 
 import pytest
 
-from helmgr.errors import HelmInputError
-from helmgr.profiles import GIB, available, load_hardware, load_model, node_profile
+from helmgr.core.errors import HelmInputError
+from helmgr.core.profiles import GIB, available, load_hardware, load_model, node_profile
 
-A100_TOML = resources.files("helmgr.profiles") / "hardware" / "a100-80g.toml"
+A100_TOML = resources.files("helmgr.core.profiles") / "hardware" / "a100-80g.toml"
 
 
 def test_presets_exist():

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helmgr.profiles import load_model
+from helmgr.core.profiles import load_model
 from helmgr.real import DevicePool, HSTUModel, KVLayout, PagedKVCache, shrink
 
 torch.set_num_threads(1)

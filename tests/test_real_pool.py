@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 from helmgr.real import DevicePool
 
 torch.set_num_threads(1)

@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 
-from helmgr.node import NodeConfig
-from helmgr.profiles import NodeProfile, load_hardware, load_model
+from helmgr.core.records import NodeConfig
+from helmgr.core.profiles import NodeProfile, load_hardware, load_model
 from helmgr.real.runtime import NodeRuntime, predicted, runtime_model
-from helmgr.sim.policies import Scheduled
+from helmgr.policy.policies import Scheduled
 
 torch.set_num_threads(1)
 

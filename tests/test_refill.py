@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from helmgr.memory import REFILL, H2DLink
-from helmgr.node import Node, NodeConfig
+from helmgr.core.records import NodeConfig
+from helmgr.sim.node import Node
 from tests.conftest import tiny_node_profile
 
 N_ITEMS = 100_000

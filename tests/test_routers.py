@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from helmgr.errors import HelmInputError
-from helmgr.sim.routers import ROUTERS, make_router
+from helmgr.core.errors import HelmInputError
+from helmgr.routing.routers import ROUTERS, make_router
 
 
 def bound(name, n=4, **kw):

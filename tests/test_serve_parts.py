@@ -8,7 +8,7 @@ from helmgr.serve.config import ServeConfig
 from helmgr.serve.node import ServeNode, with_new, window_stats
 from helmgr.serve.report import apply_report
 from helmgr.serve.routing import HelmRouting, ReplicaNodes
-from helmgr.sim.residency import ResidencyIndex
+from helmgr.routing.residency import ResidencyIndex
 
 SMALL = ServeConfig(replicas=2, n_items=4096, candidates=8, pool_mib=4.0, shrink=32, len_median=40.0, len_cap=128,
                     n_users=1000, controller=False)

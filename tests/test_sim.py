@@ -4,10 +4,10 @@ import math
 import numpy as np
 import pytest
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 from helmgr.sim import SimConfig, parse_fault, simulate
 from helmgr.sim.metrics import mean_ratio, node_load_peak, window_stats
-from helmgr.sim.policies import Scheduled
+from helmgr.policy.policies import Scheduled
 from helmgr.workload import default_config, synthetic_workload
 from helmgr.workload.arrivals import SessionShape
 

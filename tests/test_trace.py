@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from helmgr.errors import HelmInputError, TraceFormatError
+from helmgr.core.errors import HelmInputError, TraceFormatError
 from helmgr.workload import describe, read_trace, trace_workload
 
 HEADER = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"

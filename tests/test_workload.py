@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 from helmgr.workload import default_config, describe, parse_regime, synthetic_workload
 from helmgr.workload.chunk import ragged_positions
 from helmgr.workload.popularity import ItemSpace, zipf_pmf, zipf_ranks
@@ -133,7 +133,7 @@ def test_steady_is_steady(default_regimes):
 
 
 def test_scalar_and_vector_hashes_agree():
-    from helmgr.workload.users import hash_uniform, hash_uniform_one
+    from helmgr.core.hashing import hash_uniform, hash_uniform_one
     users = np.array([0, 1, 12345, 2**40 + 7])
     np.testing.assert_array_equal(hash_uniform(users, 36), [hash_uniform_one(int(u), 36) for u in users])
 

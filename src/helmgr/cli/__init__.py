@@ -18,7 +18,7 @@ from helmgr.cli.simulate_cmd import simulate_cmd
 from helmgr.cli.sweep_cmd import sweep_cmd
 from helmgr.cli.train_cmd import train_cmd
 from helmgr.cli.workload_cmd import workload
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -5,8 +5,8 @@ import click
 from rich.table import Table
 
 from helmgr.cli.output import emit_json, json_option, progress, stderr
-from helmgr.errors import HelmInputError
-from helmgr.sim.routers import ROUTERS
+from helmgr.core.errors import HelmInputError
+from helmgr.routing.routers import ROUTERS
 
 
 def _sizes(text: str) -> list[int]:
@@ -49,7 +49,7 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
     if cold_mb and not controller:
         raise HelmInputError(f"--cold-mb {cold_mb} goes with --controller")
     if controller:
-        from helmgr.bench import controller_bench
+        from helmgr.experiments.bench import controller_bench
         r = controller_bench(policy_path, decisions, cold_mb=cold_mb)
         if as_json:
             emit_json(r)
@@ -58,7 +58,7 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
             stderr.print(f"controller ({r['policy']}{cold}): {r['steps']:,} decisions: p50 {r['p50_us']:.1f} us, "
                          f"p99 {r['p99_us']:.1f} us, p99.9 {r['p999_us']:.1f} us")
         return
-    from helmgr.bench import router_bench
+    from helmgr.experiments.bench import router_bench
     sizes = _sizes(nodes)
     with progress("bench", None) as bar:
         task = bar.add_task(f"{router_name}: runs", total=len(sizes) * repeats)

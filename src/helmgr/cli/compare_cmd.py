@@ -16,10 +16,12 @@ from helmgr.cli.output import emit_json, json_option, out_option, progress, resu
 from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.sweep_cmd import parse_ratios, sweep_rows
 from helmgr.cli.workload_cmd import build_workload, workload_options
-from helmgr.errors import HelmInputError
-from helmgr.sim import POLICIES, ROUTERS, simulate
+from helmgr.core.errors import HelmInputError
+from helmgr.policy import POLICIES
+from helmgr.routing import ROUTERS
+from helmgr.sim import simulate
 from helmgr.sim.metrics import oracle_distance
-from helmgr.sim.oracle import run_oracle
+from helmgr.experiments.oracle import run_oracle
 
 ALL = ("static", "static-best", "independent", "adaptive", "latency-driven", "oracle")
 COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "mean_ratio",
@@ -120,7 +122,7 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
               "held_r_star": None if held_r_star is None else [float(x) for x in held_r_star], "results": rows}
     with result_dir(out_dir) as scratch:
         if scratch is not None:
-            from helmgr.plots import plot_compare
+            from helmgr.experiments.plots import plot_compare
             (scratch / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
             (scratch / "compare.md").write_text(_markdown(result))
             plot_compare(rows, timelines, r_star, f"{w.name}, {nodes} nodes, seed {seed}", scratch)

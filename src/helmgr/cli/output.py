@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 
 stderr = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 stdout = Console()

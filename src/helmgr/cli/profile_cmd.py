@@ -4,8 +4,8 @@ from __future__ import annotations
 import click
 
 from helmgr.cli.output import emit_json, json_option, stderr, table
-from helmgr.costs import CostModel
-from helmgr.profiles import GIB, available, node_profile
+from helmgr.core.costs import CostModel
+from helmgr.core.profiles import GIB, available, node_profile
 
 
 @click.command()

@@ -49,7 +49,7 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
     curl -s localhost:8000/v1/recommend -H 'content-type: application/json' \\
          -d '{"user_id": 5, "new_items": [1, 2], "candidates": [3, 4, 5]}'
     """
-    from helmgr.profiles import load_hardware
+    from helmgr.core.profiles import load_hardware
     from helmgr.serve.app import start, stop
 
     hardware = hardware or ("cpu-ref" if device == "cpu" else "a100-80g")

@@ -8,8 +8,10 @@ import click
 from helmgr.cli.output import emit_json, json_option, markdown_table, out_option, progress, result_dir, stderr, table
 from helmgr.cli.workload_cmd import build_workload, workload_options
 from helmgr.memory.refill import REFILL_MODES
-from helmgr.profiles import available
-from helmgr.sim import POLICIES, ROUTERS, SimConfig, parse_fault, simulate
+from helmgr.core.profiles import available
+from helmgr.policy import POLICIES
+from helmgr.routing import ROUTERS
+from helmgr.sim import SimConfig, parse_fault, simulate
 
 SHOWN = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
          "window_slo_satisfaction", "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "h2d_gb",
@@ -79,7 +81,7 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
     summary = result.summary
     with result_dir(out_dir) as scratch:
         if scratch is not None:
-            from helmgr.plots import plot_simulation
+            from helmgr.experiments.plots import plot_simulation
             title = f"{w.name}, {nodes} nodes, {summary['policy']} r={ratio:g}, {summary['router']}"
             pngs = plot_simulation(result.series, title, scratch)
             (scratch / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -12,7 +12,7 @@ from rich.table import Table
 from helmgr.cli.output import emit_json, json_option, out_option, progress, result_dir, stderr
 from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.workload_cmd import build_workload, workload_options
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 from helmgr.sim import simulate
 
 COLUMNS = ("ratio", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "emb_hit_rate", "kv_hit_rate",
@@ -97,7 +97,7 @@ def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression
                "worst_over_best": worst["p99_ms"] / best["p99_ms"], "rows": rows}
     with result_dir(out_dir) as scratch:
         if scratch is not None:
-            from helmgr.plots import plot_sweep
+            from helmgr.experiments.plots import plot_sweep
             (scratch / "sweep.json").write_text(json.dumps(summary, indent=2) + "\n")
             (scratch / "sweep.md").write_text(_markdown(summary))
             plot_sweep(rows, f"{w.name}: static sweep, {nodes} nodes, {router}", scratch / "sweep.png")

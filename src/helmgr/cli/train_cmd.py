@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from helmgr.cli.output import emit_json, json_option, progress, stderr
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 from helmgr.workload.synthetic import parse_regime
 
 
@@ -39,7 +39,7 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, n_envs,
         raise HelmInputError(f"--workloads {workloads!r} names no regime")
     if out_path.exists() and out_path.is_dir():
         raise HelmInputError(f"--out {str(out_path)!r} is a folder")
-    from helmgr.controller.train import train
+    from helmgr.learn.train import train
     with progress("train", timesteps) as bar:
         task = bar.add_task(f"PPO {'+'.join(regimes)} seed {seed}", total=timesteps)
         result = train(timesteps, seed, out_path, runs_dir, {"regimes": regimes, "episode_s": episode_s, "relative": relative},

@@ -60,7 +60,7 @@ def workload(regime, duration, seed, rps, trace, trace_format, time_compression,
     summary = {"workload": w.name, "seed": seed, "bursts": len(w.bursts)} | summary
     with result_dir(out_dir) as scratch:
         if scratch is not None:
-            from helmgr.plots import plot_workload
+            from helmgr.experiments.plots import plot_workload
             (scratch / "workload.json").write_text(json.dumps(summary, indent=2) + "\n")
             (scratch / "workload.md").write_text(f"# Workload `{w.name}` (seed {seed})\n\n" + markdown_table(summary)
                                                  + "\n![arrival rate and hot-set turnover](workload.png)\n")

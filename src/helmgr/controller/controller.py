@@ -52,7 +52,7 @@ from helmgr.controller.mlp import MLPPolicy
 from helmgr.controller.observe import (MISS_PENALTY, MOVE_COST, N_FEATURES, Observer, WindowStats, p99_over_slo,
                                       reward)
 from helmgr.controller.safety import Safety
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 
 DEFAULT_POLICY = "default_policy.npz"
 MIN_MOVE = 0.03        # the node's ratio follows the target only in moves of at least this (Safety.settle)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from helmgr.controller.kernel import forward
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 
 
 class MLPPolicy:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from helmgr.workload.users import splitmix64
+from helmgr.core.hashing import splitmix64
 
 
 def stack_distances(keys: np.ndarray, sizes: np.ndarray | None = None) -> np.ndarray:

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,9 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 import torch
 
-from helmgr.errors import HelmInputError
-from helmgr.node import NodeConfig
-from helmgr.profiles import GIB, MIB, HardwareProfile, ModelProfile, NodeProfile, load_hardware
+from helmgr.core.errors import HelmInputError
+from helmgr.core.records import NodeConfig
+from helmgr.core.profiles import GIB, MIB, HardwareProfile, ModelProfile, NodeProfile, load_hardware
 from helmgr.real.measure import Measure, Shape, sizes
 from helmgr.real.runtime import PAGE_MIB, NodeRuntime, runtime_model
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 from helmgr.real.calibrate import Calibration
 from helmgr.real.runtime import PAGE_MIB
 

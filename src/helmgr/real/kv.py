@@ -16,7 +16,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from helmgr.memory.pool import SizeInfo
-from helmgr.profiles import ModelProfile
+from helmgr.core.profiles import ModelProfile
 from helmgr.real.pool import DevicePool
 
 

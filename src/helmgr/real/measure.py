@@ -20,8 +20,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from helmgr.costs import CostModel
-from helmgr.errors import HelmInputError
+from helmgr.core.costs import CostModel
+from helmgr.core.errors import HelmInputError
 from helmgr.real.emb import EMPTY
 from helmgr.real.runtime import NodeRuntime
 

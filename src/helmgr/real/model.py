@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helmgr.profiles import ModelProfile
+from helmgr.core.profiles import ModelProfile
 from helmgr.real.kv import KVLayout, PrefixKV
 
 

@@ -18,10 +18,10 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from helmgr.costs import CostModel, ServiceBreakdown
+from helmgr.core.costs import CostModel, ServiceBreakdown
 from helmgr.memory.pool import ResizePlan
-from helmgr.node import History, NodeConfig, NodeStats
-from helmgr.profiles import ModelProfile, NodeProfile, load_model
+from helmgr.core.records import History, NodeConfig, NodeStats
+from helmgr.core.profiles import ModelProfile, NodeProfile, load_model
 from helmgr.real.emb import DeviceEmbCache
 from helmgr.real.kv import PagedKVCache, PrefixKV
 from helmgr.real.model import HSTUModel, shrink

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from helmgr.errors import HelmInputError
-from helmgr.node import NodeConfig
-from helmgr.profiles import GIB, MIB, NodeProfile, load_hardware
+from helmgr.core.errors import HelmInputError
+from helmgr.core.records import NodeConfig
+from helmgr.core.profiles import GIB, MIB, NodeProfile, load_hardware
 from helmgr.workload import SyntheticConfig, default_config
 
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 from helmgr.serve.config import ServeConfig
 from helmgr.workload import synthetic_workload
 

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from helmgr.controller import Controller, WindowStats
-from helmgr.node import NodeStats
+from helmgr.core.records import NodeStats
 from helmgr.real.runtime import NodeRuntime
 from helmgr.serve.config import ServeConfig
 from helmgr.serve.report import Reporter

@@ -27,7 +27,7 @@ from collections import deque
 import numpy as np
 
 from helmgr.real.emb import EMPTY
-from helmgr.sim.residency import EmbSummary, KVBatch, ResidencyIndex
+from helmgr.routing.residency import EmbSummary, KVBatch, ResidencyIndex
 
 
 def _b64(a: np.ndarray) -> str:

@@ -20,9 +20,9 @@ from typing import Callable, Hashable
 
 import numpy as np
 
-from helmgr.costs import CostModel
-from helmgr.sim import route_kernel
-from helmgr.sim.routers import Helm
+from helmgr.core.costs import CostModel
+from helmgr.routing import kernel as route_kernel
+from helmgr.routing.routers import Helm
 from helmgr.serve.config import ServeConfig
 from helmgr.serve.report import apply_report
 

@@ -13,14 +13,15 @@ from heapq import heappop, heappush
 
 import numpy as np
 
-from helmgr.errors import HelmInputError
-from helmgr.node import Node, NodeConfig, Service
-from helmgr.profiles import NodeProfile
+from helmgr.core.errors import HelmInputError
+from helmgr.core.records import NodeConfig, Service
+from helmgr.sim.node import Node
+from helmgr.core.profiles import NodeProfile
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Recorder
-from helmgr.sim.policies import MemoryPolicy, NodeWindow
-from helmgr.sim.residency import ResidencyReporter
-from helmgr.sim.routers import Router
+from helmgr.policy.policies import MemoryPolicy, NodeWindow
+from helmgr.routing.residency import ResidencyReporter
+from helmgr.routing.routers import Router
 from helmgr.workload import Workload
 
 # event kinds, in the order they run when due at the same time (arrivals run last)

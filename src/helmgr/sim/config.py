@@ -5,7 +5,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,12 +4,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from helmgr.profiles import NodeProfile, node_profile
+from helmgr.core.profiles import NodeProfile, node_profile
 from helmgr.sim.cluster import Cluster
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Series, summarize
-from helmgr.sim.policies import MemoryPolicy, make_policy
-from helmgr.sim.routers import Router, make_router
+from helmgr.policy.policies import MemoryPolicy, make_policy
+from helmgr.routing.routers import Router, make_router
 from helmgr.workload import Workload
 
 

@@ -11,7 +11,8 @@ import numpy as np
 
 from helmgr.workload.chunk import ragged_positions
 from helmgr.workload.popularity import ItemSpace, zipf_ranks
-from helmgr.workload.users import SyntheticUsers, hash_uniform, hash_uniform_one
+from helmgr.core.hashing import hash_uniform, hash_uniform_one
+from helmgr.workload.users import SyntheticUsers
 
 
 class SyntheticHistory:

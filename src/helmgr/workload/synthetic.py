@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 from helmgr.workload.arrivals import BurstSource, Population, SessionShape, SessionSource, burst_schedule
 from helmgr.workload.candidates import SyntheticCandidates
 from helmgr.workload.history import SyntheticHistory

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from helmgr.errors import HelmInputError, TraceFormatError
+from helmgr.core.errors import HelmInputError, TraceFormatError
 from helmgr.workload.arrivals import BurstSource, Population, SessionShape, burst_schedule
 from helmgr.workload.candidates import PoolCandidates
 from helmgr.workload.chunk import RequestTable

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from helmgr.controller.env import HelmEnv
+from helmgr.learn.env import HelmEnv
 from helmgr.controller.mlp import MLPPolicy
 
 

@@ -11,11 +11,11 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
-from helmgr.costs import CostModel
-from helmgr.sim import route_kernel
-from helmgr.sim.route_kernel import decide as _decide
-from helmgr.sim.residency import HISTORY_MISS, ResidencyIndex
-from helmgr.workload.users import hash_uniform_one
+from helmgr.core.costs import CostModel
+from helmgr.routing import kernel as route_kernel
+from helmgr.routing.kernel import decide as _decide
+from helmgr.routing.residency import HISTORY_MISS, ResidencyIndex
+from helmgr.core.hashing import hash_uniform_one
 
 DOWN = 1 << 40                          # the load a router sees on a node that is down
 
@@ -361,7 +361,7 @@ ROUTERS = {r.name: r for r in (RoundRobin, LeastLoaded, PowerOfTwo, Affinity, Pr
 
 
 def make_router(name: str) -> Router:
-    from helmgr.errors import HelmInputError
+    from helmgr.core.errors import HelmInputError
     try:
         return ROUTERS[name]()
     except KeyError:

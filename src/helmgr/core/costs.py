@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from helmgr.profiles import HardwareProfile, ModelProfile, NodeProfile
+from helmgr.core.profiles import HardwareProfile, ModelProfile, NodeProfile
 
 
 def attention_pairs(cached: int, tokens: int) -> int:

@@ -7,82 +7,12 @@ request completes; queueing in front of the node belongs to the simulator.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, NamedTuple
-
 import numpy as np
 
-from helmgr.costs import CostModel
+from helmgr.core.costs import CostModel
+from helmgr.core.records import History, NodeConfig, NodeStats, Service
 from helmgr.memory import EMB_MISS, KV_ONLOAD, EmbCache, H2DLink, HBMPool, KVCache, ResizePlan, make_refill
-from helmgr.profiles import GIB, NodeProfile
-
-# history(user, start, stop) -> item ids of the user's history positions [start, stop)
-History = Callable[[int, int, int], np.ndarray]
-
-
-@dataclass(frozen=True, slots=True)
-class NodeConfig:
-    ratio: float = 0.5
-    r_min: float = 0.05
-    r_max: float = 0.95
-    refill: str = "lazy"
-    refill_share: float = 0.25
-    emb_policy: str = "lfu"
-    emb_decay: float = 0.99          # per refresh: with 1-s refreshes, a ~100-s memory (docs/node.md)
-    kv_tail_first: bool = False
-    host_kv_gib: float = 0.0
-
-
-class Service(NamedTuple):
-    """One request's service on a node."""
-
-    start: float
-    end: float
-    kv_tokens: int          # prefix positions not recomputed (HBM hit + host onload)
-    ids: int                # rows looked up
-    misses: int             # rows fetched over PCIe
-    unfilled_misses: int    # of which on rows a resize/refresh left unfilled
-    fetch_s: float          # host gathers + H2D copies before compute, link queueing included
-    recompute_s: float      # prefix positions recomputed
-
-
-class NodeStats:
-    __slots__ = ("requests", "cold_requests", "prefix_tokens", "kv_hit_tokens", "onload_tokens", "ids", "misses",
-                 "unfilled_misses", "kv_shadow_tokens", "token_ids", "token_misses", "busy_s", "refill_blocked_s",
-                 "emb_wait_s", "recompute_s")
-
-    def __init__(self):
-        self.requests = self.cold_requests = self.prefix_tokens = self.kv_hit_tokens = self.onload_tokens = 0
-        self.ids = self.misses = self.unfilled_misses = self.kv_shadow_tokens = 0
-        self.token_ids = self.token_misses = 0     # rows of computed tokens (not candidates) and their misses
-        self.busy_s = self.refill_blocked_s = 0.0
-        self.emb_wait_s = 0.0       # host gathers + H2D copies (queueing included) before compute
-        self.recompute_s = 0.0      # prefix positions recomputed (FLOPs time)
-
-    def count(self, prefix_len: int, cached: int, ids: int, misses: int, tokens: int, token_misses: int,
-              busy_s: float, onload: int = 0, unfilled: int = 0) -> None:
-        """One request served: its prefix and how much of it was cached, the rows it looked up and
-        missed (all, and those of computed tokens), its busy time."""
-        self.requests += 1
-        self.prefix_tokens += prefix_len
-        self.kv_hit_tokens += cached
-        self.onload_tokens += onload
-        self.ids += ids
-        self.misses += misses
-        self.token_ids += tokens
-        self.token_misses += token_misses
-        self.unfilled_misses += unfilled
-        self.busy_s += busy_s
-
-    @property
-    def emb_hit_rate(self) -> float:
-        return 1.0 - self.misses / self.ids if self.ids else 0.0
-
-    @property
-    def kv_hit_rate(self) -> float:
-        """Share of prefix positions served from cache (HBM or host), token-weighted."""
-        return (self.kv_hit_tokens + self.onload_tokens) / self.prefix_tokens if self.prefix_tokens else 0.0
-
+from helmgr.core.profiles import GIB, NodeProfile
 
 class Node:
     def __init__(self, profile: NodeProfile, n_items: int, config: NodeConfig = NodeConfig(), node_id: int = 0):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -140,7 +140,7 @@ def _load(kind: str, name_or_path: str, cls):
     if path.suffix == ".toml" and path.exists():
         text = path.read_text()
     else:
-        files = resources.files("helmgr.profiles").joinpath(kind)
+        files = resources.files("helmgr.core.profiles").joinpath(kind)
         candidate = files.joinpath(f"{name_or_path}.toml")
         if not candidate.is_file():
             known = ", ".join(sorted(available(kind)))
@@ -166,7 +166,7 @@ def _load(kind: str, name_or_path: str, cls):
 
 
 def available(kind: str) -> list[str]:
-    files = resources.files("helmgr.profiles").joinpath(kind)
+    files = resources.files("helmgr.core.profiles").joinpath(kind)
     return [p.name.removesuffix(".toml") for p in files.iterdir() if p.name.endswith(".toml")]
 
 

@@ -3,7 +3,7 @@
 A decision tests a few dozen item ids against each candidate's resident bitmap and evaluates the
 cost model a handful of times. In numpy that is six or more calls on tiny arrays (~2 µs each on a
 2-core CI box); compiled, the whole loop is about one microsecond. The arithmetic is the cost
-model's (helmgr.costs): `tests/test_helm_router.py` checks that a node the router knows exactly
+model's (helmgr.core.costs): `tests/test_helm_router.py` checks that a node the router knows exactly
 is priced at exactly what `Node.serve` charges.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from helmgr.sim.residency import BLOCKED, CHUNK_S, HISTORY_MISS, REFILL_UNTIL
+from helmgr.routing.residency import BLOCKED, CHUNK_S, HISTORY_MISS, REFILL_UNTIL
 
 # the router's vector: CostModel folded, the router's switches, and two slots the kernel keeps
 # (the next unused random draw, the last decision's least-wait node)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helmgr.errors import HelmInputError
+from helmgr.core.errors import HelmInputError
 from helmgr.memory.mrc import miss_ratio_curve, shards_sample, stack_distances
 
 

@@ -14,10 +14,10 @@ from collections import deque
 
 import numpy as np
 
-from helmgr.costs import CostModel
-from helmgr.profiles import node_profile
-from helmgr.sim.residency import EmbSummary, KVBatch
-from helmgr.sim.routers import make_router
+from helmgr.core.costs import CostModel
+from helmgr.core.profiles import node_profile
+from helmgr.routing.residency import EmbSummary, KVBatch
+from helmgr.routing.routers import make_router
 
 
 def request_sample(seconds: float = 10.0, seed: int = 1):

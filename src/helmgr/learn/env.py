@@ -19,11 +19,11 @@ import gymnasium as gym
 import numpy as np
 
 from helmgr.controller.observe import N_FEATURES, Observer, WindowStats, reward
-from helmgr.profiles import node_profile
+from helmgr.core.profiles import node_profile
 from helmgr.sim.cluster import Cluster
 from helmgr.sim.config import SimConfig
-from helmgr.sim.policies import MemoryPolicy
-from helmgr.sim.routers import make_router
+from helmgr.policy.policies import MemoryPolicy
+from helmgr.routing.routers import make_router
 from helmgr.workload import default_config, synthetic_workload
 
 

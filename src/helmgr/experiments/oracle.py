@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helmgr.errors import HelmInputError
-from helmgr.profiles import node_profile
+from helmgr.core.errors import HelmInputError
+from helmgr.core.profiles import node_profile
 from helmgr.sim.cluster import Cluster
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Series, summarize
-from helmgr.sim.policies import Static
-from helmgr.sim.routers import make_router
+from helmgr.policy.policies import Static
+from helmgr.routing.routers import make_router
 from helmgr.workload import Workload
 
 _STATE: dict = {}            # what forked workers replay from (inherited, never pickled)

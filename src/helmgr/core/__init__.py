@@ -1,0 +1,1 @@
+"""Core: typed records, profiles, the cost model, errors and stable hashes — what every layer uses."""

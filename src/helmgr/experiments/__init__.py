@@ -1,0 +1,1 @@
+"""Studies over the simulator: static-best, the oracle, comparisons, sweeps, benchmarks, plots."""

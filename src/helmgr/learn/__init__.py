@@ -1,0 +1,1 @@
+"""Learning the base policy (SPEC 6): the Gymnasium environment over the simulator, PPO training."""
