@@ -27,7 +27,7 @@ from helmgr.cli.workload_cmd import build_workload
 from helmgr.controller import Controller
 from helmgr.controller.detect import BurstDetector
 from helmgr.controller.mlp import MLPPolicy
-from helmgr.controller.observe import WindowStats
+from helmgr.core.window import WindowStats
 from helmgr.policy.policies import HelmPolicy
 from helmgr.sim.run import simulate
 

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from helmgr.sim import SimConfig, simulate
-from helmgr.policy.policies import NodeWindow, Static
+from helmgr.core.window import NodeWindow
+from helmgr.policy.policies import Static
 from helmgr.workload import default_config, synthetic_workload
 from helmgr.workload.arrivals import SessionShape
 

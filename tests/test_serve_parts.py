@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from helmgr.serve.config import ServeConfig
-from helmgr.serve.node import ServeNode, with_new, window_stats
+from helmgr.serve.node import ServeNode, with_new
 from helmgr.serve.report import apply_report
 from helmgr.serve.routing import HelmRouting, ReplicaNodes
 from helmgr.routing.residency import ResidencyIndex
@@ -101,15 +101,27 @@ def test_with_new_puts_the_requests_items_after_the_prefix():
     assert ids(0, 6, 8).tolist() == [2, 3]
 
 
-def test_window_stats_from_stat_deltas():
-    before = dict(requests=10, cold_requests=1, prefix_tokens=1000, kv_hit_tokens=500, ids=200, misses=50,
-                  emb_wait_s=0.1, recompute_s=0.1)
-    now = dict(requests=20, cold_requests=3, prefix_tokens=2000, kv_hit_tokens=1250, ids=400, misses=70,
-               emb_wait_s=0.2, recompute_s=0.4)
-    w = window_stats(before, now, [0.01] * 9 + [0.05], 2.0, 0.4, 0.03, 1)
-    assert w.arrival_rps == 5.0 and w.kv_hit_rate == 0.75 and w.emb_hit_rate == 0.9
-    assert w.new_user_share == 0.2 and w.emb_time_share == pytest.approx(0.25) and w.p99_s > 0.01
-    assert window_stats(before, before, [], 1.0, 0.4, 0.03, 0).p99_s is None
+def test_serving_windows_are_the_simulators_windows():
+    """A replica's window goes through core.window like a simulated node's: counter deltas,
+    the latencies that completed, rates from WindowStats.from_window."""
+    now = [0.0]
+    node = ServeNode(ServeConfig.from_dict(SMALL.to_dict()), clock=lambda: now[0])
+    h = node.history
+    for user in (3, 4):
+        node.serve(user, 20, h(user, 20, 24), np.arange(8))
+    for lat in [0.01] * 9 + [0.05]:
+        node.finished(lat)
+    s = node.runtime.stats
+    now[0] = 2.0
+    w = node.window(queue_len=1)
+    assert w.arrival_rps == 2 / 2.0 and w.queue_len == 1.0
+    assert w.emb_hit_rate == pytest.approx(1.0 - s.misses / s.ids)
+    assert w.kv_hit_rate == 0.0 and w.new_user_share == 2 / 10          # two cold requests, ten finished
+    assert w.p99_s == pytest.approx(np.percentile([0.01] * 9 + [0.05], 99))
+    assert w.h2d_utilization == pytest.approx(min(1.0, s.emb_wait_s / 2.0))
+    now[0] = 3.0
+    empty = node.window()
+    assert empty.p99_s is None and empty.arrival_rps == 0.0 and empty.emb_hit_rate == 1.0
 
 
 def test_serve_node_reports_what_it_holds_and_the_controller_resizes():

@@ -1,7 +1,6 @@
-"""What the controller sees and what it is paid (SPEC 6): a stats record a serving stack can fill,
-the fixed observation vector built from it, and the window reward.
+"""What the controller sees and what it is paid (SPEC 6): the fixed observation vector built from
+a node's `WindowStats` (helmgr.core.window), and the window reward.
 
-`WindowStats` is the library API's input: one node's last control window, in plain units.
 `Observer` turns a stream of them into observations: it keeps the long-run mean arrival rate
 (EWMA) and the previous window's rate, so the vector carries the rate relative to normal and
 its change. Every feature is finite (missing P99 -> 0, empty windows -> neutral values).
@@ -9,43 +8,15 @@ its change. Every feature is finite (missing P99 -> 0, empty windows -> neutral 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
+
+from helmgr.core.window import WindowStats
 
 FEATURES = ("ratio", "emb_hit_rate", "kv_hit_rate", "arrival_vs_mean", "arrival_change", "log_queue",
             "p99_over_slo", "h2d_utilization", "new_user_share", "emb_time_share")
 N_FEATURES = len(FEATURES)
 P99_CAP = 10.0              # p99 / SLO beyond this is "far over"; keeps the vector bounded
-
-
-@dataclass(frozen=True, slots=True)
-class WindowStats:
-    """One node's last window. Rates in [0, 1]; a field a stack cannot measure may be left at its
-    default (the controller then sees a neutral value)."""
-
-    ratio: float                    # EMB share of the pool now
-    arrival_rps: float              # requests that arrived at the node per second
-    p99_s: float | None             # P99 latency of the window's requests (None: no request)
-    slo_s: float                    # the latency objective
-    emb_hit_rate: float = 1.0
-    kv_hit_rate: float = 1.0
-    queue_len: float = 0.0          # requests waiting at the window's end
-    h2d_utilization: float = 0.0    # share of the window the H2D link was busy
-    new_user_share: float = 0.0     # share of requests with nothing of their prefix cached
-    emb_time_share: float = 0.5     # EMB-fetch time / (EMB-fetch + prefix-recompute time)
-
-    @classmethod
-    def from_window(cls, w, slo_s: float) -> "WindowStats":
-        """From the simulator's `NodeWindow`."""
-        span = max(w.span_s, 1e-9)
-        fetch, recompute = w.emb_wait_s, w.recompute_s
-        return cls(ratio=w.ratio, arrival_rps=w.arrivals / span, p99_s=w.p99_s, slo_s=slo_s,
-                   emb_hit_rate=1.0 - w.emb_misses / w.emb_ids if w.emb_ids else 1.0,
-                   kv_hit_rate=w.kv_hit_tokens / w.kv_prefix_tokens if w.kv_prefix_tokens else 1.0,
-                   queue_len=float(w.queue_len), h2d_utilization=min(1.0, w.h2d_busy_s / span),
-                   new_user_share=w.cold_requests / w.completed if w.completed else 0.0,
-                   emb_time_share=fetch / (fetch + recompute) if fetch + recompute > 0 else 0.5)
 
 
 def p99_over_slo(s: WindowStats) -> float:

@@ -7,6 +7,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from helmgr.core.window import NodeCounters
+
 # history(user, start, stop) -> item ids of the user's history positions [start, stop)
 History = Callable[[int, int, int], np.ndarray]
 
@@ -64,6 +66,13 @@ class NodeStats:
         self.token_misses += token_misses
         self.unfilled_misses += unfilled
         self.busy_s += busy_s
+
+    def counters(self, h2d_busy_s: float, emb_shadow_hits: int = 0) -> NodeCounters:
+        """The totals a window is the difference of; the H2D busy time and shadow hits come from
+        the backend, which owns the link and the cache."""
+        return NodeCounters(self.busy_s, self.ids, self.misses, self.prefix_tokens,
+                            self.kv_hit_tokens + self.onload_tokens, self.cold_requests, self.emb_wait_s,
+                            self.recompute_s, h2d_busy_s, emb_shadow_hits, self.kv_shadow_tokens)
 
     @property
     def emb_hit_rate(self) -> float:

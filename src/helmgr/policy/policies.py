@@ -6,39 +6,11 @@ ratio (`decide`; None leaves it). Observations are plain data, the same for ever
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from helmgr.core.errors import HelmInputError
+from helmgr.core.window import NodeWindow, WindowStats
 from helmgr.memory.mrc import miss_ratio_curve, shards_sample, stack_distances
-
-
-@dataclass(frozen=True, slots=True)
-class NodeWindow:
-    """One node's last metrics window."""
-
-    node: int
-    t: float                 # window end
-    span_s: float
-    ratio: float
-    arrivals: int            # routed to this node in the window
-    completed: int
-    p99_s: float | None      # of requests completed in the window
-    queue_len: int
-    busy_s: float
-    emb_ids: int
-    emb_misses: int
-    kv_prefix_tokens: int
-    kv_hit_tokens: int
-    cold_requests: int       # requests with nothing of their prefix cached
-    emb_wait_s: float        # time on host gathers + H2D copies
-    recompute_s: float       # time recomputing prefixes
-    h2d_busy_s: float
-    emb_shadow_hits: int     # accesses to rows just outside the EMB cache (when tracked)
-    kv_shadow_tokens: int    # prefix tokens recently evicted KV would have saved (when tracked)
-    tail_fetch_s: float = 0.0      # EMB fetch time of the requests at or above the window's P99
-    tail_recompute_s: float = 0.0  # prefix recompute time of the same requests
 
 
 class MemoryPolicy:
@@ -235,7 +207,6 @@ class HelmPolicy(MemoryPolicy):
         self.slo[index] = node.profile.model.slo_ms * 1e-3
 
     def observe(self, index, w, node):
-        from helmgr.controller.observe import WindowStats
         ctl = self.ctl[index]
         seen = len(ctl.events)
         self.target[index] = ctl.step(WindowStats.from_window(w, self.slo[index]))

@@ -19,9 +19,10 @@ import numpy as np
 import torch
 
 from helmgr.core.costs import CostModel, ServiceBreakdown
-from helmgr.memory.pool import ResizePlan
-from helmgr.core.records import History, NodeConfig, NodeStats
 from helmgr.core.profiles import ModelProfile, NodeProfile, load_model
+from helmgr.core.records import History, NodeConfig, NodeStats
+from helmgr.core.window import NodeCounters
+from helmgr.memory.pool import ResizePlan
 from helmgr.real.emb import DeviceEmbCache
 from helmgr.real.kv import PagedKVCache, PrefixKV
 from helmgr.real.model import HSTUModel, shrink
@@ -113,6 +114,11 @@ class NodeRuntime:
         """The simulated node re-ranks its EMB cache here; the device cache admits on every
         lookup instead, so there is nothing to do and no refill to wake."""
         return None
+
+    def counters(self) -> NodeCounters:
+        """Running totals, for windows. There is no link model here: the H2D busy time is the
+        measured fetch time (host gathers + copies)."""
+        return self.stats.counters(self.stats.emb_wait_s)
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()

@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from helmgr.controller import Controller, WindowStats
-from helmgr.core.records import NodeStats
+from helmgr.controller import Controller
+from helmgr.core.window import WindowStats, node_window
 from helmgr.real.runtime import NodeRuntime
 from helmgr.serve.config import ServeConfig
 from helmgr.serve.report import Reporter
@@ -28,26 +28,6 @@ def with_new(history, prefix_len: int, new_ids: np.ndarray):
         head = history(user, start, min(stop, prefix_len)) if start < prefix_len else new_ids[:0]
         return np.concatenate([head, new_ids[max(start - prefix_len, 0):stop - prefix_len]])
     return ids
-
-
-def snapshot(stats: NodeStats) -> dict:
-    return {k: getattr(stats, k) for k in NodeStats.__slots__}
-
-
-def window_stats(before: dict, now: dict, latencies: list[float], span_s: float, ratio: float, slo_s: float,
-                 queue_len: int) -> WindowStats:
-    """The controller's view of one window, from two `snapshot`s of the runtime's stats and the
-    latencies (s) of the requests that finished in it."""
-    d = {k: now[k] - before[k] for k in now}
-    fetch, recompute = d["emb_wait_s"], d["recompute_s"]
-    return WindowStats(
-        ratio=ratio, arrival_rps=d["requests"] / max(span_s, 1e-9),
-        p99_s=float(np.percentile(latencies, 99)) if latencies else None, slo_s=slo_s,
-        emb_hit_rate=1.0 - d["misses"] / d["ids"] if d["ids"] else 1.0,
-        kv_hit_rate=d["kv_hit_tokens"] / d["prefix_tokens"] if d["prefix_tokens"] else 1.0,
-        queue_len=float(queue_len), h2d_utilization=min(1.0, fetch / max(span_s, 1e-9)),
-        new_user_share=d["cold_requests"] / d["requests"] if d["requests"] else 0.0,
-        emb_time_share=fetch / (fetch + recompute) if fetch + recompute > 0 else 0.5)
 
 
 class ServeNode:
@@ -63,10 +43,12 @@ class ServeNode:
         self.reporter = Reporter(self.runtime)
         self.ctl = Controller.default() if cfg.controller else None
         self.decisions = 0
-        self._window = (clock(), snapshot(self.runtime.stats))
+        self._window = (clock(), self.runtime.counters())
         self._latencies: list[float] = []
+        self._arrivals = 0
 
     def serve(self, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray) -> dict:
+        self._arrivals += 1
         s = self.runtime.serve(self.clock(), user, prefix_len, new_ids, cand_ids,
                                with_new(self.history, prefix_len, new_ids))
         st = self.runtime.stats
@@ -81,18 +63,23 @@ class ServeNode:
 
     def tick(self, queue_len: int = 0) -> float:
         """End a window: step the controller (if any) and resize to its ratio. Returns the ratio."""
-        t0, before = self._window
-        now, stats = self.clock(), snapshot(self.runtime.stats)
-        w = window_stats(before, stats, self._latencies, now - t0, self.runtime.ratio, self.cfg.slo_ms / 1e3,
-                         queue_len)
-        self._window, self._latencies = (now, stats), []
+        stats = self.window(queue_len)
         if self.ctl is None:
             return self.runtime.ratio
-        ratio = self.ctl.step(w)
+        ratio = self.ctl.step(stats)
         self.decisions += 1
         if abs(ratio - self.runtime.ratio) > 1e-9:
             self.runtime.resize(ratio)
         return self.runtime.ratio
+
+    def window(self, queue_len: int = 0) -> WindowStats:
+        """Close the window that ends now: the controller's view of it."""
+        t0, before = self._window
+        now, counters = self.clock(), self.runtime.counters()
+        w = node_window(0, now, now - t0, self.runtime.ratio, self._arrivals, self._latencies, queue_len,
+                        counters.since(before))
+        self._window, self._latencies, self._arrivals = (now, counters), [], 0
+        return WindowStats.from_window(w, self.cfg.slo_ms / 1e3)
 
     def report(self) -> dict:
         return self.reporter.report()

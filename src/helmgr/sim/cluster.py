@@ -14,12 +14,13 @@ from heapq import heappop, heappush
 import numpy as np
 
 from helmgr.core.errors import HelmInputError
+from helmgr.core.window import node_window
 from helmgr.core.records import NodeConfig, Service
 from helmgr.sim.node import Node
 from helmgr.core.profiles import NodeProfile
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Recorder
-from helmgr.policy.policies import MemoryPolicy, NodeWindow
+from helmgr.policy.policies import MemoryPolicy
 from helmgr.routing.residency import ResidencyReporter
 from helmgr.routing.routers import Router
 from helmgr.workload import Workload
@@ -63,7 +64,7 @@ class Cluster:
         self._win_latency: list[list[float]] = [[] for _ in range(n)]
         self._win_parts: list[list[tuple[float, float]]] = [[] for _ in range(n)]   # (fetch, recompute)
         self._win_arrivals = [0] * n
-        self._win_prev: list[tuple] = [self._counters(node) for node in self.nodes]
+        self._win_prev: list[tuple] = [node.counters() for node in self.nodes]
         for i, node in enumerate(self.nodes):
             policy.attach(i, node)
         self.rerouted = 0
@@ -249,30 +250,15 @@ class Cluster:
             self.index.apply_summary(rep.summary(self.now))
 
     # -- windows --------------------------------------------------------------------------
-    @staticmethod
-    def _counters(node: Node) -> tuple:
-        s = node.stats
-        return (s.requests, s.busy_s, s.ids, s.misses, s.prefix_tokens, s.kv_hit_tokens + s.onload_tokens,
-                s.cold_requests, s.emb_wait_s, s.recompute_s, node.link.busy_s, node.emb.shadow_hits,
-                s.kv_shadow_tokens)
-
     def window(self) -> None:
         """Close a metrics window: record it, and show each up node's window to the policy."""
         now, span = self.now, self.cfg.window_s
         self.rec.window(now, [len(q) for q in self.queues])
         for i, node in enumerate(self.nodes):
-            cur = self._counters(node)
-            d = [a - b for a, b in zip(cur, self._win_prev[i])]
+            cur = node.counters()
+            w = node_window(i, now, span, node.ratio, self._win_arrivals[i], self._win_latency[i],
+                            len(self.queues[i]), cur.since(self._win_prev[i]), self._win_parts[i])
             self._win_prev[i] = cur
-            lat = self._win_latency[i]
-            p99 = float(np.percentile(lat, 99)) if lat else None
-            tail_fetch = tail_recompute = 0.0
-            if p99 is not None and self._win_parts[i]:
-                parts = np.asarray(self._win_parts[i])
-                tail = np.asarray(lat) >= p99
-                tail_fetch, tail_recompute = (float(x) for x in parts[tail].sum(axis=0))
-            w = NodeWindow(i, now, span, node.ratio, self._win_arrivals[i], len(lat), p99, len(self.queues[i]),
-                           d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], tail_fetch, tail_recompute)
             self._win_latency[i], self._win_parts[i], self._win_arrivals[i] = [], [], 0
             if self.up[i]:
                 self.policy.observe(i, w, node)
@@ -361,7 +347,7 @@ class Cluster:
             return
         self.retired.append(self.nodes[n])
         self.nodes[n] = self._fresh_node(n)     # HBM state is gone: cold KV, EMB reloaded warm
-        self._win_prev[n] = self._counters(self.nodes[n])
+        self._win_prev[n] = self.nodes[n].counters()
         self.policy.attach(n, self.nodes[n])
         self.up[n] = True
         self.router.node_up(n)

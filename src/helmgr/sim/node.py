@@ -11,6 +11,7 @@ import numpy as np
 
 from helmgr.core.costs import CostModel
 from helmgr.core.records import History, NodeConfig, NodeStats, Service
+from helmgr.core.window import NodeCounters
 from helmgr.memory import EMB_MISS, KV_ONLOAD, EmbCache, H2DLink, HBMPool, KVCache, ResizePlan, make_refill
 from helmgr.core.profiles import GIB, NodeProfile
 
@@ -107,6 +108,10 @@ class Node:
         s.emb_wait_s += ready - start
         s.count(prefix_len, cached, ids, misses, tokens, tokens - h, end - start, onload, unfilled)
         return Service(start, end, computed_from, ids, misses, unfilled, ready - start, recompute)
+
+    def counters(self) -> NodeCounters:
+        """Running totals, for windows: the link's busy time and the EMB shadow's hits included."""
+        return self.stats.counters(self.link.busy_s, self.emb.shadow_hits)
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()
