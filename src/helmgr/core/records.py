@@ -82,3 +82,22 @@ class NodeStats:
     def kv_hit_rate(self) -> float:
         """Share of prefix positions served from cache (HBM or host), token-weighted."""
         return (self.kv_hit_tokens + self.onload_tokens) / self.prefix_tokens if self.prefix_tokens else 0.0
+
+
+@dataclass(slots=True)
+class Request:
+    """One request in the simulator, from its arrival to its completion."""
+
+    rid: int
+    t: float                 # arrival, simulated seconds
+    user: int
+    prefix_len: int          # history positions before this request's new actions
+    items: np.ndarray        # the new actions' item ids (the next positions of the user's history)
+    cands: np.ndarray        # the candidates' item ids
+    burst: int               # 1 if the workload generated it inside a burst
+    rerouted: int = 0        # 1 once a node failure sent it to another node
+
+    @property
+    def tokens(self) -> int:
+        """Positions of context the request leaves behind: its prefix and its new actions."""
+        return self.prefix_len + len(self.items)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from helmgr.core.records import Request, Service
 from helmgr.memory import CAUSES
 
 
@@ -20,13 +21,13 @@ class Recorder:
         self.window_t: list[float] = []
         self.window_queues: list[list[int]] = []
 
-    def complete(self, req: list, svc, node: int, now: float) -> None:
-        self.arrival.append(req[1])
+    def complete(self, req: Request, svc: Service, node: int, now: float) -> None:
+        self.arrival.append(req.t)
         self.end.append(now)
         self.node.append(node)
-        self.burst.append(req[6])
-        self.rerouted.append(req[7])
-        self.prefix.append(req[3])
+        self.burst.append(req.burst)
+        self.rerouted.append(req.rerouted)
+        self.prefix.append(req.prefix_len)
         self.start.append(svc.start)
         self.ids.append(svc.ids)
         self.misses.append(svc.misses)
