@@ -42,7 +42,7 @@ def test_predicted_service_is_what_the_node_charges():
     r, index = helm([node])
     new = history(5, 100, 102)                                   # item 100 (resident) and 150,000 (not)
     assert r.route_request(0.0, 5, 100, new, CANDS) == 0
-    predicted = r._choice[1]
+    predicted = r.last_decision.service_s
     s = node.serve(0.0, 5, 100, new, CANDS, history)             # cold: recomputes the 100-token prefix
     assert predicted == pytest.approx(s.end - s.start, rel=1e-12)
     index.apply_kv(ResidencyReporter(0, node).kv_batch() or KVBatch(0, 1, [(5, 102)]))
@@ -50,7 +50,7 @@ def test_predicted_service_is_what_the_node_charges():
     r.route_request(1.0, 5, 102, new2, CANDS)
     s2 = node.serve(1.0, 5, 102, new2, CANDS, history)           # warm: 102 tokens cached
     assert s2.kv_tokens == 102
-    assert r._choice[1] == pytest.approx(s2.end - s2.start, rel=1e-12)
+    assert r.last_decision.service_s == pytest.approx(s2.end - s2.start, rel=1e-12)
 
 
 def recompute_saving(node, prefix, new, cands):

@@ -6,7 +6,7 @@ import pytest
 
 from helmgr.serve.config import ServeConfig
 from helmgr.serve.node import ServeNode, with_new
-from helmgr.serve.report import apply_report
+from helmgr.routing.report import apply_report
 from helmgr.serve.routing import HelmRouting, ReplicaNodes
 from helmgr.routing.residency import ResidencyIndex
 

@@ -5,25 +5,19 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 
 import click
-import numpy as np
 from rich.table import Table
 
 from helmgr.cli.output import emit_json, json_option, out_option, progress, result_dir, stderr
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.sweep_cmd import parse_ratios, sweep_rows
-from helmgr.cli.workload_cmd import build_workload, workload_options
+from helmgr.cli.sweep_cmd import parse_ratios
+from helmgr.cli.workload_cmd import workload_options, workload_spec
 from helmgr.core.errors import HelmInputError
+from helmgr.experiments.compare import ALL, compare
 from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
-from helmgr.sim import simulate
-from helmgr.sim.metrics import oracle_distance
-from helmgr.experiments.oracle import run_oracle
 
-ALL = ("static", "static-best", "independent", "adaptive", "latency-driven", "oracle")
 COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "mean_ratio",
            "oracle_distance", "held_oracle_distance", "burst_violation_share", "wall_s")
 
@@ -34,12 +28,6 @@ def _names(text: str, known, what: str) -> list[str]:
     if bad or not names:
         raise HelmInputError(f"--{what} {text!r}: unknown {bad[0] if bad else 'empty list'} (known: {', '.join(known)})")
     return names
-
-
-def _run_policy(args):
-    workload_args, cfg = args
-    r = simulate(cfg, build_workload(*workload_args))
-    return r.summary, r.series
 
 
 @click.command("compare")
@@ -70,53 +58,16 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     names = _names(policies, ALL + tuple(p for p in POLICIES if p not in ALL), "policies")
     router_names = _names(routers, list(ROUTERS), "routers") if routers else [router]
     grid = parse_ratios(ratios)
-    workload_args = (regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
-    w = build_workload(*workload_args)
-    jobs = jobs or os.cpu_count() or 1
-    rows, timelines, r_star, held_r_star = [], {}, None, None
-    runs = [n for n in names if n in POLICIES]
+    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
+    w = spec.build()                                     # validates the workload options up front
     cfgs = {rt: build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                              max_batch, seed) for rt in router_names}
     with progress("comparing", None) as bar:
-        pairs = [(rt, n) for rt in router_names for n in runs]      # every router x policy, in one pool
-        task = bar.add_task(f"{w.name}: {len(pairs)} runs", total=len(pairs))
-        with ProcessPoolExecutor(max_workers=min(jobs, max(1, len(pairs)))) as pool:
-            futures = [pool.submit(_run_policy, (workload_args, replace(cfgs[rt], policy=n))) for rt, n in pairs]
-            for f in futures:
-                f.add_done_callback(lambda _: bar.advance(task))
-            for (rt, n), f in zip(pairs, futures):
-                summary, series = f.result()
-                rows.append(summary)
-                timelines[(n, rt)] = series
-    for rt in router_names if {"static-best", "oracle"} & set(names) else []:
-        cfg = cfgs[rt]
-        with progress("comparing", None) as bar:
-            task = bar.add_task(f"{w.name} / {rt}: static-best", total=("static-best" in names) * len(grid))
-            done = lambda: bar.advance(task)
-            if "static-best" in names:
-                sweep = sweep_rows(workload_args, cfg, grid, min(jobs, len(grid)), done)
-                held = np.array([x.pop("window_p99_ms") for x in sweep])           # ratios x windows
-                held_r_star = np.asarray(grid)[np.argmin(np.where(np.isnan(held), np.inf, held), axis=0)]
-                best = dict(min(sweep, key=lambda x: x["p99_ms"]))
-                best["policy"] = "static-best"
-                rows.append(best)
-                timelines[("static-best", rt)] = None
-            if "oracle" in names:
-                task2 = bar.add_task(f"{w.name} / {rt}: oracle", total=int(-(-w.duration_s // 1)))
-                o = run_oracle(cfg, build_workload(*workload_args), grid, jobs,
-                               on_progress=lambda k: bar.update(task2, completed=k))
-                rows.append(o.summary)
-                timelines[("oracle", rt)] = o.series
-                r_star = o.r_star
-    for key, ref in (("oracle_distance", r_star), ("held_oracle_distance", held_r_star)):
-        if ref is None:
-            continue
-        for row in rows:
-            series = timelines.get((row["policy"], row["router"]))
-            if series is None:                           # static-best: one ratio held throughout
-                row[key] = float(np.abs(row["ratio"] - ref).mean())
-            elif not (key == "oracle_distance" and row["policy"] == "oracle"):
-                row[key] = oracle_distance(series.timeline, row["nodes"], row["duration_s"], ref)
+        def track(label: str, total: int):
+            task = bar.add_task(f"{w.name} / {label}", total=total)
+            return lambda k=1: bar.advance(task, k)
+        c = compare(spec, cfgs, names, grid, jobs or os.cpu_count() or 1, track)
+    rows, timelines, r_star, held_r_star = c.rows, c.timelines, c.r_star, c.held_r_star
     result = {"workload": w.name, "nodes": nodes, "seed": seed, "grid": grid, "wall_s": time.perf_counter() - wall,
               "r_star": None if r_star is None else [float(x) for x in r_star],
               "held_r_star": None if held_r_star is None else [float(x) for x in held_r_star], "results": rows}

@@ -3,17 +3,15 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 
 import click
 from rich.table import Table
 
 from helmgr.cli.output import emit_json, json_option, out_option, progress, result_dir, stderr
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.workload_cmd import build_workload, workload_options
+from helmgr.cli.workload_cmd import workload_options, workload_spec
 from helmgr.core.errors import HelmInputError
-from helmgr.sim import simulate
+from helmgr.experiments.sweep import sweep
 
 COLUMNS = ("ratio", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "emb_hit_rate", "kv_hit_rate",
            "h2d_gb", "utilization")
@@ -38,31 +36,6 @@ def parse_ratios(text: str) -> list[float]:
     return values
 
 
-def run_one(args) -> dict:
-    """One sweep point (runs in a worker process: builds its own workload). The summary gains
-    `window_p99_ms`, each 1-s window's P99 under this held ratio."""
-    workload_args, cfg = args
-    result = simulate(cfg, build_workload(*workload_args))
-    return result.summary | {"window_p99_ms": [float(x) for x in result.series.window_p99_ms]}
-
-
-def sweep_rows(workload_args, cfg, ratios, jobs, on_done=None) -> list[dict]:
-    """One static run per ratio, in `jobs` processes."""
-    tasks = [(workload_args, replace(cfg, ratio=r, policy="static")) for r in ratios]
-    if jobs <= 1:
-        rows = []
-        for t in tasks:
-            rows.append(run_one(t))
-            on_done and on_done()
-        return rows
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        rows = []
-        for row in pool.map(run_one, tasks):
-            rows.append(row)
-            on_done and on_done()
-        return rows
-
-
 @click.command("sweep")
 @workload_options
 @sim_options
@@ -82,12 +55,12 @@ def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression
     grid = parse_ratios(ratios)
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, seed)
-    workload_args = (regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
-    w = build_workload(*workload_args)                  # validates the workload options up front
+    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
+    w = spec.build()                                    # validates the workload options up front
     jobs = jobs or os.cpu_count() or 1
     with progress("sweeping", len(grid)) as bar:
         task = bar.add_task(f"sweep {w.name}", total=len(grid))
-        rows = sweep_rows(workload_args, cfg, grid, min(jobs, len(grid)), lambda: bar.advance(task))
+        rows = sweep(spec, cfg, grid, min(jobs, len(grid)), lambda: bar.advance(task))
     for row in rows:
         row.pop("window_p99_ms")
     best = min(rows, key=lambda x: x["p99_ms"])

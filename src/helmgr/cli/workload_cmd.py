@@ -6,7 +6,7 @@ import json
 import click
 
 from helmgr.cli.output import emit_json, json_option, markdown_table, out_option, progress, result_dir, stderr, table
-from helmgr.workload import FORMATS, OVERLAYS, default_config, describe, parse_regime, synthetic_workload, trace_workload
+from helmgr.workload import FORMATS, OVERLAYS, WorkloadSpec, describe
 
 positive = click.FloatRange(min=0, min_open=True)
 
@@ -34,12 +34,15 @@ def workload_options(f):
     return f
 
 
-def build_workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay):
-    if trace is not None:
-        return trace_workload(trace, trace_format, duration, seed, time_compression, clone_users, tuple(overlay))
-    parse_regime(regime)
-    overrides = {"duration_s": duration} | ({"rps": rps} if rps is not None else {})
-    return synthetic_workload(default_config(regime, **overrides), seed)
+def workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users,
+                  overlay) -> WorkloadSpec:
+    """The workload options as a picklable spec (what worker processes build their stream from)."""
+    return WorkloadSpec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users,
+                        tuple(overlay))
+
+
+def build_workload(*options):
+    return workload_spec(*options).build()
 
 
 @click.command()

@@ -149,6 +149,12 @@ class ResidencyIndex:
         self.bits[node] = 0
         self.node[node] = (0.0, 0.0, 0.0, UNKNOWN_MISS)
 
+    def reset(self, node: int) -> None:
+        """A new reporter takes `node` (a serving replica joined): forget it and start its
+        versions from 0, as the new reporter numbers its reports."""
+        self.forget(node)
+        self.kv_version[node] = self.emb_version[node] = 0
+
     def resident(self, node: int, ids: np.ndarray) -> np.ndarray:
         """0/1 per id: whether `node` reported the row resident."""
         return (self.bits[node, ids >> 3] >> (ids & 7).astype(np.uint8)) & 1

@@ -16,8 +16,8 @@ pulls with `record_routing_stats` and broadcasts to every router of the deployme
 - `history_miss`: miss rate of computed-token rows since the last new version (-1: none);
 - `ratio`, `requests`: for metrics and logs.
 
-Router side, `apply_report` feeds it to the simulator's `ResidencyIndex` as a `KVBatch` and an
-`EmbSummary`: the same index and scoring code as the simulated cluster.
+Router side, `helmgr.routing.report.apply_report` reads it into the same `ResidencyIndex` the
+simulated cluster feeds.
 """
 from __future__ import annotations
 
@@ -27,15 +27,7 @@ from collections import deque
 import numpy as np
 
 from helmgr.real.emb import EMPTY
-from helmgr.routing.residency import EmbSummary, KVBatch, ResidencyIndex
-
-
-def _b64(a: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(a, "<i4").tobytes()).decode("ascii")
-
-
-def _ids(text: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), "<i4").astype(np.int64)
+from helmgr.routing.report import b64_ids
 
 
 class Reporter:
@@ -74,7 +66,7 @@ class Reporter:
                 self._changes.clear()
                 self._rows, self._full = 0, True
             else:
-                self._changes.append((self.emb_version, _b64(added), _b64(removed), rows))
+                self._changes.append((self.emb_version, b64_ids(added), b64_ids(removed), rows))
                 self._rows += rows
                 while self._rows > self.emb_recent or len(self._changes) > self.FULL_EVERY:
                     self._rows -= self._changes.popleft()[3]
@@ -90,46 +82,3 @@ class Reporter:
                 "emb_delta": [[v, a, r] for v, a, r, _ in self._changes],
                 "emb_bits": base64.b64encode(bits).decode("ascii"),
                 "history_miss": self._miss, "ratio": round(rt.ratio, 6), "requests": s.requests}
-
-
-def apply_report(index: ResidencyIndex, node: int, stats: dict) -> bool:
-    """Apply one replica's report to the index; False if it was malformed (then nothing of it is
-    applied). An empty dict (no report yet) is fine."""
-    if not stats:
-        return True
-    try:
-        events = [(int(u), int(t)) for u, t in stats["kv_events"]]
-        first, version = int(stats["kv_first"]), int(stats["emb_version"])
-        miss = float(stats["history_miss"])
-        bits = None
-        have = index.emb_version[node]
-        if version > have:
-            bits = np.frombuffer(base64.b64decode(stats["emb_bits"]), np.uint8)
-            if not len(bits):                        # no bitmap: the changes since `have`, if kept
-                bits = None
-                if have + 1 >= int(stats.get("emb_first", version + 1)):
-                    bits = index.bits[node].copy()
-                    for v, added, removed in stats["emb_delta"]:
-                        if int(v) > have:
-                            _set(bits, _ids(added), True)
-                            _set(bits, _ids(removed), False)
-            elif len(bits) != index.bits.shape[1]:
-                return False
-    except (KeyError, TypeError, ValueError, IndexError):
-        return False
-    if events and first + len(events) - 1 > index.kv_version[node]:    # re-sent reports: nothing new
-        index.apply_kv(KVBatch(node, first, events))
-    if bits is not None:
-        index.apply_summary(EmbSummary(node, version, bits, miss, 0.0, 0.0, 0.0))
-    return True
-
-
-def _set(bits: np.ndarray, ids: np.ndarray, on: bool) -> None:
-    """Set (or clear) the rows `ids` in a packed little-endian bitmap."""
-    if not len(ids):
-        return
-    masks = np.left_shift(1, ids & 7).astype(np.uint8)
-    if on:
-        np.bitwise_or.at(bits, ids >> 3, masks)
-    else:
-        np.bitwise_and.at(bits, ids >> 3, ~masks)

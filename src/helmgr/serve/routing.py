@@ -21,10 +21,9 @@ from typing import Callable, Hashable
 import numpy as np
 
 from helmgr.core.costs import CostModel
-from helmgr.routing import kernel as route_kernel
-from helmgr.routing.routers import Helm
+from helmgr.routing.helm import Decision, Helm
 from helmgr.serve.config import ServeConfig
-from helmgr.serve.report import apply_report
+from helmgr.routing.report import apply_report
 
 
 class ReplicaNodes:
@@ -64,7 +63,7 @@ class HelmRouting:
         for n in range(capacity):
             self.helm.node_down(n)
         self.open: Counter = Counter()                 # (replica id, request id) -> accepted, not completed
-        self.choices: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self.choices: OrderedDict[str, Decision] = OrderedDict()
         self.bad_reports = 0
 
     # -- replica set ----------------------------------------------------------------------
@@ -74,8 +73,7 @@ class HelmRouting:
         for n in removed:
             self.helm.node_down(n)
         for n in added:
-            self.index.forget(n)
-            self.index.kv_version[n] = self.index.emb_version[n] = 0
+            self.index.reset(n)
             self.helm.node_up(n)
         self.open = Counter({k: v for k, v in self.open.items() if k[0] in self.nodes.of})
         for rid, stats in replicas:
@@ -91,15 +89,15 @@ class HelmRouting:
     def rank(self, replica_ids: list[Hashable], request_id: str | None, user: int | None, prefix_len: int = 0,
              new_ids: np.ndarray | None = None, cand_ids: np.ndarray | None = None) -> list[Hashable]:
         """`replica_ids` in order of preference: HELM's choice first, then by expected free time."""
-        free = self.helm.mine[:, route_kernel.FREE]
-        key = lambda r: (0, free[self.nodes.of[r]]) if r in self.nodes.of else (1, 0.0)
+        free = self.helm.expected_free
+        key = lambda r: (0, free(self.nodes.of[r])) if r in self.nodes.of else (1, 0.0)
         order = sorted(replica_ids, key=key)
         if user is None or new_ids is None or cand_ids is None:
             return order
         node = self.helm.route_request(self.clock(), user, prefix_len, new_ids, cand_ids)
         chosen = self.nodes.ids[node]
         if request_id is not None and chosen in replica_ids:
-            self.choices[request_id] = self.helm._choice
+            self.choices[request_id] = self.helm.last_decision
             if len(self.choices) > self.CHOICES:
                 self.choices.popitem(last=False)
         if chosen in replica_ids:
@@ -113,9 +111,9 @@ class HelmRouting:
         if n is None:
             return
         self.open[(replica_id, request_id)] += 1
-        # Helm prices a dispatch with its last decision's service; restore this request's
-        self.helm._choice = self.choices.pop(request_id, (-1, 0.0))
-        self.helm.dispatched(n, -1 if user is None else user, tokens)
+        # priced with the decision made for this request (later decisions may have come between)
+        decision = self.choices.pop(request_id, Decision(-1, 0.0))
+        self.helm.dispatched(n, -1 if user is None else user, tokens, decision)
 
     def completed(self, replica_id: Hashable, request_id: str) -> None:
         key = (replica_id, request_id)

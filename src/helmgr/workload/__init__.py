@@ -4,9 +4,10 @@ from helmgr.workload.stats import describe
 from helmgr.workload.stream import Trending, Workload
 from helmgr.workload.synthetic import REGIMES, SyntheticConfig, default_config, parse_regime, synthetic_workload
 from helmgr.workload.trace import FORMATS, OVERLAYS, read_trace, trace_workload
+from helmgr.workload.spec import WorkloadSpec
 
 __all__ = [
     "RequestChunk", "RequestTable", "Workload", "Trending", "describe",
     "REGIMES", "SyntheticConfig", "default_config", "parse_regime", "synthetic_workload",
-    "FORMATS", "OVERLAYS", "read_trace", "trace_workload",
+    "FORMATS", "OVERLAYS", "read_trace", "trace_workload", "WorkloadSpec",
 ]

@@ -1,0 +1,195 @@
+"""The HELM router (SPEC 7) and its ablations."""
+from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple
+
+import numpy as np
+
+from helmgr.routing import kernel as route_kernel
+from helmgr.routing.base import Router
+from helmgr.routing.kernel import decide as _decide
+from helmgr.routing.residency import HISTORY_MISS, ResidencyIndex
+
+
+class Decision(NamedTuple):
+    """A routing decision: the node and the service the router predicted for the request there."""
+
+    node: int
+    service_s: float
+
+
+class Helm(Router):
+    """The HELM router (SPEC 7): send each request where it is predicted to finish first.
+
+    For each candidate node, predicted completion = when the node runs out of the work this router
+    has sent it (each request's predicted service, added at dispatch; at a completion the node's
+    clock restarts from now plus what is still outstanding) or, if later, when a sync refill
+    releases it + the request's predicted service there from the cost model: the prefix positions
+    the node does not hold are recomputed and their rows looked up, the request's rows miss where
+    the node's hot-set summary says they are absent (new-token ids exactly, candidates from an
+    evenly spaced sample of `sample`), the recomputed prefix rows miss at the node's reported
+    history miss rate, and a node with background refill traffic adds one refill chunk to the
+    misses' wait. To that comes the work the placement wastes (its service beyond the cheapest
+    candidate's) times the number of later requests it delays, (rho + rate x backlog) / (1 - rho)
+    from the router's own load estimate, or a fixed `waste` weight. One unit, seconds; the
+    minimum wins, exact ties go to a seeded draw. docs/routing.md has the reasoning and figures.
+
+    Candidates: the nodes that hold the user's prefix, `d` nodes drawn at random, and the least
+    busy node of the previous decision (power of d choices with memory: Mitzenmacher, Prabhakar
+    and Shah, 2002), so a decision costs O(1) in cluster size.
+
+    Ablations: `kv_term=False` knows nothing of prefixes (every node recomputes, holders are not
+    candidates), `emb_term=False` prices every node's misses at the cluster's mean rate.
+    """
+
+    name = "helm"
+    residency = True
+    BLOCK = 4096
+
+    RHO_SPAN_S = 0.5            # how often the load estimate behind the waste weight is renewed
+    MAX_WASTE = 1000.0          # the most later requests one placement's waste is taken to delay
+
+    def __init__(self, d: int = 2, kv_term: bool = True, emb_term: bool = True, sample: int = 32,
+                 waste: float | None = None):
+        if d < 1 or sample < 1 or (waste is not None and not waste >= 0):
+            raise ValueError(f"helm router needs d >= 1, sample >= 1, waste >= 0; got {d}, {sample}, {waste}")
+        self.d, self.kv_term, self.emb_term, self.sample, self.waste = d, kv_term, emb_term, sample, waste
+
+    def bind(self, n_nodes, up, rng):
+        super().bind(n_nodes, up, rng)
+        self.mine = np.zeros((n_nodes, 2))     # FREE: when the node runs out of the work sent to it; UP
+        self.mine[:, route_kernel.UP] = 1.0
+        self.work = [0.0] * n_nodes             # predicted service of the requests outstanding there
+        self.pending = [deque() for _ in range(n_nodes)]
+        self.index: ResidencyIndex | None = None
+        self._draws = np.zeros(0)
+        self._now = 0.0
+        self.rho = 0.0                          # load estimate: predicted work sent / capacity, EWMA
+        self.rate = 0.0                         # requests sent per node-second, EWMA
+        self._work_sent, self._sent, self._rho_t = 0.0, 0, 0.0
+        self.last_decision = Decision(-1, 0.0)  # priced at the next dispatch
+
+    def attach(self, cost, n_items):
+        self.index = ResidencyIndex(self.n, n_items)
+        self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample, self.waste, self.MAX_WASTE)
+        self.consts[route_kernel.N_UP] = self.mine[:, route_kernel.UP].sum()
+        # the index's containers, held directly (they are updated in place, never replaced)
+        self._holders, self._bits, self._node = self.index.holders, self.index.bits, self.index.node
+        self._left = 0
+        return self.index
+
+    def route_request(self, now, user, prefix_len, new_ids, cand_ids):
+        self._now = now
+        hn0 = ht0 = hn1 = ht1 = -1
+        where = self._holders.get(user) if self.kv_term else None
+        if where:
+            if len(where) == 1:
+                (hn0, ht0), = where.items()
+            else:                               # the two longest cached prefixes
+                (hn0, ht0), (hn1, ht1) = sorted(where.items(), key=lambda kv: -kv[1])[:2]
+        if now - self._rho_t >= self.RHO_SPAN_S:
+            self._update_load(now)
+        self._left -= 1
+        if self._left < 0:                      # a fresh block of draws (the kernel walks c[POS])
+            self._draws = self.rng.random(self.BLOCK * (self.d + 1))
+            self.consts[route_kernel.POS] = 0
+            self._left = self.BLOCK - 1
+        node, svc = _decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, self._draws, self._bits,
+                            self._node, self.mine, self.consts)
+        if node < 0:                            # every candidate was down
+            node, svc = self._least_loaded(), 0.0
+        self.last_decision = Decision(node, svc)
+        return node
+
+    def _update_load(self, now: float) -> None:
+        """Renew the load estimate behind the waste weight: predicted work sent per node-second
+        (rho) and requests sent per node-second (rate), EWMA over RHO_SPAN_S spans."""
+        span = now - self._rho_t
+        up = int(self.mine[:, route_kernel.UP].sum())
+        if span > 0 and up:
+            rho, rate = self._work_sent / (span * up), self._sent / (span * up)
+            first = self._rho_t == 0.0
+            self.rho = rho if first else 0.5 * self.rho + 0.5 * rho
+            self.rate = rate if first else 0.5 * self.rate + 0.5 * rate
+        self._work_sent, self._sent, self._rho_t = 0.0, 0, now
+        self.consts[route_kernel.RHO], self.consts[route_kernel.RATE] = self.rho, self.rate
+        if not self.emb_term:                   # helm-kv prices misses at the cluster's mean rate
+            self.consts[route_kernel.MEAN_MISS] = float(self.index.node[:, HISTORY_MISS].mean())
+
+    def expected_free(self, node: int) -> float:
+        """When `node` runs out of the work this router has sent it (router-local)."""
+        return float(self.mine[node, route_kernel.FREE])
+
+    def dispatched(self, node, user, tokens, decision: Decision | None = None):
+        """The request went to `node`, priced by `decision` (default: the last one made; a
+        serving router that decides ahead of the dispatch passes the decision it kept)."""
+        self.load[node] += 1
+        chosen, svc = self.last_decision if decision is None else decision
+        if chosen != node:                      # placed by someone else: price it like the average
+            svc = self.work[node] / len(self.pending[node]) if self.pending[node] else 0.0
+        self._work_sent += svc
+        self._sent += 1
+        row = self.mine[node]
+        free = row[route_kernel.FREE]
+        row[route_kernel.FREE] = (free if free > self._now else self._now) + svc
+        self.work[node] += svc
+        self.pending[node].append(svc)
+        if self.kv_term:
+            self.index.expect(node, user, tokens)
+
+    def completed(self, node, now=0.0):
+        self.load[node] -= 1
+        if self.pending[node]:
+            self.work[node] -= self.pending[node].popleft()
+        if not self.pending[node]:
+            self.work[node] = 0.0               # no float drift across an idle period
+        self.mine[node, route_kernel.FREE] = now + self.work[node]
+
+    def _count_up(self) -> None:
+        """The kernel's count of up nodes: with d or fewer up, it prices every one of them (a
+        cluster that lists more slots than it has nodes, such as a serving app's, would otherwise
+        draw down slots and leave a user's prefix holder without a rival)."""
+        if hasattr(self, "consts"):
+            self.consts[route_kernel.N_UP] = self.mine[:, route_kernel.UP].sum()
+
+    def node_up(self, node):
+        super().node_up(node)
+        self.mine[node, route_kernel.UP] = 1.0
+        self._count_up()
+
+    def node_down(self, node):
+        super().node_down(node)
+        self.mine[node] = 0.0                  # FREE and UP
+        self._count_up()
+        self.pending[node].clear()
+        self.work[node] = 0.0
+        if self.index is not None:
+            self.index.forget(node)
+
+
+class HelmKV(Helm):
+    """Ablation: KV term + load (every node's misses priced at the cluster's mean rate)."""
+
+    name = "helm-kv"
+
+    def __init__(self, **kw):
+        super().__init__(**({"emb_term": False} | kw))
+
+
+class HelmEmb(Helm):
+    """Ablation: EMB term + load (no knowledge of prefixes)."""
+
+    name = "helm-emb"
+
+    def __init__(self, **kw):
+        super().__init__(**({"kv_term": False} | kw))
+
+
+class HelmLoad(Helm):
+    """Ablation: load only (predicted work, power of d choices with memory)."""
+
+    name = "helm-load"
+
+    def __init__(self, **kw):
+        super().__init__(**({"kv_term": False, "emb_term": False} | kw))

@@ -1,0 +1,30 @@
+"""A workload named by its options, so that a worker process (or a Ray task) can build the same
+stream from a small, picklable value."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from helmgr.workload.stream import Workload
+from helmgr.workload.synthetic import default_config, parse_regime, synthetic_workload
+from helmgr.workload.trace import trace_workload
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    regime: str = "steady"                 # synthetic regime (ignored when `trace` is set)
+    duration_s: float = 120.0
+    seed: int = 0
+    rps: float | None = None               # None: the regime's default rate
+    trace: str | None = None               # replay this log instead
+    trace_format: str = "inter"
+    time_compression: float | None = None
+    clone_users: int = 1
+    overlays: tuple[str, ...] = ()
+
+    def build(self) -> Workload:
+        if self.trace is not None:
+            return trace_workload(self.trace, self.trace_format, self.duration_s, self.seed, self.time_compression,
+                                  self.clone_users, tuple(self.overlays))
+        parse_regime(self.regime)
+        overrides = {"duration_s": self.duration_s} | ({"rps": self.rps} if self.rps is not None else {})
+        return synthetic_workload(default_config(self.regime, **overrides), self.seed)
