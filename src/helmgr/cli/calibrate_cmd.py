@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from helmgr.cli.output import emit_json, json_option, progress, stderr, table
+from helmgr.core.extras import require
 
 
 @click.command("calibrate")
@@ -41,6 +42,7 @@ def calibrate_cmd(device, out_path, model, shrink, candidates, n_items, pool_mib
     helmgr calibrate --device cpu --out cpu.toml
     helmgr simulate --hardware cpu.toml --model cpu.model.toml
     """
+    require("real", what="helmgr calibrate")
     import torch
 
     from helmgr.real.calibrate import CalibrateConfig, calibrate, total_steps

@@ -8,6 +8,7 @@ import time
 import click
 
 from helmgr.cli.output import emit_json, json_option, markdown_table, out_option, progress, result_dir, stderr, table
+from helmgr.core.extras import require
 from helmgr.serve.config import ServeConfig
 
 
@@ -49,6 +50,7 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
     curl -s localhost:8000/v1/recommend -H 'content-type: application/json' \\
          -d '{"user_id": 5, "new_items": [1, 2], "candidates": [3, 4, 5]}'
     """
+    require("serve", what="helmgr serve")
     from helmgr.core.profiles import load_hardware
     from helmgr.serve.app import start, stop
 
@@ -111,6 +113,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     helmgr loadgen --url http://127.0.0.1:8000 --workload steady --duration 20 --rps 20 --json
     helmgr loadgen --duration 30 --rps 8 --sim        # next to the simulator on the same requests
     """
+    require("serve", "aiohttp", what="helmgr loadgen")       # the HTTP client; --sim runs the simulator as well
     from helmgr.serve.loadgen import LoadConfig, loadgen, server_config, simulated
     from helmgr.workload import parse_regime
 

@@ -7,6 +7,7 @@ import click
 
 from helmgr.cli.output import emit_json, json_option, progress, stderr
 from helmgr.core.errors import HelmInputError
+from helmgr.core.extras import require
 from helmgr.workload.synthetic import parse_regime
 
 
@@ -32,6 +33,7 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, n_envs,
     \b
     helmgr train --timesteps 20000 --seed 1 --out policy.npz
     """
+    require("train", what="helmgr train")
     regimes = tuple(x.strip() for x in workloads.split(",") if x.strip())
     for r in regimes:
         parse_regime(r)                                   # names the bad one
