@@ -43,7 +43,7 @@ def runtime_model(preset: str = "small", factor: int = 16, candidates: int | Non
 
 
 class RealService(NamedTuple):
-    """One request served for real. The first eight fields are the simulator's `Service`."""
+    """One request served for real: a `core.backend.Served`, with the measured phases added."""
 
     start: float
     end: float
