@@ -57,85 +57,65 @@ def _add(cands, k, i, up):
     return k + 1
 
 
-@njit(cache=True, nogil=True)
-def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, node, mine, c):
-    """One routing decision. Candidates: holders hn0/hn1 (prefix tokens ht0/ht1; -1 = none), d
-    nodes drawn from `draws` (uniforms, from c[POS] on), and the last decision's least-wait node
-    c[MEMO]; down ones left out, each node once. Each is priced at predicted completion =
-    max(now, when the node runs out of work, when a sync refill releases it) + service from the
-    cost model: the prefix tokens the node lacks are recomputed (their rows missing at the node's
-    history miss rate), new-token ids miss where the node's bitmap says so, the candidate ids at
-    the rate of an even sample of c[SAMPLE] of them. One more draw breaks exact ties. Returns
-    (node, its predicted service), or (-1, 0) when no candidate is up; advances c[POS], sets c[MEMO]."""
-    up = mine[:, UP]
-    free = mine[:, FREE]
-    d = np.int64(c[D])
-    pos = np.int64(c[POS])
-    memo = np.int64(c[MEMO])
-    c[POS] = pos + d + 1
-    n_cand = len(cand_ids)
-    step = max(1, n_cand // np.int64(c[SAMPLE]))
-    samp = cand_ids[::step]
+@njit(cache=True, nogil=True, inline="always")
+def _candidates(hn0, hn1, memo, draws, pos, d, up, n_up):
+    """The nodes to price: holders hn0/hn1, the last decision's least-wait node `memo` and d drawn
+    nodes (down ones left out, each once); every up node when d could miss some. Returns
+    (candidates, how many, the draws used: 0 when every node is a candidate)."""
     k = 0
     n = len(up)
-    every = d >= n or d >= c[N_UP]              # every up node is a candidate (draws could miss them)
-    if every:
+    if d >= n or d >= n_up:
         cands = np.empty(n, np.int64)
         for i in range(n):
             if up[i] > 0:
                 cands[k] = i
                 k += 1
-        d = 0
-    else:
-        cands = np.empty(d + 3, np.int64)
+        return cands, k, 0
+    cands = np.empty(d + 3, np.int64)
     for i in (hn0, hn1, memo):
-        if not every and i >= 0:
+        if i >= 0:
             k = _add(cands, k, i, up)
     for r in range(d):
         k = _add(cands, k, np.int64(draws[pos + r] * n), up)
-    if k == 0:
-        return -1, 0.0
-    m = len(samp)
-    w = n_cand / m if m > 0 else 0.0
+    return cands, k, d
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c):
+    """Node i's predicted service for the request, holding `cached` prefix tokens: the tokens it
+    lacks are recomputed (their rows missing at its history miss rate), new-token ids miss where
+    its bitmap says so, the candidates at the rate of the sample `samp` (each standing for `w`)."""
     n_new = len(new_ids)
-    n_ties = 0
+    tokens = prefix_len - cached + n_new
+    pairs = tokens * cached + tokens * (tokens + 1) / 2 + n_cand * (cached + tokens + 1)
+    svc = c[LINEAR] * (tokens + n_cand) + c[ATTENTION] * pairs + c[LAUNCH] + c[LOOKUP] * (tokens + n_cand)
+    if c[USE_EMB] > 0:
+        misses = (prefix_len - cached) * node[i, HISTORY_MISS]
+        for s in new_ids:
+            misses += 1 - _resident(bits, i, s)
+        h = 0
+        for s in samp:
+            h += _resident(bits, i, s)
+        misses += (len(samp) - h) * w
+    else:
+        misses = (prefix_len - cached + n_new + n_cand) * c[MEAN_MISS]
+    if misses > 0:
+        svc += misses * c[MISS] + c[PCIE_LATENCY]
+        if node[i, REFILL_UNTIL] > now:
+            svc += node[i, CHUNK_S]
+    return svc
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pick(now, starts, svcs, k, least, draw, c):
+    """The candidate with the least completion + the work its placement wastes (service beyond
+    the cheapest candidate's), weighted by how many later requests it delays — those that arrive
+    before the node is idle again, (rho + rate x backlog) / (1 - rho). Exact ties go to `draw`."""
     ties = np.empty(k, np.int64)
-    svcs = np.empty(k)
-    starts = np.empty(k)
-    memo_j, memo_t = 0, np.inf
-    least = np.inf
-    for j in range(k):
-        i = cands[j]
-        cj = ht0 if i == hn0 else (ht1 if i == hn1 else 0)
-        cj = min(cj, prefix_len)
-        tokens = prefix_len - cj + n_new
-        pairs = tokens * cj + tokens * (tokens + 1) / 2 + n_cand * (cj + tokens + 1)
-        svc = c[LINEAR] * (tokens + n_cand) + c[ATTENTION] * pairs + c[LAUNCH] + c[LOOKUP] * (tokens + n_cand)
-        if c[USE_EMB] > 0:
-            misses = (prefix_len - cj) * node[i, HISTORY_MISS]
-            for s in new_ids:
-                misses += 1 - _resident(bits, i, s)
-            h = 0
-            for s in samp:
-                h += _resident(bits, i, s)
-            misses += (m - h) * w
-        else:
-            misses = (prefix_len - cj + n_new + n_cand) * c[MEAN_MISS]
-        if misses > 0:
-            svc += misses * c[MISS] + c[PCIE_LATENCY]
-            if node[i, REFILL_UNTIL] > now:
-                svc += node[i, CHUNK_S]
-        start = max(now, free[i], node[i, BLOCKED])
-        if start < memo_t:
-            memo_j, memo_t = j, start
-        svcs[j], starts[j] = svc, start
-        least = min(least, svc)
+    n_ties = 0
     best_t = np.inf
     rho = min(c[RHO], 0.95)
     for j in range(k):
-        # completion + the work this placement wastes (service beyond the cheapest candidate's),
-        # weighted by how many later requests it delays: those that arrive at the node before it
-        # is idle again, (rho + rate x backlog) / (1 - rho)
         weight = c[WASTE]
         if c[ADAPT] > 0:
             weight = min(weight, (rho + c[RATE] * (starts[j] - now)) / (1.0 - rho))
@@ -147,6 +127,37 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, 
         elif t <= best_t + 1e-12:
             ties[n_ties] = j
             n_ties += 1
-    pick = ties[0] if n_ties == 1 else ties[min(np.int64(draws[pos + d] * n_ties), n_ties - 1)]
+    return ties[0] if n_ties == 1 else ties[min(np.int64(draw * n_ties), n_ties - 1)]
+
+
+@njit(cache=True, nogil=True)
+def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, node, mine, c):
+    """One routing decision over the candidates of `_candidates` (draws from c[POS] on), each
+    priced at predicted completion = max(now, when the node runs out of work, when a sync refill
+    releases it) + `_service`; `_pick` chooses, one more draw breaking exact ties. Returns (node,
+    its predicted service), or (-1, 0) when no candidate is up; advances c[POS], sets c[MEMO]."""
+    up = mine[:, UP]
+    free = mine[:, FREE]
+    pos = np.int64(c[POS])
+    c[POS] = pos + np.int64(c[D]) + 1
+    cands, k, d = _candidates(hn0, hn1, np.int64(c[MEMO]), draws, pos, np.int64(c[D]), up, c[N_UP])
+    if k == 0:
+        return -1, 0.0
+    n_cand = len(cand_ids)
+    samp = cand_ids[::max(1, n_cand // np.int64(c[SAMPLE]))]
+    w = n_cand / len(samp) if len(samp) > 0 else 0.0
+    svcs = np.empty(k)
+    starts = np.empty(k)
+    memo_j, memo_t = 0, np.inf
+    least = np.inf
+    for j in range(k):
+        i = cands[j]
+        cached = min(ht0 if i == hn0 else (ht1 if i == hn1 else 0), prefix_len)
+        svcs[j] = _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c)
+        starts[j] = max(now, free[i], node[i, BLOCKED])
+        if starts[j] < memo_t:
+            memo_j, memo_t = j, starts[j]
+        least = min(least, svcs[j])
+    pick = _pick(now, starts, svcs, k, least, draws[pos + d], c)
     c[MEMO] = cands[memo_j]
     return cands[pick], svcs[pick]
