@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from helmgr.core.errors import HelmInputError
 from helmgr.memory.emb import EmbCache
 
 ROW = 64
@@ -45,6 +46,7 @@ def test_lfu_ties_break_by_row_id():
     assert resident(c) == {0, 1}
     c.resize(3 * ROW)
     assert set(np.flatnonzero(c.wanted)) == {0, 1, 2}
+    c.check_integrity()
 
 
 def test_lru_keeps_the_most_recent_epoch():
@@ -56,6 +58,7 @@ def test_lru_keeps_the_most_recent_epoch():
     assert set(np.flatnonzero(c.wanted)) == {5, 2}
     c.resize(1 * ROW)
     assert set(np.flatnonzero(c.wanted)) == {5}
+    c.check_integrity()
 
 
 def test_lookup_counts_hits_and_records_accesses():
@@ -63,6 +66,7 @@ def test_lookup_counts_hits_and_records_accesses():
     hits, unfilled = c.lookup(np.array([0, 1, 5, 7, 0]))
     assert (hits, unfilled) == (3, 0)
     assert c.hit_rate == pytest.approx(3 / 5)
+    c.check_integrity()
 
 
 def test_growth_leaves_unfilled_rows_that_a_miss_admits():
@@ -83,6 +87,7 @@ def test_fill_queue_is_hottest_first():
     assert c.next_unfilled(10).tolist() == [4, 5]
     assert c.fill(np.array([2, 3, 9])) == 2
     assert c.unfilled_rows == 2
+    c.check_integrity()
 
 
 def reference_top(scores, c):
@@ -106,6 +111,7 @@ def test_resizes_match_a_full_sort():
 def test_capacity_beyond_the_table_holds_everything():
     c = cache(n=5, rows=50)
     assert c.n_wanted == 5 and resident(c) == {0, 1, 2, 3, 4}
+    c.check_integrity()
 
 
 def test_lookup_counts_survive_the_state_encoding_on_huge_requests():
@@ -113,6 +119,7 @@ def test_lookup_counts_survive_the_state_encoding_on_huge_requests():
     c.resize(150_000 * ROW)                          # rows 100,000 .. 149,999 unfilled
     ids = np.r_[np.arange(70_000), np.arange(100_000, 100_010)]
     assert c.lookup(ids) == (70_000, 10)
+    c.check_integrity()
 
 
 def test_shadow_rows_count_the_hits_a_bigger_cache_would_have():
@@ -121,3 +128,11 @@ def test_shadow_rows_count_the_hits_a_bigger_cache_would_have():
     c.lookup(np.array([0, 3, 3, 4, 9]))
     c.refresh()
     assert c.shadow_hits == 3                        # 3, 3, 4; row 9 is beyond the shadow
+    c.check_integrity()
+
+
+def test_unknown_policies_and_decays_are_input_errors():
+    with pytest.raises(HelmInputError, match=r"unknown EMB policy 'fifo' \(known: lfu, lru\)"):
+        EmbCache(8, ROW, "fifo")
+    with pytest.raises(HelmInputError, match=r"LFU decay must be in \(0, 1\], got 1.5"):
+        EmbCache(8, ROW, "lfu", decay=1.5)

@@ -3,6 +3,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helmgr.core.errors import HelmInputError
 from helmgr.real import DeviceEmbCache, DevicePool, KVLayout, PagedKVCache
 
 torch.set_num_threads(1)
@@ -154,6 +155,9 @@ def test_emb_bad_inputs_are_named_value_errors():
         emb_cache(policy="lfu", decay=0.0)
     with pytest.raises(ValueError, match="host rows are 8 bytes"):
         emb_cache(table=torch.zeros(10, 2))
+    with pytest.raises(HelmInputError, match=r"unknown EMB policy 'fifo' \(known: lfu, lru\)"):
+        emb_cache(policy="fifo")
+    cache.check_integrity()
 
 
 # -- KV cache ----------------------------------------------------------------------------
@@ -261,6 +265,29 @@ def test_admission_from_the_candidate_pool_equals_a_scan_of_every_slot(policy, d
         assert torch.equal(caches[0].item_of, caches[1].item_of), step
     assert caches[0]._pool is not None and caches[0].policy.rescales == caches[1].policy.rescales
     assert (caches[0].policy.rescales > 0) == (decay == 0.5)
+    for c in caches:
+        c.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru"])
+def test_a_device_copy_of_the_scores_follows_the_policy_and_admits_the_same_rows(policy):
+    """On a GPU the policy's host scores are mirrored on the device; a CPU cache made to mirror
+    (a separate copy) checks that the copy follows lookups, rescales (decay 0.5: every ~60
+    lookups) and warm, and that admissions match the cache whose torch view shares memory."""
+    table = host_table(n_items=200)
+    caches = [DeviceEmbCache(DevicePool(4 * 40 * 16, 40 * 16, 16, ratio=0.25), table, policy, 0.5) for _ in range(2)]
+    caches[1]._mirrored, caches[1]._scores = True, caches[1]._scores.clone()
+    shares = torch.rand(200, generator=torch.Generator().manual_seed(1))
+    for c in caches:
+        c.warm(shares, per_lookup=3.0)
+    gen = torch.Generator().manual_seed(5)
+    for step in range(150):
+        ids = torch.randint(0, 200, (int(torch.randint(1, 9, (1,), generator=gen)),), generator=gen)
+        for c in caches:
+            c.lookup(ids)
+        assert torch.equal(caches[0].item_of, caches[1].item_of), step
+        assert torch.equal(caches[1]._scores, torch.from_numpy(caches[1].scores)), step
+    assert caches[1].policy.rescales == (2 if policy == "lfu" else 0)     # at lookups 60 and 120
     for c in caches:
         c.check_integrity()
 

@@ -2,59 +2,24 @@
 
 Each row has a state (absent, resident, or wanted-but-unfilled) in one uint8 array indexed by
 item id: checking a request's hundreds of ids is one gather from a table small enough to stay
-in cache (1 MB per million rows) and a count. Rows enter and leave at *refresh* (every refresh interval, from scores accumulated
-since the last one) and at *resize*. Between the two, the cache has a *wanted* set (the top
-`capacity` rows by score) and a *resident* subset of it: wanted rows that are not resident yet
-are "unfilled" and are filled by the node's refill mode, or by a miss that fetched them anyway.
+in cache (1 MB per million rows) and a count. Rows enter and leave at *refresh* (every refresh
+interval, from scores accumulated since the last one) and at *resize*. Between the two, the
+cache has a *wanted* set (the top `capacity` rows by score) and a *resident* subset of it:
+wanted rows that are not resident yet are "unfilled" and are filled by the node's refill mode,
+or by a miss that fetched them anyway.
 
-Scores come from an eviction policy: decayed access frequency (LFU with aging, as HugeCTR's HPS
-and FBGEMM's LFU cache) or last-access epoch (LRU). Uniform decay keeps the order of untouched
-rows: between refreshes, a sorted *frontier* of rows around the capacity edge
-is enough to resize without ranking everything again.
+Scores come from an eviction policy (`helmgr.memory.eviction`, shared with the device cache):
+decayed access frequency (LFU with aging, eagerly aged at each refresh) or last-access epoch
+(LRU); each refresh interval is one epoch. Uniform decay keeps the order of untouched rows:
+between refreshes, a sorted *frontier* of rows around the capacity edge is enough to resize
+without ranking everything again.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from helmgr.memory.eviction import keep_top, make_eviction, value_at_rank
 from helmgr.memory.pool import SizeInfo
-
-
-class EvictionPolicy:
-    """Turns one refresh interval's access counts into per-row scores (higher = keep)."""
-
-    name = ""
-
-    def update(self, scores: np.ndarray, counts: np.ndarray, epoch: int) -> None:
-        raise NotImplementedError
-
-
-class LFU(EvictionPolicy):
-    """Decayed frequency: score <- score * decay + count."""
-
-    name = "lfu"
-
-    def __init__(self, decay: float = 0.99):
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"LFU decay must be in [0, 1), got {decay}")
-        self.decay = decay
-
-    def update(self, scores, counts, epoch):
-        scores *= self.decay
-        scores += counts
-
-
-class LRU(EvictionPolicy):
-    """Recency at refresh granularity: rows touched in epoch e score e + (their share of the
-    epoch's top count), so the most recent epoch wins and ties inside it go to the busier row."""
-
-    name = "lru"
-
-    def update(self, scores, counts, epoch):
-        touched = counts > 0
-        scores[touched] = epoch + counts[touched] / (float(counts.max()) + 1.0)
-
-
-POLICIES = {"lfu": LFU, "lru": LRU}
 
 
 ABSENT, RESIDENT, UNFILLED = 0, 1, 2
@@ -65,11 +30,9 @@ class EmbCache:
                  decay: float = 0.99):
         if n_items <= 0 or row_bytes <= 0:
             raise ValueError(f"EMB cache needs n_items > 0 and row_bytes > 0, got {n_items}, {row_bytes}")
-        if policy not in POLICIES:
-            raise ValueError(f"unknown EMB policy {policy!r} (known: {', '.join(POLICIES)})")
         self.n_items = n_items
         self.row_bytes = row_bytes
-        self.policy = LFU(decay) if policy == "lfu" else LRU()
+        self.policy = make_eviction(policy, decay)    # eager aging: a refresh touches every row anyway
         self.band_rows = max(1, band_rows)
         self.capacity_rows = 0
         self.scores = np.zeros(n_items, np.float32)
@@ -217,7 +180,9 @@ class EmbCache:
             counts = np.bincount(accesses, minlength=self.n_items)
             if len(self._shadow):
                 self.shadow_hits += int(counts[self._shadow].sum())
-            self.policy.update(self.scores, counts.astype(np.float32), self.epoch)
+            self.policy.age(self.scores)
+            ids = np.flatnonzero(counts)
+            self.policy.touch(self.scores, ids, counts[ids].astype(np.float32), self.epoch)
         self._select(self.capacity_rows)
 
     def warm(self, scores: np.ndarray, per_refresh: float | None = None) -> None:
@@ -226,9 +191,7 @@ class EmbCache:
         access shares and are scaled to the decayed counts that many accesses per refresh interval
         would settle at, so that the first refreshes neither forget nor overweight them."""
         if per_refresh is not None:
-            scores = np.asarray(scores, np.float64) / max(float(np.sum(scores)), 1e-300) * per_refresh
-            if isinstance(self.policy, LFU):
-                scores = scores / (1.0 - self.policy.decay)
+            scores = self.policy.settled(scores, per_refresh)
         self.scores[:] = scores
         self._pending.clear()
         self._select(self.capacity_rows)
@@ -236,26 +199,12 @@ class EmbCache:
         self.n_resident = self.n_wanted
         self._fill_queue, self._fill_pos = np.zeros(0, np.int64), 0
 
-    def _value_at_rank(self, r: int) -> np.float32:
-        """Score of the row at rank r (0 = hottest)."""
-        n = self.n_items
-        return np.partition(self.scores, n - 1 - r)[n - 1 - r]
-
     def _select(self, c: int) -> None:
         """Wanted <- the top c rows by (score desc, row id asc); evict the rest; rows newly
-        wanted are unfilled. Eight vectorized passes over the rows, one partition (two when
-        shadow rows are tracked)."""
-        s, n = self.scores, self.n_items
-        c = min(c, n)
-        if c == 0:
-            want = np.zeros(n, bool)
-        else:
-            theta = self._value_at_rank(c - 1)
-            want = s >= theta
-            extra = int(np.count_nonzero(want)) - c
-            if extra > 0:                          # ties at the threshold: keep the lowest ids
-                tied = np.flatnonzero(s == theta)
-                want[tied[len(tied) - extra:]] = False
+        wanted are unfilled (`keep_top`). Eight vectorized passes over the rows, one partition
+        (two when shadow rows are tracked)."""
+        c = min(c, self.n_items)
+        want = keep_top(self.scores, c)
         if self.shadow_rows:
             self._shadow = self._rows_below(want, c)
         keep = want & (self.state == RESIDENT)
@@ -264,12 +213,13 @@ class EmbCache:
         self.n_resident = int(np.count_nonzero(keep))
         self._fill_queue = None                    # found when first asked for
         self._frontier = None
+
     def _rows_below(self, want: np.ndarray, c: int) -> np.ndarray:
         """The `shadow_rows` rows ranked just below the top c."""
         n = self.n_items
         if c >= n:
             return np.zeros(0, np.int64)
-        floor = self._value_at_rank(min(c + self.shadow_rows, n) - 1)
+        floor = value_at_rank(self.scores, min(c + self.shadow_rows, n) - 1)
         return np.flatnonzero(~want & (self.scores >= floor))
 
     def _build_frontier(self, c: int) -> None:
@@ -277,8 +227,8 @@ class EmbCache:
         tied at either edge are included, so the frontier's ranks start at `_frontier_lo`."""
         n, s = self.n_items, self.scores
         lo, hi = max(c - self.band_rows, 0), min(c + self.band_rows, n)
-        top = self._value_at_rank(lo) if lo > 0 else np.inf
-        bottom = self._value_at_rank(hi - 1)
+        top = value_at_rank(self.scores, lo) if lo > 0 else np.inf
+        bottom = value_at_rank(self.scores, hi - 1)
         band = np.flatnonzero((s <= top) & (s >= bottom))
         self._frontier = band[np.argsort(-s[band], kind="stable")]
         self._frontier_lo = int(np.count_nonzero(s > top)) if lo > 0 else 0

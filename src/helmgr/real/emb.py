@@ -2,59 +2,27 @@
 table in host memory.
 
 Bookkeeping lives on the device as two maps (`slot_of[item]`, `item_of[slot]`, `EMPTY` where
-there is none) and one score per item, so a lookup is a handful of tensor ops whatever the
+there is none), plus one score per item, so a lookup is a handful of tensor ops whatever the
 batch size. The clock is the lookup count, never wall time: each `lookup` is one epoch. Scores
-follow the simulated cache's policies: decayed frequency (LFU with aging) or recency (LRU).
-A missed row is admitted when its score beats the lowest-scored resident row that this batch
-does not need (a free slot always loses), as the simulator keeps the top rows by score.
+come from the simulated cache's eviction policies (`helmgr.memory.eviction`): decayed frequency
+(LFU with aging, lazily aged so that a lookup costs O(batch)) or recency (LRU). The policy keeps
+them in a host numpy array (`scores`); on the CPU the torch view shares its memory, on a GPU a
+device copy follows each lookup's distinct ids. A missed row is admitted when its score beats
+the lowest-scored resident row that this batch does not need (a free slot always loses,
+`EvictionPolicy.admits`), as the simulator keeps the top rows by score.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
+from helmgr.memory.eviction import make_eviction, top
 from helmgr.memory.pool import SizeInfo
 from helmgr.real.pool import DevicePool
 
 EMPTY = -1
-
-
-class _LFU:
-    """Decayed frequency. Instead of multiplying every score by `decay` each epoch, the weight
-    of a new access grows by 1/decay (same order, O(batch) work); scores are rescaled when the
-    weight gets large."""
-
-    def __init__(self, decay: float = 0.99):
-        if not 0.0 < decay <= 1.0:
-            raise ValueError(f"LFU decay must be in (0, 1], got {decay}")
-        self.decay = decay
-        self.weight = 1.0
-        self.rescales = 0
-
-    def touch(self, scores: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor, epoch: int) -> None:
-        scores.index_add_(0, ids, counts.to(scores.dtype) * self.weight)
-        self.weight /= self.decay
-        if self.weight > 1e18:
-            scores /= self.weight
-            self.weight = 1.0
-            self.rescales += 1
-
-
-class _LRU:
-    """Recency: the epoch of the last access, ties inside an epoch going to the busier row
-    (the simulator's LRU score)."""
-
-    rescales = 0                 # scores only grow: never rescaled
-
-    def __init__(self, decay: float = 0.99):
-        pass                     # recency does not age: `decay` is accepted for a common signature
-
-    def touch(self, scores, ids, counts, epoch):
-        scores[ids] = epoch + counts.to(scores.dtype) / (counts.max().to(scores.dtype) + 1.0)
-
-
-POLICIES = {"lfu": _LFU, "lru": _LRU}
 
 
 class Lookup(NamedTuple):
@@ -72,8 +40,7 @@ class DeviceEmbCache:
     POOL = 4096
 
     def __init__(self, pool: DevicePool, host_table: torch.Tensor, policy: str = "lfu", decay: float = 0.99):
-        if policy not in POLICIES:
-            raise ValueError(f"unknown EMB policy {policy!r} (known: {', '.join(POLICIES)})")
+        self.policy = make_eviction(policy, decay, lazy=True)
         if host_table.dim() != 2 or host_table.device.type != "cpu":
             raise ValueError(f"host table must be a 2-D CPU tensor, got {tuple(host_table.shape)} "
                              f"on {host_table.device}")
@@ -83,11 +50,12 @@ class DeviceEmbCache:
         self.pool = pool
         self.on_cuda = pool.device.type == "cuda"
         self.host = host_table.pin_memory() if self.on_cuda and not host_table.is_pinned() else host_table
-        self.policy = POLICIES[policy](decay)
         n_items, dev = host_table.shape[0], pool.device
         self.slot_of = torch.full((n_items,), EMPTY, dtype=torch.int64, device=dev)
         self.item_of = torch.full((pool.n_rows,), EMPTY, dtype=torch.int64, device=dev)
-        self.scores = torch.zeros(n_items, dtype=torch.float32, device=dev)
+        self.scores = np.zeros(n_items, np.float32)            # the policy's, on the host
+        self._mirrored = dev.type != "cpu"
+        self._scores = torch.from_numpy(self.scores).to(dev)   # on the CPU: the same memory
         self.epoch = 0
         self.lookups = self.hits = self.misses = 0
         self._staging = torch.empty(0, host_table.shape[1], dtype=host_table.dtype,
@@ -119,8 +87,7 @@ class DeviceEmbCache:
         if lo < 0 or hi >= self.n_items:
             raise ValueError(f"item ids must be in [0, {self.n_items}), got range [{int(lo)}, {int(hi)}]")
         uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
-        self.policy.touch(self.scores, uniq, counts, self.epoch)
-        self.epoch += 1
+        self._touch(uniq, counts)
         slots = self.slot_of[uniq]
         hit = slots != EMPTY
         rows = torch.empty(len(uniq), self.host.shape[1], dtype=self.host.dtype, device=self.pool.device)
@@ -135,6 +102,20 @@ class DeviceEmbCache:
         self.hits += int(counts[hit].sum())
         self.misses += n_misses
         return Lookup(rows[inverse], n_misses)
+
+    def _touch(self, uniq: torch.Tensor, counts: torch.Tensor) -> None:
+        """One epoch: the policy scores the batch's distinct ids, then ages; a device copy of the
+        scores follows (all of it after a rescale)."""
+        ids = uniq.cpu().numpy()
+        rescales = self.policy.rescales
+        self.policy.touch(self.scores, ids, counts.cpu().numpy().astype(np.float32), self.epoch)
+        self.policy.age(self.scores)
+        self.epoch += 1
+        if self._mirrored:
+            if self.policy.rescales != rescales:
+                self._scores.copy_(torch.from_numpy(self.scores))
+            else:
+                self._scores[uniq] = torch.from_numpy(self.scores[ids]).to(self._scores.device)
 
     def _fetch(self, miss_ids: torch.Tensor) -> torch.Tensor:
         """Host gather of the missed rows into a staging buffer, then one copy to the device
@@ -162,9 +143,9 @@ class DeviceEmbCache:
             return
         k = min(len(miss_ids), n_slots)
         victims, victim_prio = self._coldest(k, keep)
-        miss_scores = self.scores[miss_ids]
+        miss_scores = self._scores[miss_ids]
         order = torch.argsort(miss_scores, descending=True, stable=True)[:k]
-        admit = miss_scores[order] > victim_prio
+        admit = self.policy.admits(miss_scores[order], victim_prio)
         victims, order = victims[admit], order[admit]
         old = self.item_of[victims]
         self.slot_of[old[old != EMPTY]] = EMPTY
@@ -174,7 +155,7 @@ class DeviceEmbCache:
 
     def _prio(self, slots: torch.Tensor) -> torch.Tensor:
         items = self.item_of[slots]
-        return torch.where(items != EMPTY, self.scores[items.clamp(min=0)], float("-inf"))
+        return torch.where(items != EMPTY, self._scores[items.clamp(min=0)], float("-inf"))
 
     def _coldest(self, k: int, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The k slots of lowest (priority, slot index), none in `keep`, and their priorities,
@@ -230,19 +211,17 @@ class DeviceEmbCache:
         per item, become the scores that `per_lookup` ids a lookup would settle at under this
         policy's aging, and the empty slots take the highest-scored rows not yet resident (one
         gather and copy). Returns the rows loaded."""
-        s = torch.as_tensor(shares, dtype=torch.float64).reshape(-1)
-        if s.numel() != self.n_items or not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
-            raise ValueError(f"warm needs {self.n_items} finite shares >= 0, got {s.numel()}")
-        s = s / max(float(s.sum()), 1e-300) * per_lookup
-        if isinstance(self.policy, _LFU):
-            s = s * self.policy.weight / (1.0 - self.policy.decay)
-        self.scores.copy_(s.to(self.scores))
+        s = np.asarray(torch.as_tensor(shares, dtype=torch.float64).cpu()).reshape(-1)
+        if s.size != self.n_items or not np.isfinite(s).all() or (s < 0).any():
+            raise ValueError(f"warm needs {self.n_items} finite shares >= 0, got {s.size}")
+        self.scores[:] = self.policy.settled(s, per_lookup)
+        if self._mirrored:
+            self._scores.copy_(torch.from_numpy(self.scores))
         self._pool = None
         empty = (self.item_of == EMPTY).nonzero().reshape(-1)
-        free = self.slot_of == EMPTY
-        order = torch.argsort(torch.where(free, self.scores, float("-inf")), descending=True, stable=True)
-        ids = order[: min(len(empty), int(free.sum()))]
-        ids = ids[self.scores[ids] > 0]
+        free = (self.slot_of == EMPTY).cpu().numpy()
+        hottest = top(np.where(free, self.scores, -np.inf), min(len(empty), int(free.sum())))
+        ids = torch.from_numpy(hottest[self.scores[hottest] > 0]).to(self.pool.device)
         if len(ids):
             slots = empty[: len(ids)]
             self.rows_view().index_copy_(0, slots, self._fetch(ids))
