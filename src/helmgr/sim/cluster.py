@@ -21,6 +21,7 @@ from helmgr.policy.policies import MemoryPolicy
 from helmgr.routing.residency import ResidencyReporter
 from helmgr.routing.routers import Router
 from helmgr.sim.config import SimConfig
+from helmgr.sim.faults import Faults
 from helmgr.sim.metrics import Recorder
 from helmgr.sim.node import Node
 from helmgr.sim.service import BatchServer
@@ -43,7 +44,7 @@ class Slot:
     refill_at: float | None = None   # when the refill mode's next step is due (one at a time)
 
 
-class Cluster:
+class Cluster(Faults):
     def __init__(self, cfg: SimConfig, workload: Workload, profile: NodeProfile, router: Router,
                  policy: MemoryPolicy, on_progress=None):
         self.cfg, self.workload, self.profile = cfg, workload, profile
@@ -294,47 +295,3 @@ class Cluster:
         heap, handle = self.heap, self._handle
         while self.watch_done < self.next_rid - self.watch_from and heap:
             handle(heappop(heap))
-
-    # -- faults ---------------------------------------------------------------------------
-    def node_down(self, n: int) -> None:
-        """Node n fails: its queued and in-service requests are routed again (counted)."""
-        if not self.up[n]:
-            return
-        slot = self.slots[n]
-        self.up[n] = False
-        stranded = [req for req, _ in slot.inflight] + list(slot.queue)
-        slot.gen += 1
-        slot.inflight, slot.queue, slot.busy, slot.refill_at = [], deque(), False, None
-        self.router.node_down(n)
-        self.rec.ratio_change(self.now, n, None)
-        for req in stranded:
-            req.rerouted = 1
-        self.rerouted += len(stranded)
-        if self.cfg.central_queue:
-            self.shared.extendleft(reversed(stranded))
-            self._start_idle()
-        else:
-            for req in stranded:
-                self.arrive(req)
-
-    def _start_idle(self) -> None:
-        for i, s in enumerate(self.slots):
-            if self.up[i] and not s.busy and self.shared:
-                self.start(i, [self.shared.popleft()])
-
-    def node_up(self, n: int) -> None:
-        if self.up[n]:
-            return
-        slot = self.slots[n]
-        self.retired.append(slot.node)
-        slot.node = self._fresh_node(n)     # HBM state is gone: cold KV, EMB reloaded warm
-        self.windows.restart(n, slot.node)
-        self.policy.attach(n, slot.node)
-        self.up[n] = True
-        self.router.node_up(n)
-        if self.reporters is not None:
-            self.reporters[n] = ResidencyReporter(n, slot.node, after=self.reporters[n])
-            self.report(n, emb=True)
-        self.rec.ratio_change(self.now, n, slot.node.ratio)
-        if self.cfg.central_queue:
-            self._start_idle()
