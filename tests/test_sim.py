@@ -145,3 +145,14 @@ def test_window_ratios_and_oracle_distance_by_hand():
     r = window_ratios(timeline, 2, 3.0)
     np.testing.assert_allclose(r, [0.3, 0.4, 0.6])             # window 1: (0.2 + 0.6) / 2 and 0.4
     assert oracle_distance(timeline, 2, 3.0, np.array([0.3, 0.5, 0.5])) == pytest.approx((0 + 0.1 + 0.1) / 3)
+
+
+def test_a_node_window_carries_every_counter_by_name():
+    from helmgr.core.window import NodeCounters, NodeWindow, node_window
+    delta = NodeCounters(*range(1, len(NodeCounters._fields) + 1))
+    w = node_window(3, 2.0, 1.0, 0.4, 7, [0.01, 0.02, 0.09], 2, delta, [(0.001, 0.0), (0.0, 0.01), (0.05, 0.02)])
+    assert all(getattr(w, f) == getattr(delta, f) for f in NodeCounters._fields)
+    assert (w.node, w.arrivals, w.completed, w.queue_len) == (3, 7, 3, 2)
+    assert w.p99_s == pytest.approx(np.percentile([0.01, 0.02, 0.09], 99))
+    assert (w.tail_fetch_s, w.tail_recompute_s) == (0.05, 0.02)     # only the slowest is at or above P99
+    assert set(NodeCounters._fields) < {f for f in NodeWindow.__dataclass_fields__}

@@ -34,7 +34,8 @@ class NodeCounters(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class NodeWindow:
-    """One node's last metrics window."""
+    """One node's last metrics window: its place and latencies, and the change of each of its
+    `NodeCounters` over the window (one field each, by name)."""
 
     node: int
     t: float                 # window end
@@ -75,8 +76,9 @@ def node_window(node: int, t: float, span_s: float, ratio: float, arrivals: int,
         split = np.asarray(parts)
         top = np.asarray(latencies) >= tail
         tail_fetch, tail_recompute = (float(x) for x in split[top].sum(axis=0))
-    return NodeWindow(node, t, span_s, ratio, arrivals, len(latencies), tail, queue_len, *delta,
-                      tail_fetch, tail_recompute)
+    return NodeWindow(node=node, t=t, span_s=span_s, ratio=ratio, arrivals=arrivals, completed=len(latencies),
+                      p99_s=tail, queue_len=queue_len, tail_fetch_s=tail_fetch, tail_recompute_s=tail_recompute,
+                      **delta._asdict())
 
 
 @dataclass(frozen=True, slots=True)

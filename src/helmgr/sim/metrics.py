@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from helmgr.core.records import Request, Service
+from helmgr.core.window import p99 as window_p99
 from helmgr.memory import CAUSES
 
 
@@ -69,7 +70,7 @@ def window_stats(arrival, latency, window_s, duration, *per_request):
     lat_sorted = latency[order]
     p99 = np.full(n_win, np.nan)
     for k in np.flatnonzero(counts):
-        p99[k] = np.percentile(lat_sorted[bounds[k]:bounds[k + 1]], 99)
+        p99[k] = window_p99(lat_sorted[bounds[k]:bounds[k + 1]])
     sums = [np.bincount(w, weights=x, minlength=n_win) for x in per_request]
     return np.arange(n_win) * window_s, p99, counts, sums
 
