@@ -9,6 +9,7 @@ from helmgr.learn.env import HelmEnv
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.controller.observe import N_FEATURES, Observer, reward
 from helmgr.controller.safety import Safety
+from tests.controller_reference import ReferenceController
 
 TINY = dict(episode_s=4.0, warmup_s=2.0, rps_per_node=80.0, users_per_node=4000,
             workload={"n_items": 20_000, "n_clusters": 8})
@@ -18,6 +19,12 @@ def constant_policy(value: float, max_step: float = 0.02) -> MLPPolicy:
     """A one-layer 'network' whose action is `value` whatever it sees."""
     return MLPPolicy([np.zeros((1, N_FEATURES))], [np.array([value])], np.zeros(N_FEATURES), np.ones(N_FEATURES),
                      max_step=max_step)
+
+
+def stepper(fast: bool, ctl: Controller):
+    """The compiled controller, or its slow reference (tests/controller_reference.py) on the same
+    configuration."""
+    return ctl if fast else ReferenceController(ctl)
 
 
 def stats(ratio=0.5, rps=300.0, p99=0.01, emb=0.9, kv=0.8):
@@ -64,13 +71,13 @@ def test_base_policy_step_and_safety():
 def test_the_ratio_moves_only_in_steps_of_min_move():
     """A base policy stepping +0.02 a window under the default min_move 0.03: the target walks
     0.52, 0.54, 0.56, 0.58, 0.60; the node's ratio stays at 0.50 until the target is 0.04 away, then
-    follows it: 0.50, 0.54, 0.54, 0.58, 0.58. Both ways of stepping agree; the move cost in the
-    adapter's reward is the move made."""
+    follows it: 0.50, 0.54, 0.54, 0.58, 0.58. The compiled controller and its reference agree; the
+    move cost in the adapter's reward is the move made."""
     for fast in (True, False):
-        ctl = Controller(constant_policy(1.0, max_step=0.02))
+        ctl = stepper(fast, Controller(constant_policy(1.0, max_step=0.02)))
         ratio, ratios = 0.5, []
         for _ in range(5):
-            ratio = ctl.step(stats(ratio)) if fast else ctl.reference_step(stats(ratio))
+            ratio = ctl.step(stats(ratio))
             ratios.append(ratio)
         assert ratios == pytest.approx([0.50, 0.54, 0.54, 0.58, 0.58], abs=1e-12)
         assert ctl.target == pytest.approx(0.60, abs=1e-12) and ctl.safety.settled == 3
@@ -82,10 +89,11 @@ def test_the_slew_limit_holds_for_the_ratio_set_under_the_hysteresis():
     plan is 0.558 but the ratio set moves 0.05 from 0.50, to 0.55 (a slew counted from the target
     would have let it jump 0.058)."""
     for fast in (True, False):
-        ctl = Controller(constant_policy(1.0, max_step=0.029), safety=Safety(max_slew=0.05, min_move=0.03))
+        ctl = stepper(fast, Controller(constant_policy(1.0, max_step=0.029),
+                                       safety=Safety(max_slew=0.05, min_move=0.03)))
         ratio, ratios = 0.5, [0.5]
         for _ in range(6):
-            ratio = ctl.step(stats(ratio)) if fast else ctl.reference_step(stats(ratio))
+            ratio = ctl.step(stats(ratio))
             ratios.append(ratio)
         assert ratios[1:3] == pytest.approx([0.50, 0.55], abs=1e-12)
         assert max(np.abs(np.diff(ratios))) <= 0.05 + 1e-12 and ctl.safety.slewed >= 1
@@ -123,15 +131,16 @@ def test_recovery_grows_the_emb_cache_only_while_it_misses():
     """The burst above on a node whose EMB cache already holds nearly everything (hit rate 0.995,
     as on H200): recovery starts and ends as before but leaves the plan where the base put it
     (r_min, 0.05); a miss rate of 0.02 (> recovery_miss 0.01) steers it up 0.1 a window. A plan
-    above the recovery target still comes down to it. Both ways of stepping agree."""
+    above the recovery target still comes down to it. The compiled controller and its reference agree."""
     for fast in (True, False):
         for emb, start in ((0.995, 0.05), (0.98, 0.05), (0.995, 0.95)):
             ctl = Controller(constant_policy(-1.0 if start < 0.5 else 0.0, max_step=0.02), safety=Safety(max_slew=0.1),
                              detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20), recovery_ratio=0.85)
+            ctl = stepper(fast, ctl)
             ratios = []
             for w in range(40):
                 s = stats(ratio=ratios[-1] if ratios else start, rps=1200.0 if w >= 30 else 300.0 + w % 3, emb=emb)
-                ratios.append(ctl.step(s) if fast else ctl.reference_step(s))
+                ratios.append(ctl.step(s))
             assert [e for _, e in ctl.events] == ["start"] and ctl.events[0][0] == 30
             expected = {(0.995, 0.05): 0.05, (0.98, 0.05): 0.45, (0.995, 0.95): 0.85}[emb, start]
             assert ratios[33] == pytest.approx(expected)
@@ -139,15 +148,16 @@ def test_recovery_grows_the_emb_cache_only_while_it_misses():
 
 def test_recovery_holds_until_the_backlog_has_drained():
     """The burst is over at window 40 but the node stays over its SLO until window 60: recovery
-    hands back only then (both ways of stepping agree)."""
+    hands back only then (the compiled controller and its reference agree)."""
     for fast in (True, False):
-        ctl = Controller(constant_policy(-1.0), detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20))
+        ctl = stepper(fast, Controller(constant_policy(-1.0),
+                                       detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20)))
         rng = np.random.default_rng(0)
         ratio = 0.6
         for w in range(80):
             s = stats(ratio=ratio, rps=(1200.0 if 30 <= w < 40 else 300.0) + rng.normal(0, 10),
                       p99=0.3 if 30 <= w < 60 else 0.01, emb=0.9 + rng.normal(0, 0.005), kv=0.8 + rng.normal(0, 0.005))
-            ratio = ctl.step(s) if fast else ctl.reference_step(s)
+            ratio = ctl.step(s)
         assert ctl.events == [(30, "start"), (60, "end")]
 
 
@@ -155,16 +165,17 @@ def test_recovery_holds_until_the_backlog_has_drained():
 def test_after_a_burst_the_ratio_decays_no_faster_than_the_hold(hold):
     """A base policy that pulls the plan down 0.03 a window: without a hold the ratio falls 0.03 a
     window from the hand-back; with a 40-window hold the floor falls (0.85 - 0.05) / 40 = 0.02 a
-    window and the plan rides it. Both ways of stepping agree."""
+    window and the plan rides it. The compiled controller and its reference agree."""
     for fast in (True, False):
         ctl = Controller(constant_policy(-1.0, max_step=0.03), detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20),
                          recovery_ratio=0.85, recovery_step=0.1, recovery_hold=hold, safety=Safety(max_slew=0.1))
+        ctl = stepper(fast, ctl)
         rng = np.random.default_rng(0)
         ratios = []
         for w in range(70):
             s = stats(ratio=ratios[-1] if ratios else 0.6, rps=(1200.0 if 30 <= w < 40 else 300.0) + rng.normal(0, 10),
                       emb=0.9 + rng.normal(0, 0.005), kv=0.8 + rng.normal(0, 0.005))
-            ratios.append(ctl.step(s) if fast else ctl.reference_step(s))
+            ratios.append(ctl.step(s))
         end = ctl.events[1][0]
         assert ratios[end - 1] == pytest.approx(0.85)
         fall = 0.02 if hold else 0.03
@@ -204,10 +215,10 @@ def test_the_base_does_not_cancel_the_adapters_offset(compiled):
         a = ResidualAdapter(N_FEATURES, bound=0.05)
         a.explore, a.params = False, np.zeros(N_FEATURES + 1)
         a.params[-1] = 1e6 if offset else 0.0
-        ctl = Controller(pull_policy(0.4), adapter=a, safety=Safety(max_slew=0.1))
+        ctl = stepper(compiled, Controller(pull_policy(0.4), adapter=a, safety=Safety(max_slew=0.1)))
         ratio = 0.6
         for _ in range(60):
-            ratio = ctl.step(stats(ratio)) if compiled else ctl.reference_step(stats(ratio))
+            ratio = ctl.step(stats(ratio))
         runs[offset] = ratio, ctl.plan
     assert runs[0.0] == pytest.approx((0.4, 0.4), abs=1e-6)
     assert runs[0.05] == pytest.approx((0.45, 0.4), abs=1e-6)

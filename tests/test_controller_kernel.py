@@ -1,4 +1,5 @@
-"""The compiled controller step (helmgr.controller.kernel) against the tier objects run one by one."""
+"""The compiled controller (helmgr.controller.kernel) against its slow reference
+(tests/controller_reference.py), decision for decision."""
 import math
 from dataclasses import replace
 
@@ -6,11 +7,12 @@ import numpy as np
 import pytest
 
 from helmgr.controller import Controller, WindowStats
-from helmgr.controller import kernel as K
+from helmgr.controller import layout as L
 from helmgr.controller.adapter import ResidualAdapter
 from helmgr.controller.detect import BurstDetector
-from helmgr.controller.mlp import MLPPolicy
-from helmgr.controller.observe import N_FEATURES
+from helmgr.controller.mlp import MLPPolicy, _tanh
+from helmgr.controller.observe import N_FEATURES, Observer, reward
+from tests import controller_reference as ref
 
 
 def stats_stream(seed: int, n: int):
@@ -52,18 +54,19 @@ def controller(adapter: bool, recovery: bool) -> Controller:
 
 @pytest.mark.parametrize("adapter,recovery", [(True, True), (False, True), (True, False), (False, False)])
 def test_compiled_step_decides_as_the_reference(adapter, recovery):
-    fast, slow = controller(adapter, recovery), controller(adapter, recovery)
+    fast = controller(adapter, recovery)
+    slow = ref.ReferenceController(fast)
     ratios = []
     for s in stats_stream(1, 600):
         s = replace(s, ratio=ratios[-1] if ratios else 0.5)          # the node reports the ratio it was given
         ratios.append(fast.step(s))
-        assert ratios[-1] == pytest.approx(slow.reference_step(s), abs=1e-12)
+        assert ratios[-1] == pytest.approx(slow.step(s), abs=1e-12)
         st, _, _, _, det, *_ = fast._k[-1]     # views of the kernel's running state, against the objects'
-        assert st[K.OB_MEAN] == pytest.approx(slow.observer.mean_rps, rel=1e-12)
+        assert st[L.OB_MEAN] == pytest.approx(slow.observer.mean_rps, rel=1e-12)
         if recovery:
-            assert det[:, K.D_MEAN] == pytest.approx([b.mean for b in slow.detector.base], rel=1e-12)
-            assert det[:, K.D_VAR] == pytest.approx([b.var for b in slow.detector.base], rel=1e-12)
-            assert det[:, K.D_CUSUM] == pytest.approx([c.s for c in slow.detector.cusum], abs=1e-12)
+            assert det[:, L.D_MEAN] == pytest.approx([b.mean for b in slow.detector.base], rel=1e-12)
+            assert det[:, L.D_VAR] == pytest.approx([b.var for b in slow.detector.base], rel=1e-12)
+            assert det[:, L.D_CUSUM] == pytest.approx([c.s for c in slow.detector.cusum], abs=1e-12)
     assert np.ptp(ratios) > 0.02 and np.mean((np.array(ratios) > 0.06) & (np.array(ratios) < 0.94)) > 0.8
     assert fast.events == slow.events
     assert (len(fast.events) >= 4) == recovery            # two bursts: start and end each
@@ -82,7 +85,7 @@ def test_kernel_tanh_matches_libm():
     @njit
     def apply(v, out):
         for i in range(v.shape[0]):
-            out[i] = K._tanh(v[i])
+            out[i] = _tanh(v[i])
 
     v = np.concatenate([np.linspace(-30.0, 30.0, 200_001), [0.0, 1e-300, -1e-12, 19.99, 20.01, 400.0, -400.0]])
     out = np.empty_like(v)
@@ -101,3 +104,12 @@ def test_integer_and_bool_stats_decide_as_floats():
                              queue_len=float(k), h2d_utilization=1.0)
         assert a.step(ints) == b.step(floats)
     assert a.adapter.params.tolist() == b.adapter.params.tolist() and a.adapter.updates == b.adapter.updates > 0
+
+
+def test_observation_and_reward_are_the_references_bit_for_bit():
+    """The compiled observation (what the training environment sees) and reward, against the
+    reference's, exactly, over the stream above (empty windows and non-finite fields included)."""
+    fast, slow = Observer(), ref.Observer()
+    for k, s in enumerate(stats_stream(2, 600)):
+        assert fast(s).tolist() == slow(s).tolist()
+        assert reward(s, 0.01 * (k % 7 - 3)) == ref.reward(s, 0.01 * (k % 7 - 3))

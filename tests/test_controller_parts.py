@@ -3,12 +3,41 @@ import math
 import numpy as np
 import pytest
 
+from helmgr.controller import safety
+from helmgr.controller.layout import layout
 from helmgr.controller.mlp import MLPPolicy
-from helmgr.controller.safety import Safety
 from helmgr.core.errors import HelmInputError
+from tests import controller_reference as ref
+from tests.controller_reference import ResidualAdapter
 
 
-def test_safety_clamps_slews_and_keeps_the_last_good_ratio():
+class CompiledSafety:
+    """The package's compiled `limit` and `settle` on their own, with `Safety`'s counters."""
+
+    def __init__(self, **kw):
+        self.limits = safety.Safety(**kw)
+        _, (self.st, self.cfg, *_) = layout(0, 0, 0)
+        self.limits.configure(self.cfg)
+
+    def apply(self, proposed, last):
+        return self._report(safety.limit(proposed, last, self.st, self.cfg))
+
+    def settle(self, target, applied):
+        return self._report(safety.settle(target, applied, self.st, self.cfg))
+
+    def _report(self, ratio):
+        self.limits.report(self.st)
+        return ratio
+
+    def __getattr__(self, name):
+        return getattr(self.limits, name)
+
+
+SAFETIES = {"compiled": CompiledSafety, "reference": ref.Safety}
+
+
+@pytest.mark.parametrize("Safety", SAFETIES.values(), ids=SAFETIES)
+def test_safety_clamps_slews_and_keeps_the_last_good_ratio(Safety):
     s = Safety(r_min=0.1, r_max=0.9, max_slew=0.05)
     assert s.apply(0.52, 0.50) == pytest.approx(0.52)
     assert s.apply(0.70, 0.50) == pytest.approx(0.55) and s.slewed == 1
@@ -20,7 +49,8 @@ def test_safety_clamps_slews_and_keeps_the_last_good_ratio():
         Safety(r_min=0.9, r_max=0.1)
 
 
-def test_safety_moves_the_node_only_in_steps_of_min_move():
+@pytest.mark.parametrize("Safety", SAFETIES.values(), ids=SAFETIES)
+def test_safety_moves_the_node_only_in_steps_of_min_move(Safety):
     s = Safety(r_min=0.1, r_max=0.9, max_slew=0.1, min_move=0.03)
     assert s.settle(0.52, 0.50) == 0.50 and s.settled == 1           # 0.02 away: stays
     assert s.settle(0.48, 0.50) == 0.50 and s.settled == 2
@@ -50,7 +80,7 @@ def test_mlp_forward_matches_a_plain_reference():
             x = np.tanh(x) if k < len(ws) - 1 else x
         want = float(np.clip(x[0], -1, 1))
         assert p.action(obs) == pytest.approx(want, abs=1e-12)
-        assert p.step(obs) == pytest.approx(0.03 * want, abs=1e-12)
+        assert ref.forward(p, obs) == pytest.approx(want, abs=1e-12)
 
 
 def test_mlp_file_round_trip_and_bad_files(tmp_path):
@@ -68,8 +98,9 @@ def test_mlp_file_round_trip_and_bad_files(tmp_path):
         MLPPolicy([np.zeros((4, 3))], [np.zeros(3)], np.zeros(3), np.ones(3))
 
 
+# the adapter's learning, on its reference (the compiled adapter decides and learns as it does:
+# tests/test_controller_kernel.py)
 def test_adapter_starts_as_a_no_op_and_stays_bounded():
-    from helmgr.controller.adapter import ResidualAdapter
     a = ResidualAdapter(3, bound=0.05)
     x = np.array([5.0, -2.0, 1.0])
     assert a.output(x) == 0.0
@@ -85,7 +116,6 @@ def test_adapter_does_not_walk_on_noise():
     """Rewards that do not depend on the decisions (a steady node's window noise: sd 0.073 around
     -0.3): after 3,000 windows the gated adapter is still an exact no-op; without the gate (z = 0)
     the same estimates walk it away."""
-    from helmgr.controller.adapter import ResidualAdapter
     x = np.array([1.0, 0.5, -0.3])
     for seed in range(4):
         gated, ungated = (ResidualAdapter(3, z=z, rng=np.random.default_rng(seed)) for z in (4.0, 0.0))
@@ -99,7 +129,6 @@ def test_adapter_does_not_walk_on_noise():
 
 
 def test_adapter_learns_a_correction_from_window_rewards_and_swaps_whole():
-    from helmgr.controller.adapter import ResidualAdapter
     a = ResidualAdapter(2, rng=np.random.default_rng(1))
     x = np.array([1.0, 0.5])
     before = a.params

@@ -1,7 +1,48 @@
+"""The burst detector: its compiled step (helmgr.controller.detect.detect) and its reference
+(tests/controller_reference.py), each against the same cases."""
 import numpy as np
 import pytest
 
-from helmgr.controller.detect import BurstDetector, Cusum, EwmaZ
+from helmgr.controller import detect
+from helmgr.controller.layout import ACTIVE, D_COLS, D_MEAN, layout
+from tests import controller_reference as ref
+from tests.controller_reference import Cusum, EwmaZ
+
+
+class CompiledDetector:
+    """The package's compiled `detect` on its own, with the reference's interface."""
+
+    class Row:
+        def __init__(self, d, i):
+            self.d, self.i = d, i
+
+        @property
+        def mean(self):
+            return self.d.det[self.i, D_MEAN]
+
+        def z(self, x):
+            return detect._z(self.d.det, self.i, float(x), self.d.cfg)
+
+    EVENTS = {0: None, 1: "start", 2: "end"}
+
+    def __init__(self, n_signals=3, **kw):
+        c = detect.BurstDetector(n_signals, **kw)
+        _, (self.st, self.cfg, *_) = layout(0, 0, 0)
+        self.det, self.ring = np.zeros((n_signals, D_COLS)), np.zeros(c.exit_ticks)
+        c.configure(self.cfg, self.det, on=True)
+        self.base = [self.Row(self, i) for i in range(n_signals)]
+
+    def step(self, values):
+        return self.EVENTS[detect.detect(np.asarray(values, np.float64), self.st, self.det, self.ring, self.cfg)]
+
+    @property
+    def active(self):
+        return self.st[ACTIVE] != 0.0
+
+
+@pytest.fixture(params=["compiled", "reference"])
+def BurstDetector(request):
+    return CompiledDetector if request.param == "compiled" else ref.BurstDetector
 
 
 def poisson_ticks(seed, n, lam, step_at=None, factor=2.0, back_at=None):
@@ -33,14 +74,14 @@ def test_cusum_by_hand():
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_a_2x_step_in_arrival_rate_is_found_within_5_ticks(seed):
+def test_a_2x_step_in_arrival_rate_is_found_within_5_ticks(seed, BurstDetector):
     """30 arrivals a tick (a node at 3,000 req/s with 10-ms ticks), doubling at tick 300."""
     evs = events(BurstDetector(1), poisson_ticks(seed, 400, 30, step_at=300))
     starts = [t for t, ev in evs if ev == "start"]
     assert starts and 300 <= starts[0] <= 305
 
 
-def test_at_most_one_false_alarm_per_10000_stationary_ticks():
+def test_at_most_one_false_alarm_per_10000_stationary_ticks(BurstDetector):
     alarms = []
     for seed in range(5):
         evs = events(BurstDetector(1), poisson_ticks(100 + seed, 10_200, 30))
@@ -48,7 +89,7 @@ def test_at_most_one_false_alarm_per_10000_stationary_ticks():
     assert max(alarms) <= 1, alarms
 
 
-def test_burst_ends_with_hysteresis_and_the_baseline_is_frozen_during_it():
+def test_burst_ends_with_hysteresis_and_the_baseline_is_frozen_during_it(BurstDetector):
     det = BurstDetector(1, exit_ticks=20)
     xs = poisson_ticks(7, 900, 30, step_at=300, factor=4.0, back_at=500)
     evs = events(det, xs)
@@ -60,7 +101,7 @@ def test_burst_ends_with_hysteresis_and_the_baseline_is_frozen_during_it():
     assert not det.active and len(evs) == 2
 
 
-def test_a_miss_rate_signal_alone_can_start_a_burst():
+def test_a_miss_rate_signal_alone_can_start_a_burst(BurstDetector):
     rng = np.random.default_rng(3)
     det = BurstDetector(2)
     starts = []
@@ -71,7 +112,7 @@ def test_a_miss_rate_signal_alone_can_start_a_burst():
     assert starts and 300 <= starts[0] <= 303
 
 
-def test_a_ramp_is_not_a_burst_but_a_3x_step_is():
+def test_a_ramp_is_not_a_burst_but_a_3x_step_is(BurstDetector):
     """Trend seed 2's false alarm (background refill, node 0, windows 60-109 of the run): on the
     traffic ramp the EWMA baseline lags, z sits near k = 1 window after window, the CUSUM creeps
     up, and one high window (453) tips it over. With the standard deviation floored at 1 % of the
@@ -87,7 +128,7 @@ def test_a_ramp_is_not_a_burst_but_a_3x_step_is():
     assert events(BurstDetector(1), stepped)[:1] == [(30, "start")]
 
 
-def test_a_near_zero_miss_rate_rising_a_point_or_two_is_not_a_burst():
+def test_a_near_zero_miss_rate_rising_a_point_or_two_is_not_a_burst(BurstDetector):
     """H200, steady (node 7 of seed 1): EMB miss rate ~0.0002 while the cache holds everything, then
     0.015 once the node's own resize has evicted a few rows -- 477 sigma without the share floor
     (a "burst" that steered the split to the recovery ratio). With it (sd >= 0.01): z = 1.5. A

@@ -1,6 +1,7 @@
-"""The three-tier HELM controller (SPEC 6): base policy (PPO, exported to numpy), residual
-adapter, burst-aware recovery, safety. `Controller.default().step(stats)` is the library API."""
+"""The three-tier HELM controller (SPEC 6): base policy (PPO, exported), residual adapter,
+burst-aware recovery, safety, run as one compiled step. `Controller.default().step(stats)` is
+the library API."""
 from helmgr.controller.controller import Controller
-from helmgr.controller.observe import WindowStats
+from helmgr.core.window import WindowStats
 
 __all__ = ["Controller", "WindowStats"]

@@ -1,108 +1,155 @@
-"""The online residual adapter (SPEC 6, tier 2): a small correction added to the base action.
+"""The online residual adapter (SPEC 6, tier 2): a small correction added to the base tier's plan.
 
 `output = bound * tanh(w . x + b)`, so it never moves the ratio by more than `bound` (default
 0.05) on its own, and with `w = b = 0` at start it is an exact no-op. It learns from window
 rewards by REINFORCE on a Gaussian exploration: each decision adds noise `eps ~ N(0, sigma^2)`
-to the output and remembers it; when the reward of the window that decision set arrives, `learn`
-estimates the gradient `(reward - baseline) * eps / sigma^2 * d output / d params` (baseline:
-an EWMA of rewards). The controller calls `learn` right after a decision, with the reward of the
-window just seen — the outcome of the *previous* decision — so `learn` credits the decisions made
-before the latest `decide` and keeps the latest for the next reward.
+to the output and remembers it; when the reward of the window that decision set arrives, the
+gradient estimate is `(reward - baseline) * eps / sigma^2 * d output / d params` (baseline: an
+EWMA of rewards). The controller learns right after a decision, from the window just seen: the
+outcome of the *previous* decision, which is the one credited.
 
 It moves only on evidence: the estimates are summed over a block of `block` windows (default
 60), and a parameter takes its block's step (`lr` times the sum, what per-window steps would
 have added up to) only where the block's mean estimate is more than `z` (default 4) standard
-errors from zero. One window's P99 is a noisy reward (steady: sd 0.07 around a mean of -0.30,
-where a 3 % P99 difference is 0.009), so without the test the parameters random-walk on noise
-(steady seed 1, 120 s: offsets -0.019..+0.039 after 118 ungated steps), and an offset that moves
-the node costs P99; with it, an adapter that has seen no consistent signal is still an exact
-no-op. Why 4 and not 2 or 3: an estimate is a product of two Gaussians, heavy-tailed, so the
-normal approximation's tails are too thin; with pure-noise rewards z = 3 with 30-window blocks
-still moved 8 of 20 seeded adapters within 3,000 windows, z = 4 with 60 none, and both learn
-the test's +0.03 correction as fast as before.
+errors from zero. One window's P99 is far too noisy a reward to follow step by step: ungated,
+the parameters random-walk on noise, and an offset that moves the node costs P99; gated, an
+adapter that has seen no consistent signal stays an exact no-op. The z is high because each
+estimate is a product of two Gaussians, heavy-tailed, so the normal approximation's tails are
+too thin.
 
-Learning runs off the decision path: `learn` builds a new parameter array (`[w..., b]`) and
-swaps it in with one assignment (atomic under the GIL), and a decision reads the current array
-once, so it never sees half an update. The recovery tier freezes learning during bursts (`frozen`).
+Learning runs off the decision path: it writes a new parameter array (`[w..., b]`) that the
+controller swaps in with one assignment (atomic under the GIL), and a decision reads the current
+array once, so it never sees half an update. The recovery tier freezes learning during bursts.
+
+`ResidualAdapter` holds the constants, the parameters and the exploration rng; `offset` and
+`learn` are the compiled code, on the controller's memory (helmgr.controller.layout).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
+
+from helmgr.controller.layout import (BASELINE, BLOCKS_APPLIED, C_BOUND, C_EXPLORE, C_HAS_AD, DZ, EPS, G_K, G_SQ,
+                                      G_SUM, HAS_BASELINE, L_BASELINE_ALPHA, L_BLOCK, L_LR, L_MISS_PENALTY,
+                                      L_MOVE_COST, L_SIGMA2, L_Z, N_FEATURES, NOISE_I, OBS, RECOVERING, T_DZ, T_EPS,
+                                      T_HAS, T_OBS, UPDATES)
 
 NOISE_BATCH = 4096      # exploration noise is drawn this many at a time
 
 
+@dataclass(slots=True, eq=False)
 class ResidualAdapter:
-    def __init__(self, n_features: int, bound: float = 0.05, lr: float = 0.01, sigma: float = 0.005,
-                 baseline_alpha: float = 0.1, block: int = 60, z: float = 4.0, rng: np.random.Generator | None = None):
-        if not bound > 0 or not sigma > 0:
-            raise ValueError(f"adapter needs bound > 0 and sigma > 0, got {bound}, {sigma}")
-        if not (block >= 2 and z >= 0):
-            raise ValueError(f"adapter needs block >= 2 windows and z >= 0, got {block}, {z}")
-        self.bound, self.lr, self.sigma, self.baseline_alpha = bound, lr, sigma, baseline_alpha
-        self.block, self.z = int(block), z
-        self.params = np.zeros(n_features + 1)             # [w..., b]: swapped whole, never edited
-        self.n = n_features
-        self.rng = rng if rng is not None else np.random.default_rng(0)
-        self.frozen = False
-        self.explore = True
-        self.baseline: float | None = None
-        self.updates = 0                                   # gradient estimates taken
-        self.applied = 0                                   # blocks that changed the parameters
-        self._sum = np.zeros(n_features + 1)               # this block's estimates: sum, sum of squares
-        self._sq = np.zeros(n_features + 1)
-        self._k = 0
-        self._noise: list[float] = []
-        self._trace: list[tuple[np.ndarray, float, float]] = []   # (x, eps, d output / d z), awaiting a reward
-        self._latest: list[tuple[np.ndarray, float, float]] = []  # the latest decision's: its window is next
+    """The adapter's constants and state: `params` is swapped whole, never edited; `updates`
+    (gradient estimates taken), `applied` (blocks that changed the parameters), `baseline` and
+    `frozen` are the controller's report of its running state."""
 
-    def output(self, x: np.ndarray) -> float:
-        """The correction for features x, without exploration."""
-        p = self.params
-        return self.bound * math.tanh(float(p[:self.n] @ x) + p[self.n])
+    n_features: int
+    bound: float = 0.05
+    lr: float = 0.01
+    sigma: float = 0.005
+    baseline_alpha: float = 0.1
+    block: int = 60
+    z: float = 4.0
+    rng: np.random.Generator | None = None
+    explore: bool = True
+    params: np.ndarray = field(init=False)
+    frozen: bool = field(init=False, default=False)
+    baseline: float | None = field(init=False, default=None)
+    updates: int = field(init=False, default=0)
+    applied: int = field(init=False, default=0)
 
-    def decide(self, x: np.ndarray) -> float:
-        """The correction to add to the base action, with exploration noise while learning."""
-        p = self.params
-        t = math.tanh(float(p[:self.n] @ x) + p[self.n])
-        out = self.bound * t
-        if self.explore and not self.frozen:
-            if not self._noise:
-                self._noise = self.rng.normal(0.0, self.sigma, NOISE_BATCH).tolist()
-            eps = self._noise.pop()
-            self._latest.append((x.copy(), eps, self.bound * (1.0 - t * t)))
-            out += eps
-        return out
+    def __post_init__(self):
+        if not self.bound > 0 or not self.sigma > 0:
+            raise ValueError(f"adapter needs bound > 0 and sigma > 0, got {self.bound}, {self.sigma}")
+        if not (self.block >= 2 and self.z >= 0):
+            raise ValueError(f"adapter needs block >= 2 windows and z >= 0, got {self.block}, {self.z}")
+        self.block = int(self.block)
+        self.params = np.zeros(self.n_features + 1)
+        if self.rng is None:
+            self.rng = np.random.default_rng(0)
 
-    def learn(self, reward: float) -> None:
-        """Credit `reward` (non-finite: none) to the decisions made before the latest `decide`;
-        the latest waits for the next call."""
-        trace, self._trace, self._latest = self._trace, self._latest, []
-        if self.frozen or not trace or not np.isfinite(reward):
-            return
-        if self.baseline is None:
-            self.baseline = reward
-            return
-        advantage = reward - self.baseline
-        self.baseline += self.baseline_alpha * advantage
-        grad = np.zeros_like(self.params)
-        for x, eps, dz in trace:
-            g = advantage * eps / self.sigma**2 * dz / len(trace)
-            grad[:self.n] += g * x
-            grad[self.n] += g
-        self.updates += 1
-        self._sum += grad
-        self._sq += grad * grad
-        self._k += 1
-        if self._k < self.block:
-            return
-        k, total = self._k, self._sum
+    def configure(self, cfg, lc, miss_penalty: float, move_cost: float) -> None:
+        """Write the constants into the kernel's `cfg` and `lc`."""
+        cfg[[C_HAS_AD, C_BOUND, C_EXPLORE]] = True, self.bound, self.explore
+        lc[[L_LR, L_SIGMA2, L_BASELINE_ALPHA, L_MISS_PENALTY, L_MOVE_COST, L_BLOCK, L_Z]] = (
+            self.lr, self.sigma**2, self.baseline_alpha, miss_penalty, move_cost, self.block, self.z)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def offset(obs, ad, st, cfg, noise):
+    """The correction for `obs` under parameters `ad`, with the next exploration noise added
+    (and noted for learning) while exploring."""
+    n = obs.shape[0]
+    z = ad[n]
+    for i in range(n):
+        z += ad[i] * obs[i]
+    t = math.tanh(z)
+    out = cfg[C_BOUND] * t
+    if cfg[C_EXPLORE] != 0.0:
+        k = int(st[NOISE_I]) - 1                # the batch is used from its end
+        st[NOISE_I] = k
+        eps = noise[k]
+        st[EPS], st[DZ] = eps, cfg[C_BOUND] * (1.0 - t * t)
+        out += eps
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _estimate(st, lc, r, n):
+    """The previous decision's gradient estimate for reward r, into the block (False: r set the
+    first baseline)."""
+    if st[HAS_BASELINE] == 0.0:
+        st[BASELINE], st[HAS_BASELINE] = r, 1.0
+        return False
+    advantage = r - st[BASELINE]
+    st[BASELINE] += lc[L_BASELINE_ALPHA] * advantage
+    g = advantage * st[T_EPS] / lc[L_SIGMA2] * st[T_DZ]
+    for i in range(n + 1):
+        gi = g * st[T_OBS + i] if i < n else g
+        st[G_SUM + i] += gi
+        st[G_SQ + i] += gi * gi
+    st[UPDATES] += 1
+    st[G_K] += 1
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _close_block(st, lc, old, new):
+    """A full block: each parameter steps by lr times the block's sum where the block's mean is
+    significant, into `new`; 1 if any did."""
+    k = st[G_K]
+    updated = 0
+    for i in range(old.shape[0]):
+        total = st[G_SUM + i]
         mean = total / k
-        se = np.sqrt(np.maximum(self._sq - k * mean * mean, 0.0) / (k - 1) / k)
-        keep = np.abs(mean) > self.z * se
-        self._sum, self._sq, self._k = np.zeros_like(total), np.zeros_like(total), 0
-        if keep.any():
-            self.params = self.params + self.lr * np.where(keep, total, 0.0)   # a new array: the atomic swap
-            self.applied += 1
+        se = math.sqrt(max(st[G_SQ + i] - k * mean * mean, 0.0) / (k - 1) / k)
+        if abs(mean) > lc[L_Z] * se:
+            updated = 1
+            new[i] = old[i] + lc[L_LR] * total
+        else:
+            new[i] = old[i]
+        st[G_SUM + i] = st[G_SQ + i] = 0.0
+    st[G_K] = 0.0
+    st[BLOCKS_APPLIED] += updated
+    return updated
+
+
+@njit(cache=True, nogil=True)
+def learn(st, lc, r, old, new):
+    """Credit reward r to the previous decision's noise; then the decision just made becomes the
+    one awaiting a reward. Writes the next parameters into `new` and returns 1 when a block
+    changes them; otherwise returns 0 (`new` is scratch)."""
+    updated = 0
+    if st[T_HAS] != 0.0 and st[RECOVERING] == 0.0 and math.isfinite(r):
+        if _estimate(st, lc, r, old.shape[0] - 1) and st[G_K] >= lc[L_BLOCK]:
+            updated = _close_block(st, lc, old, new)
+    if math.isnan(st[EPS]):                 # no exploration in this decision: nothing to credit
+        st[T_HAS] = 0.0
+    else:
+        st[T_HAS], st[T_EPS], st[T_DZ] = 1.0, st[EPS], st[DZ]
+        for i in range(N_FEATURES):
+            st[T_OBS + i] = st[OBS + i]
+    return updated

@@ -1,64 +1,104 @@
-"""What the controller sees and what it is paid (SPEC 6): the fixed observation vector built from
-a node's `WindowStats` (helmgr.core.window), and the window reward.
+"""What the controller sees and what it is paid (SPEC 6), compiled: the fixed observation vector
+built from a node's `WindowStats` (helmgr.core.window), and the window reward.
 
-`Observer` turns a stream of them into observations: it keeps the long-run mean arrival rate
-(EWMA) and the previous window's rate, so the vector carries the rate relative to normal and
-its change. Every feature is finite (missing P99 -> 0, empty windows -> neutral values).
+The observation keeps the long-run mean arrival rate (EWMA) and the previous window's rate, so
+the vector carries the rate relative to normal and its change. Every feature is finite (missing
+P99 -> 0, empty windows -> neutral values). `observe_window` is the code the controller's step
+runs; `Observer` and `reward` call the same code from Python (the training environment).
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
+from numba import njit
 
+from helmgr.controller.layout import (C_OB_ALPHA, FEATURES, N_FEATURES, OB_INIT, OB_MEAN, OB_PREV, OBS, P99_CAP,
+                                      X_EMB, X_EMB_TIME, X_H2D, X_KV, X_NEW, X_P99, X_QUEUE, X_RATIO, X_RPS, X_SLO,
+                                      layout, store, views)
 from helmgr.core.window import WindowStats
 
-FEATURES = ("ratio", "emb_hit_rate", "kv_hit_rate", "arrival_vs_mean", "arrival_change", "log_queue",
-            "p99_over_slo", "h2d_utilization", "new_user_share", "emb_time_share")
-N_FEATURES = len(FEATURES)
-P99_CAP = 10.0              # p99 / SLO beyond this is "far over"; keeps the vector bounded
+__all__ = ["FEATURES", "N_FEATURES", "P99_CAP", "MEAN_ALPHA", "MISS_PENALTY", "MOVE_COST", "Observer", "reward"]
 
-
-def p99_over_slo(s: WindowStats) -> float:
-    if s.p99_s is None or not math.isfinite(s.p99_s):
-        return 0.0
-    return min(s.p99_s / s.slo_s, P99_CAP)
-
-
+MEAN_ALPHA = 0.02                  # the EWMA weight of the long-run arrival rate, per window
 MISS_PENALTY, MOVE_COST = 1.0, 2.0
 
 
-def reward(s: WindowStats, moved: float, miss_penalty: float = MISS_PENALTY, move_cost: float = MOVE_COST) -> float:
+@njit(cache=True, nogil=True)
+def finite(v):
+    if math.isfinite(v):
+        return v
+    return 0.0 if v != v else math.copysign(P99_CAP, v)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def tail(p99, slo):
+    """The window's P99 over its SLO, capped (p99 NaN: no requests completed, 0)."""
+    return min(p99 / slo, P99_CAP) if math.isfinite(p99) else 0.0
+
+
+@njit("float64(float64, float64, float64, float64, float64)", cache=True, nogil=True)
+def reward_of(p99, slo, moved, miss_penalty, move_cost):
     """Minus normalized tail latency, minus a penalty if the window missed its SLO, minus a cost
     per unit of ratio moved (migration is not free)."""
-    tail = p99_over_slo(s)
-    return -tail - (miss_penalty if tail > 1.0 else 0.0) - move_cost * abs(moved)
+    t = tail(p99, slo)
+    return -t - (miss_penalty if t > 1.0 else 0.0) - move_cost * abs(moved)
 
 
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else (0.0 if x != x else math.copysign(P99_CAP, x))
+def reward(s: WindowStats, moved: float, miss_penalty: float = MISS_PENALTY, move_cost: float = MOVE_COST) -> float:
+    """The reward of window `s` after a move of `moved` (`reward_of`)."""
+    return reward_of(math.nan if s.p99_s is None else s.p99_s, s.slo_s, moved, miss_penalty, move_cost)
+
+
+@njit(cache=True, nogil=True)
+def observe_window(x, st, cfg):
+    """The observation of the window in `x`, into st[OBS:OBS + N_FEATURES]; returns its P99 / SLO."""
+    rps = x[X_RPS] if math.isfinite(x[X_RPS]) and x[X_RPS] >= 0 else 0.0
+    if st[OB_INIT] == 0.0:
+        st[OB_MEAN] = st[OB_PREV] = rps
+        st[OB_INIT] = 1.0
+    scale = max(st[OB_MEAN], 1e-6)
+    q = x[X_QUEUE] if math.isfinite(x[X_QUEUE]) and x[X_QUEUE] > 0 else 0.0
+    t = tail(x[X_P99], x[X_SLO])
+    prev = st[OB_PREV]
+    st[OB_MEAN] += cfg[C_OB_ALPHA] * (rps - st[OB_MEAN])
+    st[OB_PREV] = rps
+    o = OBS
+    st[o] = finite(x[X_RATIO])
+    st[o + 1] = finite(x[X_EMB])
+    st[o + 2] = finite(x[X_KV])
+    st[o + 3] = finite(rps / scale)
+    st[o + 4] = finite((rps - prev) / scale)
+    st[o + 5] = finite(math.log1p(q))
+    st[o + 6] = finite(t)
+    st[o + 7] = finite(x[X_H2D])
+    st[o + 8] = finite(x[X_NEW])
+    st[o + 9] = finite(x[X_EMB_TIME])
+    return t
+
+
+_STATS = ", ".join(["float64"] * 10)
+
+
+@njit(f"void(float64[::1], {_STATS})", cache=True, nogil=True)
+def observe(mem, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
+    """`observe_window` on its own, for a `mem` from `layout` (p99 NaN: none)."""
+    st, cfg, lc, x, det, ring, h, noise = views(mem)
+    store(x, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time)
+    observe_window(x, st, cfg)
 
 
 class Observer:
-    """WindowStats -> the fixed observation vector of FEATURES, written into one preallocated
-    array (the same array every call: copy it to keep it)."""
+    """WindowStats -> the observation vector, through the controller's own compiled code. The
+    same array every call: copy it to keep it."""
 
-    def __init__(self, mean_alpha: float = 0.02):
-        self.mean_alpha = mean_alpha
-        self.mean_rps: float | None = None
-        self.prev_rps: float | None = None
-        self.obs = np.zeros(N_FEATURES)
+    __slots__ = ("mem", "obs")
 
-    def __call__(self, s: WindowStats) -> np.ndarray:
-        rps = s.arrival_rps if math.isfinite(s.arrival_rps) and s.arrival_rps >= 0 else 0.0
-        if self.mean_rps is None:
-            self.mean_rps = self.prev_rps = rps
-        scale = max(self.mean_rps, 1e-6)
-        q = s.queue_len if math.isfinite(s.queue_len) and s.queue_len > 0 else 0.0
-        values = (s.ratio, s.emb_hit_rate, s.kv_hit_rate, rps / scale, (rps - self.prev_rps) / scale,
-                  math.log1p(q), p99_over_slo(s), s.h2d_utilization, s.new_user_share, s.emb_time_share)
-        self.mean_rps += self.mean_alpha * (rps - self.mean_rps)
-        self.prev_rps = rps
-        obs = self.obs
-        obs[:] = [_finite(v) for v in values]
-        return obs
+    def __init__(self, mean_alpha: float = MEAN_ALPHA):
+        self.mem, (st, cfg, *_) = layout(0, 0, 0)
+        cfg[C_OB_ALPHA] = mean_alpha
+        self.obs = st[OBS:OBS + N_FEATURES]
+
+    def __call__(self, s: WindowStats):
+        observe(self.mem, s.ratio, s.arrival_rps, math.nan if s.p99_s is None else s.p99_s, s.slo_s,
+                s.emb_hit_rate, s.kv_hit_rate, s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share)
+        return self.obs

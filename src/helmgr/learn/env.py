@@ -5,8 +5,9 @@ One episode: a workload drawn from a mixture of regimes and seeds, served by a s
 full 1 M-item table) for `episode_s` simulated seconds after a `warmup_s` warm-up at a random
 starting ratio. One step = one control window (1 s): the action in [-1, 1] moves every node's
 ratio by up to `max_step`, the cluster runs the window, and the agent sees node 0's observation
-(controller.observe.FEATURES) and is paid `observe.reward` for it. Seeded: the same `reset(seed)`
-and actions give the same observations and rewards.
+(controller.observe.FEATURES), built by the controller's own compiled code (`observe.Observer`),
+and is paid `observe.reward` for it. Seeded: the same `reset(seed)` and actions give the same
+observations and rewards.
 
 With `relative=True` the pay is the reward minus that of a twin cluster forked at the end of the
 warm-up and held at the starting ratio, fed the same requests: what the policy's moves gained
@@ -18,7 +19,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from helmgr.controller.observe import N_FEATURES, Observer, WindowStats, reward
+from helmgr.controller.observe import N_FEATURES, Observer, reward
+from helmgr.core.window import WindowStats
 from helmgr.core.profiles import node_profile
 from helmgr.sim.cluster import Cluster
 from helmgr.sim.config import SimConfig

@@ -1,0 +1,329 @@
+"""The controller's slow, readable reference: each tier as a plain Python object, one step at a
+time, from the same configuration objects the package's compiled controller reads
+(helmgr.controller.{detect,adapter,safety,mlp}). The compiled kernel is checked against it
+decision for decision (tests/test_controller_kernel.py); the tiers' own properties are tested on
+it (tests/test_detect.py, tests/test_controller_parts.py)."""
+from __future__ import annotations
+
+import copy
+import math
+from collections import deque
+
+import numpy as np
+
+from helmgr.controller import adapter as adapter_cfg
+from helmgr.controller import detect as detect_cfg
+from helmgr.controller import safety as safety_cfg
+from helmgr.controller.adapter import NOISE_BATCH
+from helmgr.controller.mlp import MLPPolicy
+from helmgr.controller.observe import MEAN_ALPHA, MISS_PENALTY, MOVE_COST, N_FEATURES, P99_CAP
+from helmgr.core.window import WindowStats
+
+
+# -- observation and reward -------------------------------------------------------------------
+def p99_over_slo(s: WindowStats) -> float:
+    if s.p99_s is None or not math.isfinite(s.p99_s):
+        return 0.0
+    return min(s.p99_s / s.slo_s, P99_CAP)
+
+
+def reward(s: WindowStats, moved: float, miss_penalty: float = MISS_PENALTY, move_cost: float = MOVE_COST) -> float:
+    tail = p99_over_slo(s)
+    return -tail - (miss_penalty if tail > 1.0 else 0.0) - move_cost * abs(moved)
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else (0.0 if x != x else math.copysign(P99_CAP, x))
+
+
+class Observer:
+    """WindowStats -> the observation vector; keeps the long-run mean and the last arrival rate."""
+
+    def __init__(self, mean_alpha: float = MEAN_ALPHA):
+        self.mean_alpha = mean_alpha
+        self.mean_rps: float | None = None
+        self.prev_rps: float | None = None
+        self.obs = np.zeros(N_FEATURES)
+
+    def __call__(self, s: WindowStats) -> np.ndarray:
+        rps = s.arrival_rps if math.isfinite(s.arrival_rps) and s.arrival_rps >= 0 else 0.0
+        if self.mean_rps is None:
+            self.mean_rps = self.prev_rps = rps
+        scale = max(self.mean_rps, 1e-6)
+        q = s.queue_len if math.isfinite(s.queue_len) and s.queue_len > 0 else 0.0
+        values = (s.ratio, s.emb_hit_rate, s.kv_hit_rate, rps / scale, (rps - self.prev_rps) / scale,
+                  math.log1p(q), p99_over_slo(s), s.h2d_utilization, s.new_user_share, s.emb_time_share)
+        self.mean_rps += self.mean_alpha * (rps - self.mean_rps)
+        self.prev_rps = rps
+        self.obs[:] = [_finite(v) for v in values]
+        return self.obs
+
+
+# -- detection --------------------------------------------------------------------------------
+class EwmaZ:
+    """Running baseline of one signal: EWMA mean and variance with weight `alpha` per update."""
+
+    def __init__(self, alpha: float = 0.1, floor: float = 1e-9, clip: float = 4.0, rel_floor: float = 0.1):
+        self.alpha, self.floor, self.clip, self.rel_floor = alpha, floor, clip, rel_floor
+        self.mean = self.var = 0.0
+        self.n = 0
+
+    def z(self, x: float) -> float:
+        if self.n < 2:
+            return 0.0
+        return (x - self.mean) / math.sqrt(max(self.var, self.floor, (self.rel_floor * self.mean) ** 2))
+
+    def update(self, x: float) -> None:
+        if self.n == 0:
+            self.mean = x
+        else:
+            d = x - self.mean
+            if self.n >= 1 / self.alpha:                        # winsorize: outliers count as clip sigma
+                lim = self.clip * math.sqrt(max(self.var, self.floor))
+                d = -lim if d < -lim else (lim if d > lim else d)
+            a = self.alpha if self.n >= 1 / self.alpha else 1.0 / (self.n + 1)   # plain mean while young
+            self.mean += a * d
+            self.var = (1 - a) * (self.var + a * d * d)
+        self.n += 1
+
+
+class Cusum:
+    """One-sided (upward) CUSUM on z-scores: S = max(0, S + z - k); alarm when S > h."""
+
+    def __init__(self, k: float = 1.0, h: float = 6.0):
+        self.k, self.h, self.s = k, h, 0.0
+
+    def step(self, z: float) -> bool:
+        self.s = max(0.0, self.s + z - self.k)
+        return self.s > self.h
+
+    def reset(self) -> None:
+        self.s = 0.0
+
+
+class BurstDetector:
+    """Burst on/off from several signals. `step(values)` returns "start", "end" or None. Takes the
+    package's thresholds (`config`) or the same arguments."""
+
+    def __init__(self, n_signals: int = 3, config: detect_cfg.BurstDetector | None = None, **kw):
+        c = config or detect_cfg.BurstDetector(n_signals, **kw)
+        self.base = [EwmaZ(c.alpha, floor=f, clip=c.clip, rel_floor=c.rel_floor) for f in c.floors]
+        self.cusum = [Cusum(c.k, c.h) for _ in range(c.n_signals)]
+        self.z_spike, self.z_exit = c.z_spike, c.z_exit
+        self.exit_ticks, self.warmup_ticks = c.exit_ticks, c.warmup_ticks
+        self.active = False
+        self.recent: deque[float] = deque(maxlen=c.exit_ticks)    # the first signal's z, while active
+        self.ticks = 0
+        self.z = [0.0] * c.n_signals
+
+    def step(self, values) -> str | None:
+        self.ticks += 1
+        zs = self.z
+        warm = self.ticks > self.warmup_ticks          # before that the baseline is still forming
+        for i, x in enumerate(values):
+            zs[i] = z = self.base[i].z(x) if math.isfinite(x) else 0.0
+            alarm = self.cusum[i].step(z) and i == 0 if warm else False
+            if not self.active and warm and (alarm or z > self.z_spike):
+                self.active = True
+                self.recent.clear()
+                return self._finish("start", values)
+        if self.active:
+            self.recent.append(zs[0])
+            if len(self.recent) == self.exit_ticks and sum(self.recent) < self.z_exit * self.exit_ticks:
+                self.active = False
+                for c in self.cusum:
+                    c.reset()
+                return "end"
+            return None
+        return self._finish(None, values)
+
+    def _finish(self, event, values):
+        if not self.active:                 # the baseline learns only outside bursts
+            for b, x in zip(self.base, values):
+                if math.isfinite(x):
+                    b.update(x)
+        return event
+
+
+# -- base policy ------------------------------------------------------------------------------
+def forward(p: MLPPolicy, obs: np.ndarray) -> float:
+    """The base policy's action, in plain numpy."""
+    x = np.clip((obs - p.obs_mean) / p.obs_std, -p.obs_clip, p.obs_clip)
+    for k, (w, b) in enumerate(zip(p.w, p.b)):
+        x = w @ x + b
+        x = np.tanh(x) if k < len(p.w) - 1 else x
+    return float(np.clip(x[0], -1.0, 1.0))
+
+
+# -- adapter ----------------------------------------------------------------------------------
+class ResidualAdapter:
+    """The adapter's decide/learn, one decision at a time. Takes the package's container (its
+    parameters copied, its rng cloned) or the same arguments."""
+
+    def __init__(self, n_features: int | None = None, config: adapter_cfg.ResidualAdapter | None = None, **kw):
+        c = config or adapter_cfg.ResidualAdapter(n_features, **kw)
+        self.bound, self.lr, self.sigma, self.baseline_alpha = c.bound, c.lr, c.sigma, c.baseline_alpha
+        self.block, self.z, self.explore, self.n = c.block, c.z, c.explore, c.n_features
+        self.params = c.params.copy()
+        self.rng = copy.deepcopy(c.rng) if config is not None else c.rng
+        self.frozen = False
+        self.baseline: float | None = None
+        self.updates = self.applied = 0
+        self._sum, self._sq, self._k = np.zeros(self.n + 1), np.zeros(self.n + 1), 0
+        self._noise: list[float] = []
+        self._trace: list[tuple[np.ndarray, float, float]] = []   # (x, eps, d output / d z), awaiting a reward
+        self._latest: list[tuple[np.ndarray, float, float]] = []  # the latest decision's: its window is next
+
+    def output(self, x: np.ndarray) -> float:
+        p = self.params
+        return self.bound * math.tanh(float(p[:self.n] @ x) + p[self.n])
+
+    def decide(self, x: np.ndarray) -> float:
+        p = self.params
+        t = math.tanh(float(p[:self.n] @ x) + p[self.n])
+        out = self.bound * t
+        if self.explore and not self.frozen:
+            if not self._noise:
+                self._noise = self.rng.normal(0.0, self.sigma, NOISE_BATCH).tolist()
+            eps = self._noise.pop()
+            self._latest.append((x.copy(), eps, self.bound * (1.0 - t * t)))
+            out += eps
+        return out
+
+    def learn(self, reward: float) -> None:
+        """Credit `reward` (non-finite: none) to the decisions made before the latest `decide`."""
+        trace, self._trace, self._latest = self._trace, self._latest, []
+        if self.frozen or not trace or not np.isfinite(reward):
+            return
+        if self.baseline is None:
+            self.baseline = reward
+            return
+        advantage = reward - self.baseline
+        self.baseline += self.baseline_alpha * advantage
+        grad = np.zeros_like(self.params)
+        for x, eps, dz in trace:
+            g = advantage * eps / self.sigma**2 * dz / len(trace)
+            grad[:self.n] += g * x
+            grad[self.n] += g
+        self.updates += 1
+        self._sum += grad
+        self._sq += grad * grad
+        self._k += 1
+        if self._k < self.block:
+            return
+        k, total = self._k, self._sum
+        mean = total / k
+        se = np.sqrt(np.maximum(self._sq - k * mean * mean, 0.0) / (k - 1) / k)
+        keep = np.abs(mean) > self.z * se
+        self._sum, self._sq, self._k = np.zeros_like(total), np.zeros_like(total), 0
+        if keep.any():
+            self.params = self.params + self.lr * np.where(keep, total, 0.0)
+            self.applied += 1
+
+
+# -- safety -----------------------------------------------------------------------------------
+class Safety:
+    """Clamp, slew limit, non-finite fallback (`apply`) and the min_move hysteresis (`settle`).
+    Takes the package's limits (`config`) or the same arguments."""
+
+    def __init__(self, config: safety_cfg.Safety | None = None, **kw):
+        c = config or safety_cfg.Safety(**kw)
+        self.r_min, self.r_max, self.max_slew, self.min_move = c.r_min, c.r_max, c.max_slew, c.min_move
+        self.non_finite = self.clamped = self.slewed = self.settled = 0
+
+    def apply(self, proposed: float, last: float) -> float:
+        if not math.isfinite(proposed):
+            self.non_finite += 1
+            return last
+        lo, hi = last - self.max_slew, last + self.max_slew
+        if proposed < lo or proposed > hi:
+            self.slewed += 1
+            proposed = lo if proposed < lo else hi
+        if proposed < self.r_min or proposed > self.r_max:
+            self.clamped += 1
+            proposed = self.r_min if proposed < self.r_min else self.r_max
+        return proposed
+
+    def settle(self, target: float, applied: float) -> float:
+        if target != applied and abs(target - applied) < self.min_move and self.r_min < target < self.r_max:
+            self.settled += 1
+            return applied
+        return target
+
+
+# -- the controller ---------------------------------------------------------------------------
+class ReferenceController:
+    """`Controller.step` through the tier objects above, one by one, from a compiled controller's
+    configuration (read before its first step; its own state is left alone)."""
+
+    def __init__(self, ctl):
+        self.base = ctl.base
+        self.adapter = ResidualAdapter(config=ctl.adapter) if ctl.adapter is not None else None
+        self.detector = BurstDetector(config=ctl.detector) if ctl.detector is not None else None
+        self.safety = Safety(config=ctl.safety)
+        self.recovery_ratio, self.recovery_step = ctl.recovery_ratio, ctl.recovery_step
+        self.recovery_hold, self.recovery_miss = ctl.recovery_hold, ctl.recovery_miss
+        self.observer = Observer()
+        self.hold: float | None = None
+        self.last = self.target = self.plan = None
+        self.recovering = False
+        self.moved = 0.0
+        self.windows = 0
+        self.events: list[tuple[int, str]] = []
+
+    def _hold_step(self) -> float:
+        if not self.recovery_hold:
+            return 0.0
+        return max(self.recovery_ratio - self.safety.r_min, 0.0) / self.recovery_hold
+
+    def _switch(self, stats: WindowStats, plan: float) -> None:
+        self.detector.step((stats.arrival_rps, 1.0 - stats.emb_hit_rate, 1.0 - stats.kv_hit_rate))
+        if self.detector.active and not self.recovering:
+            self.recovering, self.hold = True, None
+            self.events.append((self.windows, "start"))
+        elif self.recovering and not self.detector.active and p99_over_slo(stats) <= 1.0:
+            self.recovering = False
+            self.hold = plan if self._hold_step() > 0 else None
+            self.events.append((self.windows, "end"))
+
+    def _base_plan(self, plan: float, obs: np.ndarray) -> float:
+        if self.base is not None:
+            plan += forward(self.base, obs) * self.base.max_step
+        if self.hold is not None:                 # after a burst the plan decays, no faster
+            self.hold -= self._hold_step()
+            if self.hold <= self.safety.r_min:
+                self.hold = None
+            else:
+                plan = max(plan, self.hold)
+        return plan
+
+    def step(self, stats: WindowStats) -> float:
+        current = stats.ratio if self.last is None else self.last      # the ratio set last
+        plan = current if self.plan is None else self.plan
+        obs = self.observer(stats)
+        obs[0] = plan                    # the learned tiers see the plan, not the node's ratio
+        if self.detector is not None:
+            self._switch(stats, plan)
+        if self.adapter is not None:
+            self.adapter.frozen = self.recovering
+        offset = 0.0
+        if self.recovering:
+            gap = self.recovery_ratio - plan
+            if gap < 0 or not 1.0 - stats.emb_hit_rate <= self.recovery_miss:   # grow EMB only while it misses
+                plan += max(-self.recovery_step, min(self.recovery_step, gap))
+        else:
+            plan = self._base_plan(plan, obs)
+            if self.adapter is not None:
+                offset = self.adapter.decide(obs)
+        ratio = self.safety.apply(plan + offset, current)
+        if ratio != plan + offset:          # clamped, slewed or non-finite: the plan is what was set
+            plan = ratio - offset if math.isfinite(offset) else ratio
+        self.plan = min(self.safety.r_max, max(self.safety.r_min, plan))
+        self.target = ratio
+        ratio = self.safety.settle(ratio, current)
+        if self.adapter is not None:        # the window just seen is the outcome of the previous decision
+            self.adapter.learn(reward(stats, self.moved) if self.windows else math.nan)
+        self.moved = ratio - current
+        self.last = ratio
+        self.windows += 1
+        return ratio
