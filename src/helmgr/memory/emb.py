@@ -1,8 +1,7 @@
 """The embedding hot cache (SPEC 2.2): which item rows sit in HBM.
 
 Each row has a state (absent, resident, or wanted-but-unfilled) in one uint8 array indexed by
-item id: checking a request's hundreds of ids is one gather from a table small enough to stay
-in cache (1 MB per million rows) and a count. Rows enter and leave at *refresh* (every refresh
+item id: checking a request's hundreds of ids is one compiled pass over them (`_check`). Rows enter and leave at *refresh* (every refresh
 interval, from scores accumulated since the last one) and at *resize*. Between the two, the
 cache has a *wanted* set (the top `capacity` rows by score) and a *resident* subset of it:
 wanted rows that are not resident yet are "unfilled" and are filled by the node's refill mode,
@@ -17,12 +16,31 @@ without ranking everything again.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from helmgr.memory.eviction import keep_top, make_eviction, value_at_rank
 from helmgr.memory.pool import SizeInfo
 
 
 ABSENT, RESIDENT, UNFILLED = 0, 1, 2
+
+
+@njit(cache=True, nogil=True)
+def _check(state, ids):
+    """`ids`' resident and unfilled rows (a repeated id counts each time); the unfilled ones then
+    become resident (the miss fetched them). Returns (hits, unfilled)."""
+    hits = unfilled = 0
+    for s in ids:
+        st = state[s]
+        if st == RESIDENT:
+            hits += 1
+        elif st == UNFILLED:
+            unfilled += 1
+    if unfilled:
+        for s in ids:
+            if state[s] == UNFILLED:
+                state[s] = RESIDENT
+    return hits, unfilled
 
 
 class EmbCache:
@@ -79,14 +97,10 @@ class EmbCache:
         if n == 0:
             return 0, 0
         self._pending.append(ids)
-        st = self.state[ids]
-        wanted = int(np.count_nonzero(st))
-        hits = int(np.count_nonzero(st == RESIDENT)) if wanted and self._maybe_unfilled else wanted
-        unfilled = wanted - hits
+        hits, unfilled = _check(self.state, ids)
         self.lookups += n
         self.hits += hits
         if unfilled:
-            self.state[ids[st == UNFILLED]] = RESIDENT
             self._stale_count = True          # duplicates make the exact count a recount
             self.unfilled_misses += unfilled
         return hits, unfilled
