@@ -107,10 +107,23 @@ def node_load_peak(node, start, end, n_nodes: int, span_s: float = 10.0, from_s:
     return float(np.max(full.max(axis=1)[mean > 0] / mean[mean > 0])) if (mean > 0).any() else float("nan")
 
 
+NAN = float("nan")
+_NO_REQUEST = "no request completed after the warm-up"
+# why a figure can be missing (NaN here, null in JSON, the reason under "nulls")
+UNMEASURED = {"p50_ms": _NO_REQUEST, "p95_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "p999_ms": _NO_REQUEST,
+              "slo_attainment": _NO_REQUEST,
+              "window_slo_satisfaction": "no window after the warm-up had a completed request",
+              "emb_hit_rate": "no EMB lookup after the warm-up",
+              "kv_hit_rate": "no request after the warm-up had a prefix to cache",
+              "mean_ratio": "no node was up",
+              "node_load_max_over_mean": "no service started after the warm-up"}
+
+
 def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_s: float, bursts,
               wall_s: float, rerouted: int, warmup_s: float = 0.0) -> tuple[dict, Series]:
     """Totals count every request; latency, SLO, hit-rate and rate figures cover the requests
-    that arrived after `warmup_s` (and the windows after it)."""
+    that arrived after `warmup_s` (and the windows after it). A figure with nothing to measure is
+    NaN, with its reason under `nulls` (UNMEASURED)."""
     all_arrival = np.asarray(rec.arrival)
     keep = all_arrival >= warmup_s
     arrival = all_arrival[keep]
@@ -140,12 +153,12 @@ def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_
         "completed": len(all_arrival),
         "p50_ms": float(pct[0]), "p95_ms": float(pct[1]), "p99_ms": float(pct[2]), "p999_ms": float(pct[3]),
         "slo_ms": slo_s * 1e3,
-        "slo_attainment": float(ok.mean()) if measured else 0.0,
-        "window_slo_satisfaction": float(np.mean(p99[busy] <= slo_s)) if busy.any() else 0.0,
+        "slo_attainment": float(ok.mean()) if measured else NAN,
+        "window_slo_satisfaction": float(np.mean(p99[busy] <= slo_s)) if busy.any() else NAN,
         "throughput_rps": measured / span,
         "goodput_rps": float(ok.sum()) / span,
-        "emb_hit_rate": float(1.0 - misses.sum() / ids.sum()) if ids.sum() else 0.0,
-        "kv_hit_rate": float(kv.sum() / prefix.sum()) if prefix.sum() else 0.0,
+        "emb_hit_rate": float(1.0 - misses.sum() / ids.sum()) if ids.sum() else NAN,
+        "kv_hit_rate": float(kv.sum() / prefix.sum()) if prefix.sum() else NAN,
         "h2d_gb": sum(link.values()) / 1e9,
         "refill_blocked_s": float(sum(n.stats.refill_blocked_s for n in nodes)),
         "mean_ratio": mean_ratio(rec.timeline, rec.n_nodes, duration),
@@ -160,6 +173,9 @@ def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_
         "max_queue": int(max((max(q) for q in rec.window_queues), default=0)),
         "node_load_max_over_mean": node_load_peak(rec.node, rec.start, rec.end, rec.n_nodes, 10.0, warmup_s),
     }
+    nulls = {k: why for k, why in UNMEASURED.items() if isinstance(summary[k], float) and not np.isfinite(summary[k])}
+    if nulls:
+        summary["nulls"] = nulls
     series = Series(latency * 1e3, starts, p99 * 1e3, w_emb, w_kv, counts, rec.timeline, list(bursts),
                     slo_s * 1e3, rec.n_nodes)
     return summary, series
