@@ -222,19 +222,49 @@ class ResidualAdapter:
 
 
 # -- safety -----------------------------------------------------------------------------------
+def _within(v: float, lo: float, hi: float) -> bool:
+    try:
+        return math.isfinite(v) and lo <= v <= hi
+    except (OverflowError, ValueError):     # an int too large for a float, a signaling NaN: not finite
+        return False
+
+
+def stats_ok(s: WindowStats) -> bool:
+    """Whether a window's stats can be learned from: every value finite; ratio, hit rates, H2D
+    utilization and EMB time share in [0, 1]; rates, P99 (None: no request) and queue >= 0; SLO > 0."""
+    return (_within(s.ratio, 0.0, 1.0) and _within(s.arrival_rps, 0.0, math.inf)
+            and (s.p99_s is None or _within(s.p99_s, 0.0, math.inf)) and _within(s.slo_s, 0.0, math.inf)
+            and s.slo_s > 0.0 and _within(s.emb_hit_rate, 0.0, 1.0) and _within(s.kv_hit_rate, 0.0, 1.0)
+            and _within(s.queue_len, 0.0, math.inf) and _within(s.h2d_utilization, 0.0, 1.0)
+            and _within(s.new_user_share, 0.0, math.inf) and _within(s.emb_time_share, 0.0, 1.0))
+
+
 class Safety:
-    """Clamp, slew limit, non-finite fallback (`apply`) and the min_move hysteresis (`settle`).
-    Takes the package's limits (`config`) or the same arguments."""
+    """Clamp, slew limit, non-finite fallback (`apply`), the min_move hysteresis (`settle`) and the
+    answer to a refused window (`fallback`). Takes the package's limits (`config`) or the same
+    arguments."""
 
     def __init__(self, config: safety_cfg.Safety | None = None, **kw):
         c = config or safety_cfg.Safety(**kw)
         self.r_min, self.r_max, self.max_slew, self.min_move = c.r_min, c.r_max, c.max_slew, c.min_move
-        self.non_finite = self.clamped = self.slewed = self.settled = 0
+        self.start = (c.r_min + c.r_max) / 2 if c.start is None else c.start
+        self.non_finite = self.clamped = self.slewed = self.settled = self.bad_input = 0
+
+    def clamp(self, r: float) -> float:
+        return min(max(r, self.r_min), self.r_max)
+
+    def fallback(self, reported: float, last: float | None) -> float:
+        """A refused window: the ratio set last; before any, the reported ratio if it is one
+        (clamped), else the start."""
+        self.bad_input += 1
+        if last is not None:
+            return last
+        return self.clamp(reported) if _within(reported, 0.0, 1.0) else self.clamp(self.start)
 
     def apply(self, proposed: float, last: float) -> float:
         if not math.isfinite(proposed):
             self.non_finite += 1
-            return last
+            return self.clamp(last)
         lo, hi = last - self.max_slew, last + self.max_slew
         if proposed < lo or proposed > hi:
             self.slewed += 1
@@ -245,7 +275,8 @@ class Safety:
         return proposed
 
     def settle(self, target: float, applied: float) -> float:
-        if target != applied and abs(target - applied) < self.min_move and self.r_min < target < self.r_max:
+        if (target != applied and abs(target - applied) < self.min_move and self.r_min < target < self.r_max
+                and self.r_min <= applied <= self.r_max):     # a node's ratio outside the bounds is never kept
             self.settled += 1
             return applied
         return target
@@ -298,6 +329,9 @@ class ReferenceController:
         return plan
 
     def step(self, stats: WindowStats) -> float:
+        if not stats_ok(stats):             # refused: counted, answered, and nothing else changes
+            self.windows += 1
+            return self.safety.fallback(stats.ratio, self.last)
         current = stats.ratio if self.last is None else self.last      # the ratio set last
         plan = current if self.plan is None else self.plan
         obs = self.observer(stats)

@@ -265,6 +265,7 @@ def test_burst_events_reach_the_results():
     # nothing to credit yet, then the reward baseline) and is frozen since: 36 estimates, no
     # 60-window block full, so no step
     assert r.summary["controller"]["adapter_estimates"] == 72 and r.summary["controller"]["adapter_steps"] == 0
+    assert [c.safety.bad_input for c in r.cluster.policy.ctl.values()] == [0, 0]    # the simulator's windows: all taken
 
 
 def test_relative_reward_is_zero_for_holding_and_moves_when_the_policy_moves():

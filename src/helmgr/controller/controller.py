@@ -3,7 +3,9 @@
     ctl = helmgr.Controller.default()          # the shipped base policy, adapter and recovery on
     ratio = ctl.step(stats)                    # stats: a WindowStats of the node's last window
 
-Each step: build the observation; run the burst detector on arrival rate and miss rates; then
+Each step: check the window's stats (a non-finite or impossible value: the window is refused,
+counted and answered by Safety's fallback, and nothing below sees it; safety.py); build the
+observation; run the burst detector on arrival rate and miss rates; then
 - no burst: the plan (the base tier's ratio) moves by the base policy's step, and the adapter's
   correction is added on top of the plan: the adapter is a bounded *offset* (±0.05 by default)
   around the base tier's trajectory, never a step of its own, so it cannot walk the ratio away;
@@ -56,6 +58,15 @@ DEFAULT_POLICY = "default_policy.npz"
 MIN_MOVE = 0.03        # the node's ratio follows the target only in moves of at least this (Safety.min_move)
 
 
+def _floats(s: WindowStats) -> list[float]:
+    """The slow path of `Controller.step`: the stats as the kernel's ten floats (`as_floats`), a
+    reported NaN P99 refused as -inf; TypeError naming a field that is not a number."""
+    x = WindowStats.as_floats(s)
+    if s.p99_s is not None and x[2] != x[2]:
+        x[2] = -math.inf
+    return x
+
+
 class Controller:
     def __init__(self, base: MLPPolicy | None, adapter: ResidualAdapter | None = None,
                  detector: BurstDetector | None = None, safety: Safety | None = None,
@@ -74,7 +85,7 @@ class Controller:
         self.recovery_ratio, self.recovery_step, self.recovery_hold = recovery_ratio, recovery_step, recovery_hold
         self.recovery_miss = recovery_miss
         self.hold: float | None = None         # after a burst: the floor under the plan, decaying
-        self.last: float | None = None          # the last ratio this controller set
+        self.last: float | None = None          # the last ratio this controller set (for a window it took)
         self.target: float | None = None        # the tiers' last ratio after clamp and slew (`last` follows it in
                                                 # moves of at least min_move)
         self.plan: float | None = None          # the base (or recovery) tier's ratio, before the adapter
@@ -132,7 +143,12 @@ class Controller:
         return mem, flat, dims, np.zeros(a.params.shape if a is not None else 1), views
 
     def step(self, stats: WindowStats) -> float:
-        """The next ratio for the window `stats` describes (one compiled call up to the decision)."""
+        """The next ratio for the window `stats` describes (one compiled call up to the decision).
+
+        Whatever the numbers, the ratio is finite and in [r_min, r_max]. Stats the safety layer
+        refuses (non-finite or out of range, `safety.stats_ok`; a P99 of NaN too: say None) are
+        counted in `safety.bad_input` and answered by `safety.fallback`; nothing learns from them.
+        A field that is not a number raises TypeError naming it."""
         t0 = time.perf_counter_ns()
         if self._k is None:
             self._k = self._kernel_arrays()
@@ -142,17 +158,23 @@ class Controller:
             noise = views[-1]
             noise[:] = a.rng.normal(0.0, a.sigma, len(noise))
             st[L.NOISE_I] = len(noise)
-        current = s.ratio if self.last is None else self.last
-        ratio = K.decide(mem, flat, dims, spare if a is None else a.params, s.ratio, s.arrival_rps,
-                         math.nan if s.p99_s is None else s.p99_s, s.slo_s, s.emb_hit_rate, s.kv_hit_rate,
-                         s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share)
+        bad, ad = st[L.BAD_INPUT], spare if a is None else a.params
+        try:
+            p99 = s.p99_s                                # None: NaN to the kernel; a NaN is refused (-inf)
+            p99 = math.nan if p99 is None else p99 if p99 == p99 else -math.inf
+            ratio = K.decide(mem, flat, dims, ad, s.ratio, s.arrival_rps, p99, s.slo_s, s.emb_hit_rate,
+                             s.kv_hit_rate, s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share)
+        except (TypeError, ValueError, OverflowError):   # a number numba does not take (or none at all)
+            ratio = K.decide(mem, flat, dims, ad, *_floats(s))
         self.latency_ns.append(time.perf_counter_ns() - t0)
         self._report(st)
+        self.windows += 1
+        if st[L.BAD_INPUT] != bad:                       # refused: the window never happened, but for the count
+            return ratio
         if a is not None:
             self._learn(a, mem, spare, views)
-        self.moved = ratio - current
+        self.moved = ratio - (float(s.ratio) if self.last is None else self.last)
         self.last = ratio
-        self.windows += 1
         return ratio
 
     def _report(self, st) -> None:
@@ -169,7 +191,7 @@ class Controller:
         """The adapter's learning, after the decision, into the spare array (the next parameters):
         the window just seen is the outcome of the previous decision."""
         a.frozen = self.recovering
-        if K.learn(mem, a.params, spare, self.moved if self.windows else 0.0):
+        if K.learn(mem, a.params, spare, self.moved):
             a.params = spare                     # the atomic swap; a fresh spare for the next one
             self._k = self._k[:3] + (np.empty_like(spare), views)
         st = views[0]

@@ -10,7 +10,8 @@ or the new parameters, never a mix. The slow, readable reference that this code 
 against, decision for decision, is tests/controller_reference.py.
 
 numba's on-disk cache keys each entry point on its own file only: after editing a tier's
-compiled code, touch this file (or clear the cache) so that `decide` and `learn` recompile.
+compiled code, touch this file (or clear the cache) so that `decide` and `learn` recompile; after
+editing layout.py's offsets, clear the cache (every cached function in this package bakes them in).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from helmgr.controller.layout import (ACTIVE, APPLIED, C_HAS_AD, C_HAS_BASE, C_H
                                       X_EMB, X_KV, X_P99, X_RATIO, X_RPS, X_SLO, store, views)
 from helmgr.controller.mlp import forward
 from helmgr.controller.observe import observe_window, reward_of
-from helmgr.controller.safety import limit, settle
+from helmgr.controller.safety import fallback, limit, settle, stats_ok
 
 _STATS = ", ".join(["float64"] * 10)
 # explicit types: compiled once, at import (cached), and a stack's ints or bools arrive as floats
@@ -91,8 +92,11 @@ def _set(plan, offset, current, st, cfg):
 @njit(f"float64(float64[::1], float64[::1], int64[::1], float64[::1], {_STATS})", cache=True, nogil=True)
 def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
     """One Controller.step up to the decision, for a window's stats (p99 NaN: none); returns the
-    ratio to set. Learning is `learn`, after it."""
+    ratio to set. Learning is `learn`, after it. Refused stats (`safety.stats_ok`) touch nothing but
+    the `BAD_INPUT` counter: `safety.fallback` answers them."""
     st, cfg, lc, x, det, ring, h, noise = views(mem)
+    if not stats_ok(ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
+        return fallback(ratio, st, cfg)
     store(x, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time)
     st[EVENT] = 0.0
     current = x[X_RATIO] if math.isnan(st[APPLIED]) else st[APPLIED]     # the ratio set last

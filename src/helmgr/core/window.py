@@ -7,6 +7,8 @@ a serving stack that is not HELM's own fills `WindowStats` itself.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -97,6 +99,40 @@ class WindowStats:
     h2d_utilization: float = 0.0    # share of the window the H2D link was busy
     new_user_share: float = 0.0     # share of requests with nothing of their prefix cached
     emb_time_share: float = 0.5     # EMB-fetch time / (EMB-fetch + prefix-recompute time)
+
+    @staticmethod
+    def real(v) -> bool:
+        """Whether `v` is a real number: an int, float, bool, Fraction, Decimal, numpy scalar...
+        (not a complex, a string, an array)."""
+        return isinstance(v, numbers.Number) and (isinstance(v, numbers.Real) or not isinstance(v, numbers.Complex))
+
+    def __post_init__(self):
+        """Every field a real number (p99_s may be None); TypeError naming the first that is not.
+        Its value is not checked here: the controller refuses a NaN or an impossible rate itself."""
+        for name in self.__slots__:
+            v = getattr(self, name)
+            if type(v) is not float and not WindowStats.real(v) and not (v is None and name == "p99_s"):
+                raise TypeError(f"WindowStats.{name} must be a real number, got {repr(v)[:60]}")
+
+    def as_floats(self) -> list[float]:
+        """The fields as floats, in order (p99_s None: NaN); a number too large for a float is
+        +-inf. TypeError naming a field that is not a real number (for any object with these
+        fields: the controller's slow path for numbers the compiled step does not take)."""
+        out = []
+        for name in WindowStats.__slots__:
+            v = getattr(self, name)
+            if v is None and name == "p99_s":
+                out.append(math.nan)
+            elif not WindowStats.real(v):
+                raise TypeError(f"WindowStats.{name} must be a real number, got {repr(v)[:60]}")
+            else:
+                try:
+                    out.append(float(v))
+                except OverflowError:                    # an int or Fraction past 1.8e308
+                    out.append(math.inf if v > 0 else -math.inf)
+                except ValueError:                       # Decimal('sNaN')
+                    out.append(math.nan)
+        return out
 
     @classmethod
     def from_window(cls, w: NodeWindow, slo_s: float) -> "WindowStats":
