@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from helmgr.memory import EMB_MISS, KV_ONLOAD
+from helmgr.memory.link import EMB_MISS, KV_ONLOAD
 from helmgr.core.records import NodeConfig
 from helmgr.sim.node import Node
 from helmgr.core.profiles import NodeProfile

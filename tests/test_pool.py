@@ -4,7 +4,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helmgr.core.errors import HelmInputError
-from helmgr.memory import EmbCache, HBMPool, KVCache
+from helmgr.memory.emb import EmbCache
+from helmgr.memory.kv import KVCache
+from helmgr.memory.pool import HBMPool
 
 PAGE = 1000
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from helmgr.memory import REFILL, H2DLink
+from helmgr.memory.link import REFILL, H2DLink
 from helmgr.core.records import NodeConfig
 from helmgr.sim.node import Node
 from tests.conftest import tiny_node_profile

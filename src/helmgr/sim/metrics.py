@@ -7,7 +7,7 @@ import numpy as np
 
 from helmgr.core.records import Request, Service
 from helmgr.core.window import p99 as window_p99
-from helmgr.memory import CAUSES
+from helmgr.memory.link import CAUSES
 
 
 class Recorder:

@@ -12,7 +12,11 @@ import numpy as np
 from helmgr.core.costs import CostModel
 from helmgr.core.records import History, NodeConfig, NodeStats, Service
 from helmgr.core.window import NodeCounters
-from helmgr.memory import EMB_MISS, KV_ONLOAD, EmbCache, H2DLink, HBMPool, KVCache, ResizePlan, make_refill
+from helmgr.memory.emb import EmbCache
+from helmgr.memory.kv import KVCache
+from helmgr.memory.link import EMB_MISS, KV_ONLOAD, H2DLink
+from helmgr.memory.pool import HBMPool, ResizePlan
+from helmgr.memory.refill import make_refill
 from helmgr.core.profiles import GIB, NodeProfile
 
 class Node:
