@@ -1,4 +1,6 @@
+import importlib
 import json
+import os
 
 import pytest
 
@@ -148,3 +150,92 @@ def test_bench_controller_json(capsys):
     r = json.loads(out)
     assert r["steps"] == 300 and r["cold_mb"] == 1 and r["policy"] == "default"
     assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"] and r["bursts"] == 0    # the first 4x burst is at 4,500
+
+
+def strict_loads(text: str):
+    def refuse(name):
+        raise ValueError(f"non-strict JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_nothing_measured_gives_strict_json_with_reasons(capsys, tmp_path):
+    code, out, _ = run(capsys, "simulate", "--duration", "5", "--nodes", "2", "--rps", "1e-9", "--json",
+                       "--out", str(tmp_path / "sim"))
+    assert code == 0
+    for s in (strict_loads(out), strict_loads((tmp_path / "sim" / "summary.json").read_text())):
+        assert s["requests"] == 0 and s["p99_ms"] is None
+        assert s["nulls"]["p99_ms"] == "no request completed after the warm-up"
+        assert all(s[k] is not None for k in s if k not in s["nulls"] and k != "burst_violation_share")
+
+
+def test_infinite_slo_gives_strict_json_or_exit_2(capsys):
+    code, out, err = run(capsys, "simulate", "--duration", "5", "--nodes", "2", "--slo-ms", "inf", "--json")
+    if code == 2:                                         # once options refuse infinite numbers
+        assert out == "" and err.count("\n") == 1 and "inf" in err
+    else:
+        s = strict_loads(out)
+        assert code == 0 and s["slo_ms"] is None and "inf" in s["nulls"]["slo_ms"]
+
+
+def test_sweep_with_nothing_measured_has_no_best_ratio(capsys):
+    code, out, _ = run(capsys, "sweep", "--duration", "5", "--nodes", "2", "--rps", "1e-9", "--ratios", "0.2,0.6",
+                       "--jobs", "1", "--json")
+    s = strict_loads(out)
+    assert code == 0 and s["best_ratio"] is None and "no ratio measured" in s["nulls"]["best_ratio"]
+    assert [r["p99_ms"] for r in s["rows"]] == [None, None]
+
+
+def _refuse_work(*args, **kwargs):
+    raise AssertionError("the command ran before checking --out")
+
+
+@pytest.mark.parametrize("command,module,work", [
+    ("simulate", "helmgr.cli.simulate_cmd", "simulate"),
+    ("sweep", "helmgr.cli.sweep_cmd", "sweep"),
+    ("compare", "helmgr.cli.compare_cmd", "compare"),
+    ("workload", "helmgr.cli.workload_cmd", "describe"),
+])
+@pytest.mark.parametrize("where,needle", [("/proc/x", "cannot create a folder in '/proc'"),
+                                          ("{tmp}/missing/res", "does not exist")])
+def test_out_is_checked_before_any_work(capsys, monkeypatch, tmp_path, command, module, work, where, needle):
+    if where.startswith("/proc") and not os.path.exists("/proc/self"):
+        pytest.skip("no /proc")
+    monkeypatch.setattr(importlib.import_module(module), work, _refuse_work)
+    code, out, err = run(capsys, command, "--duration", "5", "--out", where.format(tmp=tmp_path))
+    assert code == 2 and out == "" and err.count("\n") == 1 and needle in err and "--out" in err
+
+
+def test_train_out_is_checked_before_training(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("stable_baselines3")
+    monkeypatch.setattr("helmgr.learn.train.train", _refuse_work)
+    for argv, needle in [(["--out", str(tmp_path / "missing" / "p.npz")], "does not exist"),
+                         (["--out", str(tmp_path)], "is a directory"),       # click's check
+                         (["--out", "/proc/p.npz"], "cannot create files in '/proc'"),
+                         (["--runs-dir", "/proc/runs"], "cannot create files in '/proc'")]:
+        if "/proc" in argv[1] and not os.path.exists("/proc/self"):
+            continue
+        code, out, err = run(capsys, "train", "--timesteps", "64", *argv)
+        assert code == 2 and out == "" and err.count("\n") == 1 and needle in err
+
+
+def test_failed_write_leaves_the_old_out_folder_byte_identical(capsys, monkeypatch, tmp_path):
+    out = tmp_path / "sim"
+    out.mkdir()
+    for name, text in [("summary.json", '{"old": 1}\n'), ("summary.md", "# old\n"), ("latency_cdf.png", "old png"),
+                       ("notes.txt", "mine")]:
+        (out / name).write_text(text)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def plot_then_fail(series, title, folder):
+        (folder / "latency_cdf.png").write_bytes(b"\x89PNG new")
+        raise RuntimeError("plotting failed")
+    monkeypatch.setattr("helmgr.experiments.plots.plot_simulation", plot_then_fail)
+    with pytest.raises(RuntimeError, match="plotting failed"):
+        main(["simulate", "--duration", "5", "--nodes", "2", "--rps", "100", "--out", str(out)])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["sim"]
+
+
+def test_result_table_goes_to_stdout(capsys):
+    code, out, err = run(capsys, "simulate", "--duration", "5", "--nodes", "2", "--rps", "100")
+    assert code == 0 and "p99_ms" in out and "slo_attainment" in out and "p99_ms" not in err

@@ -41,7 +41,7 @@ def test_profile_file_with_non_positive_value(tmp_path):
     text = A100_TOML.read_text()
     bad = tmp_path / "bad.toml"
     bad.write_text(text.replace("hbm_gib = 80.0", "hbm_gib = -1.0"))
-    with pytest.raises(HelmInputError, match="hbm_gib must be > 0"):
+    with pytest.raises(HelmInputError, match=r"bad.toml.*hbm_gib must be in \(0, .*got -1.0"):
         load_hardware(str(bad))
 
 

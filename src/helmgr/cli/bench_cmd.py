@@ -4,7 +4,8 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from helmgr.cli.output import emit_json, json_option, progress, stderr
+from helmgr.cli.output import emit_json, json_option, progress, stdout
+from helmgr.cli.types import node_sizes
 from helmgr.core.errors import HelmInputError
 from helmgr.routing.routers import ROUTERS
 
@@ -22,14 +23,14 @@ def _sizes(text: str) -> list[int]:
 @click.command("bench")
 @click.option("--router", "router_name", type=click.Choice(list(ROUTERS)), default="helm", show_default=True,
               help="Time this router's decisions.")
-@click.option("--nodes", default="32,1024", show_default=True, help="Comma list of cluster sizes.")
-@click.option("--decisions", type=click.IntRange(min=100), default=20000, show_default=True, help="Decisions per run.")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--nodes", default="32,1024", show_default=True, callback=node_sizes, help="Comma list of cluster sizes.")
+@click.option("--decisions", type=click.IntRange(100, 10_000_000), default=20000, show_default=True, help="Decisions per run.")
+@click.option("--repeats", type=click.IntRange(1, 1000), default=3, show_default=True,
               help="Runs per size; the figures are their median.")
 @click.option("--controller", is_flag=True, help="Time the HELM controller's decisions instead.")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="With --controller: an exported base policy [default: the shipped one].")
-@click.option("--cold-mb", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--cold-mb", type=click.IntRange(0, 65536), default=0, show_default=True,
               help="With --controller: write over a buffer of this many MB between two decisions, "
                    "as the rest of a serving process would (a cold decision).")
 @json_option
@@ -55,7 +56,7 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
             emit_json(r)
         else:
             cold = f", {cold_mb} MB written between decisions" if cold_mb else ""
-            stderr.print(f"controller ({r['policy']}{cold}): {r['steps']:,} decisions: p50 {r['p50_us']:.1f} us, "
+            stdout.print(f"controller ({r['policy']}{cold}): {r['steps']:,} decisions: p50 {r['p50_us']:.1f} us, "
                          f"p99 {r['p99_us']:.1f} us, p99.9 {r['p999_us']:.1f} us")
         return
     from helmgr.experiments.bench import router_bench
@@ -72,4 +73,4 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
     for row in result["sizes"]:
         t.add_row(str(row["nodes"]), f"{row['p50_us']:.2f}", f"{row['p99_us']:.2f}", f"{row['mean_us']:.2f}",
                   ", ".join(f"{x:.2f}" for x in row["p50_us_runs"]))
-    stderr.print(t)
+    stdout.print(t)

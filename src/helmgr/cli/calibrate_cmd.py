@@ -5,7 +5,8 @@ from pathlib import Path
 
 import click
 
-from helmgr.cli.output import emit_json, json_option, progress, stderr, table
+from helmgr.cli.output import emit_json, json_option, progress, stderr, stdout, table
+from helmgr.cli.types import POSITIVE, SEED, Finite
 from helmgr.core.extras import require
 
 
@@ -21,9 +22,9 @@ from helmgr.core.extras import require
               help="Candidates per request [default: cpu 64, cuda 512].")
 @click.option("--n-items", type=click.IntRange(min=1), default=None,
               help="Rows of the synthetic host embedding table [default: cpu 100,000, cuda 200,000].")
-@click.option("--pool-mib", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--pool-mib", type=POSITIVE, default=None,
               help="The runtime's pool budget, EMB + KV [default: cpu 48, cuda 2048].")
-@click.option("--ratio", type=click.FloatRange(0.05, 0.95), default=0.3, show_default=True,
+@click.option("--ratio", type=Finite(0.05, 0.95), default=0.3, show_default=True,
               help="EMB share of the pool.")
 @click.option("--max-tokens", type=click.IntRange(min=8), default=None,
               help="Longest history measured [default: cpu 1024, cuda 4096].")
@@ -31,7 +32,7 @@ from helmgr.core.extras import require
               help="Timed runs per point (median).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs first.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch CPU threads.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @json_option
 def calibrate_cmd(device, out_path, model, shrink, candidates, n_items, pool_mib, ratio, max_tokens, repeats, warmup,
                   threads, seed, as_json):
@@ -60,7 +61,7 @@ def calibrate_cmd(device, out_path, model, shrink, candidates, n_items, pool_mib
     if as_json:
         emit_json(cal.summary() | {"out": str(hw_path), "model_out": str(model_path)})
         return
-    stderr.print(table(f"{cal.hardware.name}: {cal.device_name}", {
+    stdout.print(table(f"{cal.hardware.name}: {cal.device_name}", {
         k: getattr(cal.hardware, k) for k in ("hbm_bw_gbs", "pcie_bw_gbs", "pcie_latency_us", "peak_tflops",
                                               "compute_efficiency", "launch_us", "host_lookup_ns")}))
     stderr.print(f"wrote {hw_path} and {model_path}:  helmgr simulate --hardware {hw_path} --model {model_path}")

@@ -2,14 +2,14 @@
 with the offline oracle's r* to measure each policy's distance from it."""
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import click
 from rich.table import Table
 
-from helmgr.cli.output import emit_json, json_option, out_option, progress, result_dir, stderr
+from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out_option, progress,
+                               result_dir, stdout)
 from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.sweep_cmd import parse_ratios
 from helmgr.cli.workload_cmd import workload_options, workload_spec
@@ -54,6 +54,7 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     helmgr compare --workload burst --out results/compare-burst
     helmgr compare --workload steady --policies static,adaptive,oracle --ratios 0.1:0.9:0.1
     """
+    check_out(out_dir)
     wall = time.perf_counter()
     names = _names(policies, ALL + tuple(p for p in POLICIES if p not in ALL), "policies")
     router_names = _names(routers, list(ROUTERS), "routers") if routers else [router]
@@ -74,7 +75,7 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     with result_dir(out_dir) as scratch:
         if scratch is not None:
             from helmgr.experiments.plots import plot_compare
-            (scratch / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
+            (scratch / "compare.json").write_text(json_text(result))
             (scratch / "compare.md").write_text(_markdown(result))
             plot_compare(rows, timelines, r_star, f"{w.name}, {nodes} nodes, seed {seed}", scratch)
     if as_json:
@@ -85,7 +86,7 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
             t.add_column(c, justify="right")
         for row in rows:
             t.add_row(*(_fmt(row.get(c)) for c in COLUMNS))
-        stderr.print(t)
+        stdout.print(t)
 
 
 def _fmt(v) -> str:

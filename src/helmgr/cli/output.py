@@ -1,8 +1,7 @@
-"""Output shared by the commands: JSON on stdout, tables and progress on stderr, and result
-folders written whole or not at all."""
+"""Output shared by the commands: strict JSON and result tables on stdout, progress and
+diagnostics on stderr, and result folders written whole or not at all."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -17,9 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from helmgr.core.errors import HelmInputError
+from helmgr.core.jsonsafe import dumps
 
 stderr = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-stdout = Console()
+stdout = Console(width=None if sys.stdout.isatty() else 160)
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout and nothing else there.")
 out_option = click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -27,10 +27,18 @@ out_option = click.option("--out", "out_dir", type=click.Path(file_okay=False, p
 
 
 def emit_json(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """The one strict JSON object on stdout (core.jsonsafe: non-finite numbers -> null + reason)."""
+    sys.stdout.write(json_text(obj))
+
+
+def json_text(obj: dict) -> str:
+    """What `emit_json` prints and what result files hold."""
+    return dumps(obj, indent=2) + "\n"
 
 
 def _fmt(v) -> str:
+    if v is None:
+        return "—"
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
@@ -64,23 +72,83 @@ def progress(description: str, total: float | None) -> Progress:
                     disable=not sys.stderr.isatty())
 
 
+def check_out(out_dir: Path | None, option: str = "--out") -> None:
+    """Refuse, before any work, a results folder that cannot be written whole: one that exists
+    and is not a folder, whose parent is missing or not writable, a mount point, or the current
+    folder (or one holding it), which the swap in `result_dir` would move aside."""
+    if out_dir is None:
+        return
+    name = f"{option} {str(out_dir)!r}"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise HelmInputError(f"{name} exists and is not a folder")
+    target = Path(os.path.realpath(out_dir))
+    parent = target.parent
+    if not parent.is_dir():
+        raise HelmInputError(f"{name}: parent folder {str(parent)!r} does not exist")
+    if target.is_dir() and (target == parent or os.path.ismount(target)):
+        raise HelmInputError(f"{name} is a mount point; name a folder inside it")
+    if Path.cwd().resolve().is_relative_to(target):
+        raise HelmInputError(f"{name} is the current folder or holds it; name a results folder")
+    try:                                                 # what result_dir will do: a scratch folder beside it
+        os.rmdir(tempfile.mkdtemp(prefix=".helmgr-", dir=parent))
+    except OSError as e:
+        raise HelmInputError(f"{name}: cannot create a folder in {str(parent)!r} ({e.strerror})") from None
+
+
 @contextmanager
 def result_dir(out_dir: Path | None) -> Iterator[Path | None]:
-    """Yield a scratch folder; on success its files move into `out_dir` (created if needed).
-    On any error nothing is written there."""
+    """Yield a scratch folder beside `out_dir`; on success it becomes `out_dir`, on any error it
+    is removed and `out_dir` is untouched. An existing `out_dir`'s other entries are carried over
+    (hard links where possible), it is renamed aside, the scratch folder renamed into its place,
+    and the old one removed; if the rename fails the old folder is put back."""
     if out_dir is None:
         yield None
         return
-    if out_dir.exists() and not out_dir.is_dir():
-        raise HelmInputError(f"--out {str(out_dir)!r} exists and is not a folder")
-    parent = out_dir.resolve().parent
-    if not parent.exists():
-        raise HelmInputError(f"--out {str(out_dir)!r}: parent folder {str(parent)!r} does not exist")
-    scratch = Path(tempfile.mkdtemp(prefix=".helmgr-", dir=parent))
+    check_out(out_dir)
+    target = Path(os.path.realpath(out_dir))             # through a symlink: write where it points
+    scratch = Path(tempfile.mkdtemp(prefix=".helmgr-", dir=target.parent))
     try:
         yield scratch
-        out_dir.mkdir(exist_ok=True)
-        for f in scratch.iterdir():
-            os.replace(f, out_dir / f.name)
+        _swap_in(scratch, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _swap_in(scratch: Path, target: Path) -> None:
+    if not target.exists():
+        umask = os.umask(0)
+        os.umask(umask)
+        scratch.chmod(0o777 & ~umask)                    # mkdtemp makes it 0700
+        os.rename(scratch, target)
+        return
+    scratch.chmod(target.stat().st_mode & 0o7777)
+    _carry(target, scratch)
+    aside = scratch.with_name(scratch.name + "-old")
+    os.rename(target, aside)
+    try:
+        os.rename(scratch, target)
+    except BaseException:
+        os.rename(aside, target)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _carry(old: Path, new: Path) -> None:
+    """Entries of `old` that `new` lacks, into `new`; `old` is left as it was."""
+    for src in old.iterdir():
+        dst = new / src.name
+        if dst.exists() or dst.is_symlink():
+            continue
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        elif src.is_dir():
+            shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(src, dst)
+
+
+def _link_or_copy(src, dst) -> None:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst, follow_symlinks=False)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import click
 
-from helmgr.cli.output import emit_json, json_option, stderr, table
+from helmgr.cli.output import emit_json, json_option, stdout, table
+from helmgr.cli.types import POSITIVE, Finite
 from helmgr.core.costs import CostModel
 from helmgr.core.profiles import GIB, available, node_profile
 
@@ -13,10 +14,10 @@ from helmgr.core.profiles import GIB, available, node_profile
               help=f"Hardware preset ({', '.join(sorted(available('hardware')))}) or a profile TOML file.")
 @click.option("--model", default="large", show_default=True,
               help=f"Model preset ({', '.join(sorted(available('model')))}) or a profile TOML file.")
-@click.option("--ratio", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True, help="EMB share of the pool, in [0, 1].")
+@click.option("--ratio", type=Finite(0.0, 1.0), default=0.5, show_default=True, help="EMB share of the pool, in [0, 1].")
 @click.option("--prefix", type=click.IntRange(min=0), default=1000, show_default=True, help="History tokens of the example request.")
 @click.option("--new-tokens", type=click.IntRange(min=0), default=4, show_default=True)
-@click.option("--page-mib", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True)
+@click.option("--page-mib", type=POSITIVE, default=2.0, show_default=True)
 @json_option
 def profile(hardware, model, ratio, prefix, new_tokens, page_mib, as_json):
     """Show a node's pool at an EMB:KV split and the service time of an example request.
@@ -49,4 +50,4 @@ def profile(hardware, model, ratio, prefix, new_tokens, page_mib, as_json):
     if as_json:
         emit_json(summary)
     else:
-        stderr.print(table(f"{p.hardware.name} + {m.name} at ratio {ratio}", summary))
+        stdout.print(table(f"{p.hardware.name} + {m.name} at ratio {ratio}", summary))

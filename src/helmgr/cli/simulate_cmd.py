@@ -1,11 +1,11 @@
 """`helmgr simulate`: one run of the cluster simulator."""
 from __future__ import annotations
 
-import json
-
 import click
 
-from helmgr.cli.output import emit_json, json_option, markdown_table, out_option, progress, result_dir, stderr, table
+from helmgr.cli.output import (check_out, emit_json, json_option, json_text, markdown_table, out_option,
+                               progress, result_dir, stderr, stdout, table)
+from helmgr.cli.types import POSITIVE, Finite, profile_checked
 from helmgr.cli.workload_cmd import build_workload, workload_options
 from helmgr.memory.refill import REFILL_MODES
 from helmgr.core.profiles import available
@@ -24,24 +24,24 @@ def sim_options(f):
         click.option("--nodes", type=click.IntRange(min=1), default=8, show_default=True, help="GPU nodes."),
         click.option("--policy", type=click.Choice(sorted(POLICIES)), default="static", show_default=True,
                      help="Memory policy that sets each node's EMB:KV ratio."),
-        click.option("--ratio", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
+        click.option("--ratio", type=Finite(0.0, 1.0), default=0.5, show_default=True,
                      help="EMB share of each node's pool (initial; fixed for static)."),
         click.option("--router", type=click.Choice(list(ROUTERS)), default="prefix-aware", show_default=True),
-        click.option("--hardware", default="a100-80g", show_default=True,
+        click.option("--hardware", default="a100-80g", show_default=True, callback=profile_checked("hardware"),
                      help=f"Hardware preset ({', '.join(sorted(available('hardware')))}) or profile TOML."),
-        click.option("--model", default="large", show_default=True,
+        click.option("--model", default="large", show_default=True, callback=profile_checked("model"),
                      help=f"Model preset ({', '.join(sorted(available('model')))}) or profile TOML."),
-        click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--slo-ms", type=POSITIVE, default=None,
                      help="P99 latency target [default: the model preset's]."),
         click.option("--refill", type=click.Choice(list(REFILL_MODES)), default="lazy", show_default=True,
                      help="How grown EMB capacity is filled: sync (blocks the node), lazy, background."),
         click.option("--fail-node", "faults", multiple=True, metavar="I@T1[:T2]",
                      help="Take node I down at T1 s (back, cold, at T2 s). Repeatable."),
-        click.option("--tick-ms", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+        click.option("--tick-ms", type=POSITIVE, default=10.0, show_default=True,
                      help="Controller tick."),
-        click.option("--refresh-s", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+        click.option("--refresh-s", type=POSITIVE, default=2.0, show_default=True,
                      help="EMB cache refresh interval."),
-        click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
+        click.option("--max-batch", type=click.IntRange(1, 65536), default=1, show_default=True,
                      help="Requests a node serves together when it frees up."),
     ]
     for option in reversed(options):
@@ -72,6 +72,7 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
     helmgr simulate --workload burst --ratio 0.7 --json
     helmgr simulate --nodes 8 --fail-node 2@20:40 --out results/fault
     """
+    check_out(out_dir)
     cfg = build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, seed)
     w = build_workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
@@ -84,13 +85,13 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
             from helmgr.experiments.plots import plot_simulation
             title = f"{w.name}, {nodes} nodes, {summary['policy']} r={ratio:g}, {summary['router']}"
             pngs = plot_simulation(result.series, title, scratch)
-            (scratch / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            (scratch / "summary.json").write_text(json_text(summary))
             (scratch / "summary.md").write_text(f"# {title}\n\n" + markdown_table({k: summary[k] for k in SHOWN})
                                                 + "".join(f"\n![{p}]({p})\n" for p in pngs))
     if as_json:
         emit_json(summary)
     else:
-        stderr.print(table(f"{w.name}: {nodes} nodes, {summary['policy']} r={ratio:g}, {summary['router']}",
+        stdout.print(table(f"{w.name}: {nodes} nodes, {summary['policy']} r={ratio:g}, {summary['router']}",
                            {k: summary[k] for k in SHOWN}))
         if out_dir is not None:
             stderr.print(f"wrote {out_dir}/summary.json, summary.md and plots")

@@ -1,14 +1,16 @@
 """`helmgr sweep`: the static EMB:KV ratio over a grid, one simulation per ratio, in parallel."""
 from __future__ import annotations
 
-import json
+import math
 import os
 
 import click
 from rich.table import Table
 
-from helmgr.cli.output import emit_json, json_option, out_option, progress, result_dir, stderr
+from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out_option, progress,
+                               result_dir, stdout)
 from helmgr.cli.simulate_cmd import build_config, sim_options
+from helmgr.cli.types import ratio_grid
 from helmgr.cli.workload_cmd import workload_options, workload_spec
 from helmgr.core.errors import HelmInputError
 from helmgr.experiments.sweep import sweep
@@ -18,22 +20,8 @@ COLUMNS = ("ratio", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfacti
 
 
 def parse_ratios(text: str) -> list[float]:
-    """'0.05:0.95:0.05' (start:stop:step, inclusive) or '0.1,0.3,0.5'."""
-    try:
-        if ":" in text:
-            start, stop, step = (float(x) for x in text.split(":"))
-            if step <= 0 or stop < start:
-                raise ValueError
-            n = int(round((stop - start) / step)) + 1
-            values = [round(start + k * step, 10) for k in range(n)]
-        else:
-            values = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise HelmInputError(f"--ratios {text!r} is not start:stop:step or a comma list of numbers") from None
-    bad = [v for v in values if not 0.0 <= v <= 1.0]
-    if bad or not values:
-        raise HelmInputError(f"--ratios {text!r}: every ratio must be in [0, 1], got {bad[0] if bad else 'none'}")
-    return values
+    """'0.05:0.95:0.05' (start:stop:step, inclusive) or '0.1,0.3,0.5' (cli.types.ratio_grid)."""
+    return ratio_grid(text)
 
 
 @click.command("sweep")
@@ -52,6 +40,7 @@ def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression
     \b
     helmgr sweep --workload burst --ratios 0.05:0.95:0.05 --out results/sweep-burst
     """
+    check_out(out_dir)
     grid = parse_ratios(ratios)
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, seed)
@@ -63,32 +52,50 @@ def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression
         rows = sweep(spec, cfg, grid, min(jobs, len(grid)), lambda: bar.advance(task))
     for row in rows:
         row.pop("window_p99_ms")
-    best = min(rows, key=lambda x: x["p99_ms"])
-    worst = max(rows, key=lambda x: x["p99_ms"])
-    summary = {"workload": w.name, "nodes": nodes, "router": router, "seed": seed, "best_ratio": best["ratio"],
-               "best_p99_ms": best["p99_ms"], "worst_ratio": worst["ratio"], "worst_p99_ms": worst["p99_ms"],
-               "worst_over_best": worst["p99_ms"] / best["p99_ms"], "rows": rows}
+    summary = {"workload": w.name, "nodes": nodes, "router": router, "seed": seed} | _extremes(rows) | {"rows": rows}
+    best = next((r for r in rows if r["ratio"] == summary["best_ratio"]), None)
     with result_dir(out_dir) as scratch:
         if scratch is not None:
             from helmgr.experiments.plots import plot_sweep
-            (scratch / "sweep.json").write_text(json.dumps(summary, indent=2) + "\n")
+            (scratch / "sweep.json").write_text(json_text(summary))
             (scratch / "sweep.md").write_text(_markdown(summary))
             plot_sweep(rows, f"{w.name}: static sweep, {nodes} nodes, {router}", scratch / "sweep.png")
     if as_json:
         emit_json(summary)
     else:
-        t = Table(title=f"sweep {w.name}: best r = {best['ratio']:g} (P99 {best['p99_ms']:.1f} ms)")
+        t = Table(title=f"sweep {w.name}: " + (f"best r = {best['ratio']:g} (P99 {best['p99_ms']:.1f} ms)" if best
+                                                 else "no ratio measured a P99"))
         for c in COLUMNS:
             t.add_column(c, justify="right")
         for row in rows:
             t.add_row(*(f"{row[c]:.4g}" for c in COLUMNS), style="bold green" if row is best else None)
-        stderr.print(t)
+        stdout.print(t)
+
+
+def _extremes(rows: list[dict]) -> dict:
+    """Best and worst ratio by P99, over the ratios that measured one."""
+    measured = [r for r in rows if math.isfinite(r["p99_ms"])]
+    if not measured:
+        why = "no ratio measured a P99 (no request completed after the warm-up)"
+        keys = ("best_ratio", "best_p99_ms", "worst_ratio", "worst_p99_ms", "worst_over_best")
+        return dict.fromkeys(keys) | {"nulls": dict.fromkeys(keys, why)}
+    best = min(measured, key=lambda x: x["p99_ms"])
+    worst = max(measured, key=lambda x: x["p99_ms"])
+    return {"best_ratio": best["ratio"], "best_p99_ms": best["p99_ms"], "worst_ratio": worst["ratio"],
+            "worst_p99_ms": worst["p99_ms"],
+            "worst_over_best": worst["p99_ms"] / best["p99_ms"] if best["p99_ms"] > 0 else float("nan")}
 
 
 def _markdown(summary: dict) -> str:
     lines = [f"# Static sweep: {summary['workload']}, {summary['nodes']} nodes, {summary['router']}, seed {summary['seed']}",
-             "", f"Best ratio **{summary['best_ratio']:g}** (P99 {summary['best_p99_ms']:.2f} ms); worst "
-             f"{summary['worst_ratio']:g} (P99 {summary['worst_p99_ms']:.2f} ms, {summary['worst_over_best']:.2f}x).", "",
+             "", _best_line(summary), "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---:|" * len(COLUMNS)]
     lines += ["| " + " | ".join(f"{r[c]:.4g}" for c in COLUMNS) + " |" for r in summary["rows"]]
     return "\n".join(lines) + "\n\n![P99 and SLO against the ratio](sweep.png)\n"
+
+
+def _best_line(summary: dict) -> str:
+    if summary["best_ratio"] is None:
+        return "No ratio measured a P99 (no request completed after the warm-up)."
+    return (f"Best ratio **{summary['best_ratio']:g}** (P99 {summary['best_p99_ms']:.2f} ms); worst "
+            f"{summary['worst_ratio']:g} (P99 {summary['worst_p99_ms']:.2f} ms, {summary['worst_over_best']:.2f}x).")

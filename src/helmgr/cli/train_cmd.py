@@ -1,28 +1,31 @@
 """`helmgr train`: PPO on the simulator, exported to a numpy policy file."""
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import click
 
-from helmgr.cli.output import emit_json, json_option, progress, stderr
+from helmgr.cli.output import emit_json, json_option, progress, stdout
+from helmgr.cli.types import SEED, Finite
 from helmgr.core.errors import HelmInputError
 from helmgr.core.extras import require
 from helmgr.workload.synthetic import parse_regime
 
 
 @click.command("train")
-@click.option("--timesteps", type=click.IntRange(min=64), default=20000, show_default=True,
+@click.option("--timesteps", type=click.IntRange(64, 10**9), default=20000, show_default=True,
               help="Environment steps (one step = one 1-s control window).")
-@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--seed", type=SEED, default=1, show_default=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("policy.npz"),
               show_default=True, help="Where the exported policy goes (.npz).")
 @click.option("--workloads", default="steady,trend,burst", show_default=True,
               help="Comma list of regimes episodes are drawn from.")
-@click.option("--episode-s", type=click.FloatRange(min=2, min_open=False), default=60.0, show_default=True)
+@click.option("--episode-s", type=Finite(min=2), default=60.0, show_default=True)
 @click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Where the run's CSV log of reward and losses goes.")
-@click.option("--envs", "n_envs", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--envs", "n_envs", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Environments stepped in parallel worker processes.")
 @click.option("--relative", is_flag=True,
               help="Pay the reward minus a twin cluster's held at the starting ratio (2x the simulation).")
@@ -34,13 +37,12 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, n_envs,
     helmgr train --timesteps 20000 --seed 1 --out policy.npz
     """
     require("train", what="helmgr train")
+    check_paths(out_path, runs_dir)
     regimes = tuple(x.strip() for x in workloads.split(",") if x.strip())
     for r in regimes:
         parse_regime(r)                                   # names the bad one
     if not regimes:
         raise HelmInputError(f"--workloads {workloads!r} names no regime")
-    if out_path.exists() and out_path.is_dir():
-        raise HelmInputError(f"--out {str(out_path)!r} is a folder")
     from helmgr.learn.train import train
     with progress("train", timesteps) as bar:
         task = bar.add_task(f"PPO {'+'.join(regimes)} seed {seed}", total=timesteps)
@@ -49,4 +51,29 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, n_envs,
     if as_json:
         emit_json(result)
     else:
-        stderr.print(f"policy -> {result['out']}  (log {result['log']}, {result['wall_s']:.0f} s)")
+        stdout.print(f"policy -> {result['out']}  (log {result['log']}, {result['wall_s']:.0f} s)")
+
+
+def check_paths(out_path: Path, runs_dir: Path) -> None:
+    """Refuse, before training, a policy file or log folder that cannot be written: `--out` a
+    folder or in a missing or unwritable folder; `--runs-dir` a file or under an unwritable one."""
+    if out_path.is_dir():
+        raise HelmInputError(f"--out {str(out_path)!r} is a folder")
+    _check_writable("--out", out_path, out_path.resolve().parent, must_exist=True)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise HelmInputError(f"--runs-dir {str(runs_dir)!r} exists and is not a folder")
+    here = runs_dir.resolve()
+    while not here.exists():                              # train creates the missing folders
+        here = here.parent
+    if not here.is_dir():
+        raise HelmInputError(f"--runs-dir {str(runs_dir)!r}: {str(here)!r} is not a folder")
+    _check_writable("--runs-dir", runs_dir, here, must_exist=False)
+
+
+def _check_writable(option: str, path: Path, folder: Path, must_exist: bool) -> None:
+    if must_exist and not folder.is_dir():
+        raise HelmInputError(f"{option} {str(path)!r}: folder {str(folder)!r} does not exist")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".helmgr-", dir=folder))
+    except OSError as e:
+        raise HelmInputError(f"{option} {str(path)!r}: cannot create files in {str(folder)!r} ({e.strerror})") from None

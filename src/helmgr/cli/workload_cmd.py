@@ -1,14 +1,12 @@
 """`helmgr workload`: generate a stream (synthetic or trace replay) and describe it."""
 from __future__ import annotations
 
-import json
-
 import click
 
-from helmgr.cli.output import emit_json, json_option, markdown_table, out_option, progress, result_dir, stderr, table
+from helmgr.cli.output import (check_out, emit_json, json_option, json_text, markdown_table, out_option, progress,
+                               result_dir, stderr, stdout, table)
+from helmgr.cli.types import POSITIVE as positive, SEED, checked
 from helmgr.workload import FORMATS, OVERLAYS, WorkloadSpec, describe
-
-positive = click.FloatRange(min=0, min_open=True)
 
 
 def workload_options(f):
@@ -17,7 +15,7 @@ def workload_options(f):
         click.option("--workload", "regime", default="steady", show_default=True,
                      help="Synthetic regime: steady, trend, burst, or a combination such as trend+burst."),
         click.option("--duration", type=positive, default=120.0, show_default=True, help="Simulated seconds."),
-        click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Random seed."),
+        click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed."),
         click.option("--rps", type=positive, default=None, help="Base request rate of the synthetic workload [default: 2400]."),
         click.option("--trace", type=click.Path(dir_okay=False), default=None, help="Replay this log instead of the synthetic workload."),
         click.option("--trace-format", type=click.Choice(FORMATS), default="inter", show_default=True,
@@ -29,6 +27,7 @@ def workload_options(f):
         click.option("--overlay", type=click.Choice(OVERLAYS), multiple=True,
                      help="Apply a regime to the log (repeatable): trend (popularity drift), burst (spikes of new sessions)."),
     ]
+    f = checked(f)                                  # --allow-large; the run's estimate is checked first
     for option in reversed(options):
         f = option(f)
     return f
@@ -56,6 +55,7 @@ def workload(regime, duration, seed, rps, trace, trace_format, time_compression,
     helmgr workload --workload burst --duration 120 --seed 1 --json
     helmgr workload --trace ml-100k.inter --trace-format inter --clone-users 8 --out results/ml100k
     """
+    check_out(out_dir)
     w = build_workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     with progress("generating", None) as bar:
         task = bar.add_task("generating", total=int(-(-w.duration_s // 1.0)))
@@ -64,13 +64,13 @@ def workload(regime, duration, seed, rps, trace, trace_format, time_compression,
     with result_dir(out_dir) as scratch:
         if scratch is not None:
             from helmgr.experiments.plots import plot_workload
-            (scratch / "workload.json").write_text(json.dumps(summary, indent=2) + "\n")
+            (scratch / "workload.json").write_text(json_text(summary))
             (scratch / "workload.md").write_text(f"# Workload `{w.name}` (seed {seed})\n\n" + markdown_table(summary)
                                                  + "\n![arrival rate and hot-set turnover](workload.png)\n")
             plot_workload(series, f"{w.name}, seed {seed}", scratch / "workload.png", w.bursts)
     if as_json:
         emit_json(summary)
     else:
-        stderr.print(table(f"workload {w.name}", summary))
+        stdout.print(table(f"workload {w.name}", summary))
         if out_dir is not None:
             stderr.print(f"wrote {out_dir}/workload.json, workload.md, workload.png")

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from helmgr.core.errors import HelmInputError
+from helmgr.core.validate import NON_NEGATIVE, POSITIVE, Range, number, seed
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,11 +27,34 @@ def parse_fault(text: str, nodes: int | None = None) -> FaultSpec:
         node, down, up = int(m[1]), float(m[2]), float(m[3]) if m[3] else None
     except ValueError:
         raise HelmInputError(f"--fail-node {text!r} has a time that is not a number") from None
+    if not all(math.isfinite(t) for t in (down, up or 0.0)):
+        raise HelmInputError(f"--fail-node {text!r} has a time that is not finite")
     if nodes is not None and node >= nodes:
         raise HelmInputError(f"--fail-node {text!r}: node {node} does not exist (nodes 0..{nodes - 1})")
     if up is not None and up <= down:
         raise HelmInputError(f"--fail-node {text!r}: back-up time {up} is not after the failure at {down}")
     return FaultSpec(node, down, up)
+
+
+def _show(f: FaultSpec) -> str:
+    return f"{f.node}@{f.down_s:g}" + ("" if f.up_s is None else f":{f.up_s:g}")
+
+
+def check_faults(faults: tuple[FaultSpec, ...], duration_s: float | None = None) -> None:
+    """A fault that would change nothing is an error, not a silent no-op: a failure at or after the
+    run's end (`duration_s`), a return after it, or two failures of one node that overlap (the
+    node is already down at the second, and the first's return would cancel it)."""
+    for f in faults:
+        if duration_s is not None and f.down_s >= duration_s:
+            raise HelmInputError(f"--fail-node {_show(f)}: the failure at {f.down_s:g} s is not inside "
+                                 f"the run (0..{duration_s:g} s)")
+        if duration_s is not None and f.up_s is not None and f.up_s > duration_s:
+            raise HelmInputError(f"--fail-node {_show(f)}: the return at {f.up_s:g} s is after the run's end "
+                                 f"({duration_s:g} s); leave it out to keep the node down")
+    ordered = sorted(faults, key=lambda f: (f.node, f.down_s))
+    for a, b in zip(ordered, ordered[1:]):
+        if a.node == b.node and (a.up_s is None or b.down_s <= a.up_s):
+            raise HelmInputError(f"--fail-node {_show(a)} and {_show(b)} overlap on node {a.node}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,22 +84,23 @@ class SimConfig:
     bypass_caches: bool = False        # queueing checks: service time is an exponential draw ...
     service_mean_s: float = 0.0        # ... with this mean, instead of the node model
 
-    def validate(self) -> "SimConfig":
-        if self.nodes < 1:
-            raise HelmInputError(f"nodes must be >= 1, got {self.nodes}")
+    def validate(self, duration_s: float | None = None) -> "SimConfig":
+        """Every field finite, in range and of its type; faults inside a run of `duration_s`."""
+        number("nodes", self.nodes, Range(1), integer=True)
+        number("max-batch", self.max_batch, Range(1), integer=True)
+        seed("seed", self.seed)
         for name in ("tick_s", "window_s", "refresh_s"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0):
-                raise HelmInputError(f"{name} must be > 0, got {v}")
-        if not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
-            raise HelmInputError(f"warmup must be >= 0 s, got {self.warmup_s}")
-        if not 0.0 <= self.ratio <= 1.0:
-            raise HelmInputError(f"ratio must be in [0, 1], got {self.ratio}")
-        if self.slo_ms is not None and not self.slo_ms > 0:
-            raise HelmInputError(f"slo-ms must be > 0, got {self.slo_ms}")
-        if self.max_batch < 1:
-            raise HelmInputError(f"max-batch must be >= 1, got {self.max_batch}")
+            number(name, getattr(self, name), POSITIVE)
+        for name in ("warmup_s", "host_kv_gib", "service_mean_s"):
+            number(name, getattr(self, name), NON_NEGATIVE)
+        for name in ("ratio", "refill_share", "r_min", "r_max"):
+            number(name, getattr(self, name), Range(0.0, 1.0))
+        if self.r_min > self.r_max:
+            raise HelmInputError(f"r_min {self.r_min} is above r_max {self.r_max}")
+        if self.slo_ms is not None:
+            number("slo-ms", self.slo_ms, POSITIVE)
         for f in self.faults:
             if f.node >= self.nodes:
                 raise HelmInputError(f"fault on node {f.node}, but the cluster has nodes 0..{self.nodes - 1}")
+        check_faults(self.faults, duration_s)
         return self

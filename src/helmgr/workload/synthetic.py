@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from helmgr.core.errors import HelmInputError
+from helmgr.core.validate import NON_NEGATIVE, POSITIVE, Range, number
+from helmgr.core.validate import seed as seed_check
 from helmgr.workload.arrivals import BurstSource, Population, SessionShape, SessionSource, burst_schedule
 from helmgr.workload.candidates import SyntheticCandidates
 from helmgr.workload.history import SyntheticHistory
@@ -62,12 +64,18 @@ class SyntheticConfig:
     trending: Trending = field(default_factory=Trending)
 
     def validate(self) -> "SyntheticConfig":
+        """Every knob a finite number of its type and in range (core.validate), or a named error."""
         parse_regime(self.regime)
-        checks = {"duration": self.duration_s, "rps": self.rps, "users": self.n_users, "items": self.n_items,
-                  "clusters": self.n_clusters, "candidates": self.candidates}
-        for name, value in checks.items():
-            if not value > 0:
-                raise HelmInputError(f"{name} must be > 0, got {value}")
+        for name, value in {"duration": self.duration_s, "rps": self.rps, "len-median": self.len_median,
+                            "think-s": self.session.think_s, "burst-every-s": self.burst_every_s}.items():
+            number(name, value, POSITIVE)
+        for name, value in {"users": self.n_users, "items": self.n_items, "clusters": self.n_clusters,
+                            "candidates": self.candidates, "len-cap": self.len_cap}.items():
+            number(name, value, Range(1), integer=True)
+        for name in ("head_exponent", "tail_exponent", "activity_exponent", "len_sigma", "drift_per_s", "ramp"):
+            number(name, getattr(self, name), NON_NEGATIVE)
+        for name in ("cand_head_share", "hist_head_share", "burst_new_share"):
+            number(name, getattr(self, name), Range(0.0, 1.0))
         if self.n_items < self.n_clusters:
             raise HelmInputError(f"items ({self.n_items}) must be at least clusters ({self.n_clusters})")
         return self
@@ -75,6 +83,7 @@ class SyntheticConfig:
 
 def synthetic_workload(config: SyntheticConfig = SyntheticConfig(), seed: int = 0) -> Workload:
     cfg = config.validate()
+    seed_check("seed", seed)
     overlays = parse_regime(cfg.regime)
     rng = np.random.default_rng([seed, 1])
     space = ItemSpace(cfg.n_items, cfg.n_clusters)

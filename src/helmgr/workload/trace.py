@@ -5,6 +5,10 @@ interaction per line; `user_id`, `item_id` and `timestamp` are used) and sequenc
 item ...` per line, in time order, no timestamps: times are synthesized). A user's interactions
 with the same timestamp form one request; every interaction before it is that request's prefix.
 
+Bad input is a TraceFormatError naming file:line, never a silent drop: a binary file (a NUL
+byte), bytes that are not UTF-8, a timestamp that is not a finite number within +-1e18 (nanoseconds
+since 1970 fit; past it a log's span is not a finite number of seconds).
+
 Scaling: `time_compression` divides time (by default the whole log is fitted into the run),
 `clone_users` K replays each user K times under new ids with jittered times, and the overlays
 `trend` and `burst` apply the synthetic regimes' drift and bursts to the real log.
@@ -17,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from helmgr.core.errors import HelmInputError, TraceFormatError
+from helmgr.core.validate import POSITIVE, Range, number
+from helmgr.core.validate import seed as seed_check
 from helmgr.workload.arrivals import BurstSource, Population, SessionShape, burst_schedule
 from helmgr.workload.candidates import PoolCandidates
 from helmgr.workload.chunk import RequestTable
@@ -39,6 +45,21 @@ class Log:
     n_items: int
 
 
+TIME_MAX = 1e18      # |timestamp| bound: nanoseconds since 1970 fit; past it a log's span is not a number
+
+
+def _lines(path: str, f, start: int = 1):
+    """(line number, text) of a file opened in binary: a NUL byte or bytes that are not UTF-8 are a
+    TraceFormatError naming the line (a binary file is not a trace)."""
+    for lineno, raw in enumerate(f, start=start):
+        if b"\0" in raw:
+            raise TraceFormatError(path, lineno, "binary data (a NUL byte): not a text trace")
+        try:
+            yield lineno, raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(path, lineno, f"not UTF-8 text (byte {raw[exc.start]:#04x})") from None
+
+
 def _dense(tokens: list[str]) -> tuple[np.ndarray, int]:
     uniq, inverse = np.unique(np.array(tokens, dtype=object).astype(str), return_inverse=True)
     return inverse.astype(np.int64), len(uniq)
@@ -46,8 +67,9 @@ def _dense(tokens: list[str]) -> tuple[np.ndarray, int]:
 
 def read_inter(path: str) -> Log:
     """A RecBole atomic .inter file: tab-separated, header `field:type ...`."""
-    with open(path, encoding="utf-8") as f:
-        header = f.readline().rstrip("\n").split("\t")
+    with open(path, "rb") as f:
+        lines = _lines(path, f)
+        header = next(lines, (1, ""))[1].rstrip("\r\n").split("\t")
         names = [h.split(":", 1)[0] for h in header]
         need = ("user_id", "item_id", "timestamp")
         missing = [n for n in need if n not in names]
@@ -55,8 +77,8 @@ def read_inter(path: str) -> Log:
             raise TraceFormatError(path, 1, f"header lacks column(s) {', '.join(missing)}")
         cu, ci, ct = (names.index(n) for n in need)
         users, items, times = [], [], []
-        for lineno, line in enumerate(f, start=2):
-            line = line.rstrip("\n")
+        for lineno, line in lines:
+            line = line.rstrip("\r\n")
             if not line.strip():
                 continue
             cols = line.split("\t")
@@ -66,8 +88,9 @@ def read_inter(path: str) -> Log:
                 t = float(cols[ct])
             except ValueError:
                 raise TraceFormatError(path, lineno, f"timestamp {cols[ct]!r} is not a number") from None
-            if not np.isfinite(t):
-                raise TraceFormatError(path, lineno, f"timestamp {cols[ct]!r} is not finite")
+            if not abs(t) <= TIME_MAX:
+                raise TraceFormatError(path, lineno, f"timestamp {cols[ct]!r} is not a finite number within "
+                                                     f"+-{TIME_MAX:g}")
             if not cols[cu] or not cols[ci]:
                 raise TraceFormatError(path, lineno, "empty user_id or item_id")
             users.append(cols[cu]); items.append(cols[ci]); times.append(t)
@@ -82,8 +105,8 @@ def read_sequences(path: str, seed: int = 0) -> Log:
     """`user item item ...` per line. Times are synthesized: each user starts at a uniform time in
     one day and acts at exponential gaps of 10 minutes."""
     users, items, lens = [], [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, line in _lines(path, f):
             cols = line.split()
             if not cols:
                 continue
@@ -108,8 +131,10 @@ def read_sequences(path: str, seed: int = 0) -> Log:
 def read_trace(path: str, fmt: str, seed: int = 0) -> Log:
     if fmt not in FORMATS:
         raise HelmInputError(f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise HelmInputError(f"trace file {path!r} does not exist")
+    if not Path(path).is_file():
+        raise HelmInputError(f"trace {path!r} is not a regular file")
     return read_inter(path) if fmt == "inter" else read_sequences(path, seed)
 
 
@@ -152,12 +177,11 @@ def _requests(log: Log, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
 def trace_workload(path: str, fmt: str = "inter", duration_s: float = 120.0, seed: int = 0,
                    time_compression: float | None = None, clone_users: int = 1, overlays: tuple[str, ...] = (),
                    candidates: int = 512, drift_per_s: float = 30.0, jitter_share: float = 0.005) -> Workload:
-    if duration_s <= 0:
-        raise HelmInputError(f"duration must be > 0, got {duration_s}")
-    if clone_users < 1:
-        raise HelmInputError(f"clone-users must be >= 1, got {clone_users}")
-    if time_compression is not None and not time_compression > 0:
-        raise HelmInputError(f"time-compression must be > 0, got {time_compression}")
+    number("duration", duration_s, POSITIVE)
+    seed_check("seed", seed)
+    number("clone-users", clone_users, Range(1), integer=True)
+    if time_compression is not None:
+        number("time-compression", time_compression, POSITIVE)
     bad = [o for o in overlays if o not in OVERLAYS]
     if bad:
         raise HelmInputError(f"unknown overlay {bad[0]!r} (known: {', '.join(OVERLAYS)})")
@@ -170,7 +194,11 @@ def trace_workload(path: str, fmt: str = "inter", duration_s: float = 120.0, see
     span = float(t.max()) or 1.0
     room = 1.0 - (jitter_share if clone_users > 1 else 0.0)     # leave room for the clones' jitter
     compression = time_compression or span / (duration_s * room * (1 - 1e-9))
-    t = t / compression
+    with np.errstate(over="ignore"):
+        t = t / compression
+    if not np.isfinite(t).all():
+        raise HelmInputError(f"trace {path!r}: time-compression {compression:g} stretches the log's {span:g} s "
+                             "past any finite time")
     rng = np.random.default_rng([seed, 4])
     parts = [RequestTable(t, u, k, np.zeros(len(t), bool))]
     for c in range(1, clone_users):

@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 from helmgr.core.errors import HelmInputError
+from helmgr.core.validate import POSITIVE, Range, check_record, number
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -135,34 +136,56 @@ class NodeProfile:
         return int((self.hardware.hbm_gib - used) * GIB)
 
 
+# Allowed values by field; every other number must be > 0 and at most FLOAT_MAX / INT_MAX (far past
+# any real GPU or model, and small enough that derived byte counts stay in int64).
+FLOAT_MAX, INT_MAX = 1e9, 1_000_000
+RANGES = {
+    "compute_efficiency": Range(0.0, 1.0, low_open=True),        # a share of peak
+    "reserved_gib": Range(0.0, FLOAT_MAX),
+    "dtype_bytes": Range(1, 8),
+    "emb_dtype_bytes": Range(1, 8),
+    "fixed_kernels": Range(0, INT_MAX),
+}
+
+
+def _read(kind: str, name_or_path: str) -> tuple[str, bytes]:
+    """(where, bytes): a `.toml` path is a file, anything else the name of a preset."""
+    where = f"{kind} profile {name_or_path!r}"
+    if name_or_path.endswith(".toml"):
+        try:
+            return where, Path(name_or_path).read_bytes()
+        except FileNotFoundError:
+            raise HelmInputError(f"{kind} profile file {name_or_path!r} does not exist") from None
+        except OSError as exc:
+            raise HelmInputError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    candidate = resources.files("helmgr.core.profiles").joinpath(kind, f"{name_or_path}.toml")
+    if "/" in name_or_path or "\\" in name_or_path or not candidate.is_file():
+        known = ", ".join(sorted(available(kind)))
+        raise HelmInputError(f"unknown {kind} profile {name_or_path!r} (known: {known})")
+    return where, candidate.read_bytes()
+
+
+def check_profile(cls, data: dict, where: str) -> dict:
+    """A profile's values checked against `cls`'s fields (core.validate.check_record): the field's
+    type (a bool is no number, 2.5 is no int), finite, and in `RANGES` or (0, FLOAT_MAX / INT_MAX]."""
+    default = {"int": Range(0, INT_MAX, low_open=True), "float": Range(0.0, FLOAT_MAX, low_open=True)}
+    ranges = {f.name: RANGES.get(f.name, default.get(f.type)) for f in fields(cls) if f.type != "str"}
+    return check_record(cls, data, ranges, where)
+
+
 def _load(kind: str, name_or_path: str, cls):
-    path = Path(name_or_path)
-    if path.suffix == ".toml" and path.exists():
-        text = path.read_text()
-    else:
-        files = resources.files("helmgr.core.profiles").joinpath(kind)
-        candidate = files.joinpath(f"{name_or_path}.toml")
-        if not candidate.is_file():
-            known = ", ".join(sorted(available(kind)))
-            raise HelmInputError(f"unknown {kind} profile {name_or_path!r} (known: {known})")
-        text = candidate.read_text()
+    where, raw = _read(kind, name_or_path)
+    if b"\0" in raw:
+        raise HelmInputError(f"{where} is a binary file, not TOML")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HelmInputError(f"{where} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise HelmInputError(f"{kind} profile {name_or_path!r} is not valid TOML: {exc}") from None
-    names = {f.name for f in fields(cls)}
-    missing = sorted(names - data.keys())
-    extra = sorted(data.keys() - names)
-    if missing or extra:
-        raise HelmInputError(
-            f"{kind} profile {name_or_path!r}: missing {missing or 'nothing'}, unknown {extra or 'nothing'}"
-        )
-    profile = cls(**data)
-    for f in fields(cls):
-        value = getattr(profile, f.name)
-        if f.name != "name" and not value > 0:
-            raise HelmInputError(f"{kind} profile {name_or_path!r}: {f.name} must be > 0, got {value}")
-    return profile
+        raise HelmInputError(f"{where} is not valid TOML: {exc}") from None
+    return cls(**check_profile(cls, data, where))
 
 
 def available(kind: str) -> list[str]:
@@ -182,9 +205,8 @@ def load_model(name_or_path: str) -> ModelProfile:
 
 def node_profile(hardware: str = "a100-80g", model: str = "large", page_mib: float = 2.0) -> NodeProfile:
     """Load a node profile and check that its pool can hold at least two pages."""
+    number("page size (MiB)", page_mib, POSITIVE)
     profile = NodeProfile(load_hardware(hardware), load_model(model), page_mib)
-    if page_mib <= 0:
-        raise HelmInputError(f"page size must be > 0 MiB, got {page_mib}")
     if profile.pool_budget_bytes <= 0:
         raise HelmInputError(
             f"profile {hardware}+{model} leaves no pool: budget {profile.pool_budget_bytes} bytes"

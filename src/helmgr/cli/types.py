@@ -1,0 +1,156 @@
+"""Option types and the checks a command runs before any work (SPEC 10: a bad value is one line
+naming it, exit 2).
+
+click's FloatRange lets `inf` and `nan` through (`nan` compares false with every bound), so every
+float option is a `Finite`; seeds are bounded integers; `checked` adds `--allow-large` and refuses,
+before the command starts, a run whose estimate (core.validate) is past a limit.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import click
+
+from helmgr.core.errors import HelmInputError
+from helmgr.core.profiles import load_hardware, load_model
+from helmgr.core.validate import GIB, LIMITS, SEED_MAX, Cost, check_costs, count_lines, run_memory_bytes
+from helmgr.sim.config import check_faults, parse_fault
+from helmgr.workload.synthetic import SyntheticConfig
+
+
+class Finite(click.FloatRange):
+    """A FloatRange that refuses non-finite values (`inf`, `-inf`, `nan`, `1e999`)."""
+
+    name = "finite float"
+
+    def convert(self, value, param, ctx):
+        number = value if isinstance(value, float) else click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+POSITIVE = Finite(min=0, min_open=True)
+NON_NEGATIVE = Finite(min=0)
+SEED = click.IntRange(0, SEED_MAX)
+
+
+def profile_checked(kind: str):
+    """A callback for `--hardware` / `--model`: load (and so validate) the profile while the options
+    are parsed, so a bad file is refused before any work; the option's value stays the name."""
+    def callback(ctx, param, value):
+        if value is not None:
+            (load_hardware if kind == "hardware" else load_model)(value)
+        return value
+    return callback
+
+
+BENCH_NODES_MAX = 16_384             # the router index holds a 1M-item bitmap per node (~128 KiB each)
+
+
+def node_sizes(ctx, param, value):
+    """A callback for `bench --nodes`: a comma list of cluster sizes, each in [1, BENCH_NODES_MAX]."""
+    try:
+        sizes = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise HelmInputError(f"--nodes {value!r} is not a comma list of node counts (e.g. 32,1024)") from None
+    bad = [n for n in sizes if not 1 <= n <= BENCH_NODES_MAX]
+    if bad or not sizes:
+        raise HelmInputError(f"--nodes {value!r}: every node count must be >= 1 and at most {BENCH_NODES_MAX:,}"
+                             + (f", got {bad[0]}" if bad else ""))
+    return value
+
+
+GRID_POINTS_MAX = 1_000_001          # a ratio grid finer than 1e-6 is below one page of any pool
+
+
+def grid_size(text: str) -> float:
+    """Points of a `start:stop:step` (inclusive) or comma-list grid, without building it."""
+    try:
+        if ":" in text:
+            start, stop, step = (float(x) for x in text.split(":"))
+            if not all(map(math.isfinite, (start, stop, step))) or step <= 0 or stop < start:
+                raise ValueError
+            points = (stop - start) / step + 1
+            return int(round(points)) if math.isfinite(points) else math.inf
+        return len([float(x) for x in text.split(",")])
+    except ValueError:
+        raise HelmInputError(f"--ratios {text!r} is not start:stop:step or a comma list of numbers") from None
+
+
+def ratio_grid(text: str) -> list[float]:
+    """'0.05:0.95:0.05' (start:stop:step, inclusive) or '0.1,0.3,0.5': every ratio in [0, 1]."""
+    n = grid_size(text)
+    if n > GRID_POINTS_MAX:
+        raise HelmInputError(f"--ratios {text!r} has {n:,} points (at most {GRID_POINTS_MAX:,})")
+    if ":" in text:
+        start, _, step = (float(x) for x in text.split(":"))
+        values = [round(start + k * step, 10) for k in range(n)]
+    else:
+        values = [float(x) for x in text.split(",")]
+    bad = [v for v in values if not 0.0 <= v <= 1.0]
+    if bad or not values:
+        raise HelmInputError(f"--ratios {text!r}: every ratio must be in [0, 1], got {bad[0] if bad else 'none'}")
+    return values
+
+
+def _run_count(o: dict) -> tuple[float, str] | None:
+    """Simulation runs a sweep (one per ratio) or a compare (policies x routers, plus a sweep and an
+    oracle replay per router) queues."""
+    if o.get("ratios") is None:
+        return None
+    grid = grid_size(o["ratios"])
+    if "policies" not in o:
+        return grid, f"--ratios {o['ratios']!r}"
+    names = [x for x in o["policies"].split(",") if x.strip()]
+    routers = len([x for x in (o.get("routers") or "x").split(",") if x.strip()]) or 1
+    grid_runs = grid * sum(n.strip() in ("static-best", "oracle") for n in names)
+    return routers * (len(names) + grid_runs), f"--ratios {o['ratios']!r} with --policies {o['policies']!r}"
+
+
+def option_costs(o: dict) -> list[Cost]:
+    """What the options ask of one run (requests, ticks, memory) and of the command (runs)."""
+    duration, nodes = o.get("duration", 0.0), o.get("nodes", 0)
+    costs, trace_rows, requests = [], 0.0, 0.0
+    if o.get("trace") is not None:
+        lines = count_lines(o["trace"])
+        if lines is not None:
+            trace_rows = requests = float(lines) * o.get("clone_users", 1)
+            costs.append(Cost("requests", requests, LIMITS.requests,
+                              f"--trace {o['trace']!r} ({lines:,} lines) x --clone-users {o.get('clone_users', 1)}"))
+    else:
+        rps = o.get("rps") or SyntheticConfig().rps
+        requests = rps * duration
+        costs.append(Cost("requests", requests, LIMITS.requests, f"--rps {rps:g} x --duration {duration:g}"))
+    if "tick_ms" in o:
+        ticks = duration / (o["tick_ms"] / 1e3) + duration
+        costs.append(Cost("controller ticks", ticks, LIMITS.events,
+                          f"--duration {duration:g} / --tick-ms {o['tick_ms']:g}"))
+    memory = run_memory_bytes(requests, nodes, trace_rows) / GIB
+    costs.append(Cost("GiB of memory", memory, LIMITS.memory_gib,
+                      f"--nodes {nodes} with ~{requests:.3g} requests" + (" replayed" if trace_rows else "")))
+    runs = _run_count(o)
+    if runs is not None:
+        costs.append(Cost("runs", runs[0], LIMITS.runs, runs[1]))
+    return costs
+
+
+def check_options(o: dict, allow_large: bool = False) -> None:
+    """The checks that need several options at once, before the command does any work."""
+    if o.get("faults"):
+        nodes = o.get("nodes")
+        check_faults(tuple(parse_fault(f, nodes) for f in o["faults"]), o.get("duration"))
+    check_costs(option_costs(o), allow_large)
+
+
+def checked(f):
+    """Add `--allow-large` to a command and run `check_options` on its options before it starts."""
+    @functools.wraps(f)
+    def command(*args, allow_large: bool = False, **options):
+        check_options(options, allow_large)
+        return f(*args, **options)
+    return click.option("--allow-large", is_flag=True, help=(
+        f"Run even past the limits checked before a run: {LIMITS.requests:,.0f} requests, "
+        f"{LIMITS.events:,.0f} controller ticks and {LIMITS.memory_gib:g} GiB per run, {LIMITS.runs:,} runs "
+        "per command."))(command)

@@ -1,0 +1,362 @@
+"""The validation layer (SPEC 10, 11; issue 23): every bad input is exit 2 with one line on stderr
+naming the value, never a traceback; a run past a resource limit is refused before it starts
+unless --allow-large."""
+import json
+import math
+from importlib import resources
+
+import click
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helmgr.cli import main
+from helmgr.cli.types import POSITIVE, SEED, Finite, grid_size, ratio_grid
+from helmgr.core.errors import HelmInputError
+from helmgr.core.profiles import HardwareProfile, ModelProfile, check_profile, load_hardware, load_model
+from helmgr.core.validate import Limits, Range, check_record, number
+from helmgr.sim.config import FaultSpec, SimConfig, check_faults
+from helmgr.workload.trace import read_trace, trace_workload
+
+PROFILES = resources.files("helmgr.core.profiles")
+A100 = (PROFILES / "hardware" / "a100-80g.toml").read_text()
+LARGE = (PROFILES / "model" / "large.toml").read_text()
+INTER = "user_id:token\titem_id:token\ttimestamp:float\n1\t10\t100\n1\t11\t160\n2\t10\t130\n2\t12\t190\n"
+
+
+def refused(capsys, argv, *needles):
+    """`helmgr argv` exits 2 with one line on stderr that holds every needle, and no traceback."""
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2, (argv, err)
+    assert "Traceback" not in err and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def with_line(text: str, key: str, value: str) -> str:
+    """A profile's text with `key = ...` replaced by `key = value`."""
+    lines = [f"{key} = {value}" if ln.split("=")[0].strip() == key else ln for ln in text.splitlines()]
+    assert lines != text.splitlines()
+    return "\n".join(lines) + "\n"
+
+
+# -- numbers: click's FloatRange lets inf and nan through -----------------------------------------
+@pytest.mark.parametrize("argv,value", [
+    (["simulate", "--duration", "inf"], "inf"),
+    (["simulate", "--duration", "nan"], "nan"),
+    (["simulate", "--duration", "1e999"], "1e999"),
+    (["simulate", "--duration", "5", "--rps", "inf"], "inf"),
+    (["simulate", "--duration", "5", "--rps", "nan"], "nan"),
+    (["simulate", "--duration", "5", "--slo-ms", "inf"], "inf"),
+    (["simulate", "--duration", "5", "--tick-ms", "nan"], "nan"),
+    (["simulate", "--duration", "5", "--refresh-s", "inf"], "inf"),
+    (["simulate", "--duration", "5", "--ratio", "nan"], "nan"),
+    (["simulate", "--duration", "5", "--time-compression", "inf"], "inf"),
+    (["workload", "--duration", "-inf"], "-inf"),
+    (["sweep", "--duration", "nan"], "nan"),
+    (["compare", "--rps", "inf"], "inf"),
+    (["train", "--episode-s", "inf"], "inf"),
+    (["profile", "--page-mib", "inf"], "inf"),
+    (["profile", "--ratio", "nan"], "nan"),
+])
+def test_non_finite_numbers_are_refused(capsys, argv, value):
+    refused(capsys, argv, "not a finite number", value)
+
+
+@pytest.mark.parametrize("argv", [
+    ["simulate", "--duration", "5", "--seed", "99999999999999999999"],
+    ["simulate", "--duration", "5", "--seed", "4294967296"],
+    ["simulate", "--duration", "5", "--seed", "-1"],
+    ["workload", "--seed", "99999999999999999999"],
+    ["train", "--seed", "99999999999999999999"],
+])
+def test_seeds_out_of_range_are_refused(capsys, argv):
+    refused(capsys, argv, "--seed", argv[-1], "4294967295")
+
+
+def test_calibrate_seed_and_pool_are_checked(capsys, tmp_path):
+    refused(capsys, ["calibrate", "--out", str(tmp_path / "c.toml"), "--seed", str(2**40)], str(2**40))
+    refused(capsys, ["calibrate", "--out", str(tmp_path / "c.toml"), "--pool-mib", "inf"], "inf")
+    assert not (tmp_path / "c.toml").exists()
+
+
+# -- resource estimates, checked before a run starts -----------------------------------------------
+@pytest.fixture
+def trace(tmp_path):
+    path = tmp_path / "t.inter"
+    path.write_text(INTER)
+    return str(path)
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["simulate", "--rps", "1e12"], ("--rps 1e+12", "requests", "--allow-large")),
+    (["workload", "--duration", "5", "--rps", "1e12"], ("--rps 1e+12", "requests")),
+    (["sweep", "--duration", "5", "--ratios", "0:1:1e-7"], ("0:1:1e-7", "10,000,001 runs", "--allow-large")),
+    (["sweep", "--duration", "5", "--ratios", "0:1:5e-324"], ("0:1:5e-324", "runs")),
+    (["compare", "--duration", "5", "--ratios", "0:1:0.0001"], ("0:1:0.0001", "runs")),
+    (["simulate", "--duration", "1e7", "--rps", "1e-6"], ("--duration 1e+07", "controller ticks")),
+    (["simulate", "--duration", "5", "--tick-ms", "1e-9"], ("--tick-ms 1e-09", "controller ticks")),
+    (["simulate", "--duration", "5", "--nodes", "100000"], ("--nodes 100000", "GiB of memory")),
+])
+def test_runs_past_a_limit_are_refused_before_they_start(capsys, argv, needles):
+    refused(capsys, argv + ["--json"], *needles)
+
+
+def test_trace_clones_past_the_limit(capsys, trace):
+    refused(capsys, ["simulate", "--duration", "5", "--trace", trace, "--clone-users", "100000000"],
+            "--clone-users 100000000", "5 lines", "requests")
+
+
+def test_allow_large_overrides_a_limit(capsys, monkeypatch):
+    monkeypatch.setattr("helmgr.cli.types.LIMITS", Limits(requests=100))
+    refused(capsys, ["workload", "--duration", "2", "--json"], "requests (limit 100)")
+    assert main(["workload", "--duration", "2", "--json", "--allow-large"]) == 0
+    assert json.loads(capsys.readouterr().out)["requests"] > 100
+
+
+def test_the_default_scenario_is_far_inside_the_limits():
+    from helmgr.cli.types import option_costs
+    options = {"duration": 120.0, "rps": None, "trace": None, "nodes": 8, "tick_ms": 10.0,
+               "ratios": "0.05:0.95:0.05", "policies": "static,static-best,independent,adaptive,latency-driven,oracle"}
+    for cost in option_costs(options):
+        assert cost.amount <= cost.limit / 20, cost
+
+
+def test_ratio_grid_past_its_hard_cap_is_refused_even_with_allow_large(capsys):
+    refused(capsys, ["sweep", "--ratios", "0:1:1e-9", "--allow-large", "--json"], "0:1:1e-9", "points")
+
+
+# -- faults that would change nothing --------------------------------------------------------------
+@pytest.mark.parametrize("faults,needle", [
+    (["1@10"], "not inside the run"),
+    (["1@5"], "not inside the run"),
+    (["1@1:9"], "after the run's end"),
+    (["1@1:3", "1@2:4"], "overlap on node 1"),
+    (["1@1", "1@2:3"], "overlap on node 1"),
+    (["1@1:2", "1@2:3"], "overlap on node 1"),
+    (["1@" + "9" * 400], "not finite"),
+])
+def test_faults_outside_the_run_or_overlapping_are_refused(capsys, faults, needle):
+    argv = ["simulate", "--duration", "5", "--json"] + [x for f in faults for x in ("--fail-node", f)]
+    refused(capsys, argv, needle)
+
+
+def test_faults_on_different_nodes_or_apart_are_fine():
+    check_faults((FaultSpec(1, 1.0, 2.0), FaultSpec(1, 3.0, None), FaultSpec(2, 1.5, 4.0)), 5.0)
+    with pytest.raises(HelmInputError, match="overlap"):
+        SimConfig(nodes=4, faults=(FaultSpec(1, 1.0, None), FaultSpec(1, 3.0, 4.0))).validate()
+
+
+# -- profiles -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind,key,value,needle", [
+    ("hardware", "compute_efficiency", "50", "(0, 1]"),
+    ("hardware", "compute_efficiency", "0.0", "(0, 1]"),
+    ("hardware", "pcie_bw_gbs", "inf", "finite"),
+    ("hardware", "hbm_bw_gbs", "nan", "finite"),
+    ("hardware", "hbm_gib", "true", "must be a number"),
+    ("hardware", "hbm_gib", '"80"', "must be a number"),
+    ("hardware", "hbm_gib", "-1.0", "hbm_gib"),
+    ("hardware", "launch_us", "0", "launch_us"),
+    ("hardware", "reserved_gib", "-0.5", "reserved_gib"),
+    ("hardware", "peak_tflops", "1e300", "peak_tflops"),
+    ("hardware", "name", '""', "non-empty string"),
+    ("model", "layers", "2.5", "must be an integer"),
+    ("model", "layers", "0", "layers"),
+    ("model", "heads", "-4", "heads"),
+    ("model", "d_model", "true", "must be an integer"),
+    ("model", "dtype_bytes", "16", "dtype_bytes"),
+    ("model", "candidates", "1e400", "must be an integer"),
+    ("model", "slo_ms", "inf", "finite"),
+    ("model", "weights_gib", "[1, 2]", "must be a number"),
+])
+def test_impossible_profile_values_name_the_field_and_file(capsys, tmp_path, kind, key, value, needle):
+    path = tmp_path / "bad.toml"
+    path.write_text(with_line(A100 if kind == "hardware" else LARGE, key, value))
+    refused(capsys, ["simulate", "--duration", "5", f"--{kind}", str(path)], key, "bad.toml", needle)
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"\x00\x01\x02\x03binary\xff", "binary"),
+    (b"name = \"x\"\nhbm_gib = 80.0 \xff\xfe\n", "not UTF-8"),
+    (b"\xef\xbb\xbf= = =\n", "not valid TOML"),
+    (b"", "missing"),
+])
+def test_binary_or_undecodable_profile_files(capsys, tmp_path, content, needle):
+    path = tmp_path / "p.toml"
+    path.write_bytes(content)
+    refused(capsys, ["simulate", "--duration", "5", "--hardware", str(path)], "p.toml", needle)
+    refused(capsys, ["profile", "--model", str(path)], "p.toml", needle)
+
+
+def test_profile_path_that_is_missing_or_a_folder(capsys, tmp_path):
+    refused(capsys, ["profile", "--hardware", str(tmp_path / "nope.toml")], "nope.toml", "does not exist")
+    (tmp_path / "dir.toml").mkdir()
+    refused(capsys, ["profile", "--hardware", str(tmp_path / "dir.toml")], "dir.toml", "cannot be read")
+    refused(capsys, ["profile", "--model", "../hardware/a100-80g"], "unknown model profile")
+
+
+def test_every_preset_passes_the_validator():
+    from helmgr.core.profiles import available
+    for name in available("hardware"):
+        load_hardware(name)
+    for name in available("model"):
+        load_model(name)
+
+
+BAD_FLOATS = st.sampled_from(["inf", "-inf", "nan", "0.0", "-1.0", "true", "false", '"1.0"', "2e9", "[]", "{}"])
+BAD_INTS = st.sampled_from(["2.5", "0", "-1", "true", "inf", "nan", '"8"', "2000000", "1e3"])
+
+
+def _fields(cls):
+    from dataclasses import fields
+    return [f for f in fields(cls) if f.type != "str"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_generated_bad_profiles_are_named_errors(tmp_path, data):
+    cls, text = data.draw(st.sampled_from([(HardwareProfile, A100), (ModelProfile, LARGE)]))
+    field = data.draw(st.sampled_from(_fields(cls)))
+    value = data.draw(BAD_INTS if field.type == "int" else BAD_FLOATS)
+    if field.name in ("reserved_gib", "fixed_kernels") and value in ("0", "0.0"):
+        value = "-1"                                      # zero is allowed there
+    path = tmp_path / "gen.toml"
+    path.write_text(with_line(text, field.name, value))
+    with pytest.raises(HelmInputError) as exc:
+        (load_hardware if cls is HardwareProfile else load_model)(str(path))
+    assert field.name in str(exc.value) and "gen.toml" in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.binary(max_size=200))
+def test_arbitrary_bytes_as_a_profile_are_a_named_error(tmp_path, content):
+    path = tmp_path / "rand.toml"
+    path.write_bytes(content)
+    with pytest.raises(HelmInputError, match="rand.toml"):
+        load_hardware(str(path))
+
+
+def test_check_profile_accepts_ints_for_float_fields_and_returns_floats():
+    import tomllib
+    data = tomllib.loads(with_line(A100, "hbm_gib", "80"))
+    assert check_profile(HardwareProfile, data, "x")["hbm_gib"] == 80.0
+    assert isinstance(check_profile(HardwareProfile, data, "x")["hbm_gib"], float)
+
+
+# -- traces ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt,content,line,needle", [
+    ("inter", b"\x7fELF\x02\x01\x01\x00\x00\x00", 1, "binary"),
+    ("inter", INTER.encode() + b"3\t\xff\xfe\t200\n", 6, "not UTF-8"),
+    ("inter", INTER.encode() + b"3\t13\t1e308\n", 6, "1e308"),
+    ("inter", INTER.encode() + b"3\t13\t-1e308\n", 6, "-1e308"),
+    ("inter", INTER.encode() + b"3\t13\t2e18\n", 6, "2e18"),
+    ("sequences", b"u1 i1 i2\nu2 \x00\x00 i3\n", 2, "binary"),
+    ("sequences", b"u1 i1 i2\nu2 \xc3\x28 i3\n", 2, "not UTF-8"),
+])
+def test_bad_trace_files_name_the_file_and_line(capsys, tmp_path, fmt, content, line, needle):
+    path = tmp_path / "bad.trace"
+    path.write_bytes(content)
+    refused(capsys, ["simulate", "--duration", "5", "--trace", str(path), "--trace-format", fmt],
+            f"bad.trace:{line}:", needle)
+
+
+def test_a_trace_that_is_not_a_regular_file(capsys):
+    refused(capsys, ["simulate", "--duration", "5", "--trace", "/dev/null"], "/dev/null", "not a regular file")
+
+
+@pytest.mark.parametrize("nodes", ["99999999999", "0", "16385", "32,x"])
+def test_bench_cluster_sizes_are_bounded(capsys, nodes):
+    refused(capsys, ["bench", "--nodes", nodes, "--json"], f"--nodes '{nodes}'")
+
+
+def test_compression_that_overflows_the_replay_times_is_an_error(tmp_path):
+    path = tmp_path / "long.inter"
+    path.write_text("user_id:token\titem_id:token\ttimestamp:float\n1\t10\t0\n1\t11\t1e10\n")
+    with pytest.raises(HelmInputError, match="time-compression 1e-300 stretches"):
+        trace_workload(str(path), "inter", duration_s=5.0, time_compression=1e-300)
+
+
+@pytest.mark.parametrize("kwargs,needle", [({"duration_s": math.nan}, "duration"), ({"clone_users": 2.5}, "clone-users"),
+                                           ({"seed": -1}, "seed"), ({"time_compression": math.inf}, "time-compression")])
+def test_trace_workload_arguments(trace, kwargs, needle):
+    with pytest.raises(HelmInputError, match=needle):
+        trace_workload(trace, "inter", **kwargs)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.binary(max_size=300), fmt=st.sampled_from(["inter", "sequences"]))
+def test_arbitrary_bytes_as_a_trace_read_or_fail_by_name(tmp_path, content, fmt):
+    path = tmp_path / "rand.trace"
+    path.write_bytes(content)
+    try:
+        log = read_trace(str(path), fmt)
+    except HelmInputError as exc:
+        assert "rand.trace" in str(exc)
+    else:
+        assert len(log.user) == len(log.item) == len(log.time) and all(map(math.isfinite, log.time))
+
+
+# -- the types and checkers themselves ------------------------------------------------------------
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e999", float("inf"), float("nan"), "x"])
+def test_finite_refuses_non_finite_and_non_numbers(value):
+    with pytest.raises(click.BadParameter):
+        POSITIVE.convert(value, None, None)
+
+
+@pytest.mark.parametrize("kind,value,ok", [
+    (POSITIVE, "1.5", 1.5), (POSITIVE, 2, 2.0), (Finite(0.0, 1.0), "1", 1.0), (Finite(min=2), "2", 2.0),
+])
+def test_finite_accepts_finite_values_in_range(kind, value, ok):
+    assert kind.convert(value, None, None) == ok
+
+
+@pytest.mark.parametrize("kind,value", [(POSITIVE, "0"), (POSITIVE, "-1e-300"), (Finite(0.0, 1.0), "1.5"),
+                                        (SEED, "4294967296"), (SEED, "-1"), (SEED, "1.5")])
+def test_bounds_are_still_checked(kind, value):
+    with pytest.raises(click.BadParameter):
+        kind.convert(value, None, None)
+
+
+def test_seed_bounds_inclusive():
+    assert SEED.convert("0", None, None) == 0 and SEED.convert(str(2**32 - 1), None, None) == 2**32 - 1
+
+
+@pytest.mark.parametrize("value,integer,allowed,needle", [
+    (True, False, Range(), "must be a number"), ("1", False, Range(), "must be a number"),
+    (2.5, True, Range(), "must be an integer"), (math.nan, False, Range(), "finite"),
+    (-math.inf, False, Range(), "finite"), (0, False, Range(0, None, low_open=True), "> 0"),
+    (1.5, False, Range(0.0, 1.0, low_open=True), "in (0, 1]"), (-1, True, Range(0), ">= 0"),
+])
+def test_number_names_the_value(value, integer, allowed, needle):
+    with pytest.raises(HelmInputError, match="x must") as exc:
+        number("x", value, allowed, integer)
+    assert needle in str(exc.value) and repr(value) in str(exc.value)
+
+
+def test_check_record_missing_and_unknown_fields():
+    with pytest.raises(HelmInputError, match=r"missing \['hbm_gib'.*unknown \['extra'\]"):
+        check_record(HardwareProfile, {"name": "x", "extra": 1}, {}, "where")
+
+
+@pytest.mark.parametrize("text,n", [("0.05:0.95:0.05", 19), ("0:1:1e-7", 10_000_001), ("0.1,0.2", 2),
+                                    ("0:1:5e-324", math.inf)])
+def test_grid_size_without_building_the_grid(text, n):
+    assert grid_size(text) == n
+
+
+@pytest.mark.parametrize("text", ["0:1:nan", "0:inf:0.1", "nan,0.5", "0:1:0", "1:0:0.1", "a,b"])
+def test_bad_grids(text):
+    with pytest.raises(HelmInputError, match="--ratios"):
+        ratio_grid(text)
+
+
+def test_sim_config_validate_checks_every_number():
+    for bad in ({"slo_ms": math.inf}, {"ratio": math.nan}, {"seed": 2**40}, {"host_kv_gib": -1.0},
+                {"r_min": 0.9, "r_max": 0.1}, {"tick_s": math.inf}, {"nodes": 2.5}):
+        with pytest.raises(HelmInputError):
+            SimConfig(**bad).validate()
