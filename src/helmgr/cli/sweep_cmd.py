@@ -12,7 +12,6 @@ from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out
 from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.types import ratio_grid
 from helmgr.cli.workload_cmd import workload_options, workload_spec
-from helmgr.core.errors import HelmInputError
 from helmgr.experiments.sweep import sweep
 
 COLUMNS = ("ratio", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "emb_hit_rate", "kv_hit_rate",

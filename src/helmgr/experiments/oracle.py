@@ -58,7 +58,7 @@ def _worker(ratio: float) -> float:
 
 
 def run_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs: int = 1, on_progress=None) -> OracleResult:
-    cfg = cfg.validate()
+    cfg = cfg.validate(workload.duration_s)
     if cfg.window_s != 1.0:
         raise HelmInputError(f"the oracle decides per 1-s window; got a {cfg.window_s}-s window")
     profile = node_profile(cfg.hardware, cfg.model)

@@ -25,7 +25,7 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
     """Run `workload` through a cluster built from `cfg`. `policy`/`router` override the names in
     `cfg` (for policies that need arguments); `profile` the node profile its hardware and model
     name (for a profile built in code, e.g. a serving replica's)."""
-    cfg = cfg.validate()
+    cfg = cfg.validate(workload.duration_s)
     model = cfg.model if profile is None else profile.model.name
     profile = profile or node_profile(cfg.hardware, cfg.model)
     slo_s = (cfg.slo_ms if cfg.slo_ms is not None else profile.model.slo_ms) * 1e-3
