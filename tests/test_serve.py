@@ -1,5 +1,6 @@
 """The serving app end to end on a local Ray cluster (CPU, 2 backend replicas): one cluster for
 the whole module, torn down at the end. Skipped where ray[serve] is not installed."""
+import http.client
 import json
 import threading
 import time
@@ -78,6 +79,41 @@ def test_malformed_body_is_422_naming_the_field(app, bad, field):
     status, out = post(app[0], bad)
     assert status == 422
     assert any(field in e["loc"] for e in out["detail"]), out
+
+
+def raw_post(url: str, data: bytes, length: int | None = None) -> tuple[int, bytes]:
+    """POST `data` with `Content-Length: length` (default: its own), then read the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.putrequest("POST", "/v1/recommend")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(len(data) if length is None else length))
+        conn.endheaders(data)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def test_the_server_bounds_its_work(app):
+    """Issue 23 item 5 end to end: warm before ready, NaN is a 422 (not a 500), an oversized body
+    is a 413 before it is sent, a 422 does not echo the input, the cost cap refuses the API's
+    largest request; the app answers normally afterwards."""
+    url, history = app
+    with urllib.request.urlopen(url + "/healthz") as r:        # start() returned: ready, every replica warm
+        assert r.status == 200 and json.loads(r.read())["replicas_warm"] == CFG.replicas
+    status, out = raw_post(url, b'{"user_id": 3, "new_items": [1], "candidates": [2, NaN]}')
+    assert status == 422 and json.loads(out)["detail"][0]["loc"] == ["body", "candidates", 1]
+    status, out = raw_post(url, b"", length=CFG.max_body_bytes + 1)   # headers only: refused unread
+    assert status == 413 and json.loads(out)["detail"][0]["type"] == "too_large"
+    echo = json.dumps({"user_id": 3, "new_items": [1], "candidates": ["zz9"] * 4000}).encode()
+    status, out = raw_post(url, echo)
+    assert status == 422 and b"zz9" not in out and len(out) < 4000
+    api_max = {"user_id": 3, "prefix_len": 8192, "new_items": [1] * 256, "candidates": [2] * 4096}
+    status, out = post(url, api_max)
+    assert status == 422 and out["detail"][0]["type"] == "cost_cap", out
+    assert post(url, body(history, 21, 40))[0] == 200
 
 
 def test_unknown_user_is_served_cold(app):

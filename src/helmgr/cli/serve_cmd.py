@@ -1,13 +1,14 @@
 """`helmgr serve` (the app on a Ray cluster) and `helmgr loadgen` (replay a workload against it)."""
 from __future__ import annotations
 
-import json
 import signal
 import time
 
 import click
 
-from helmgr.cli.output import emit_json, json_option, markdown_table, out_option, progress, result_dir, stderr, table
+from helmgr.cli.output import (emit_json, json_option, json_text, markdown_table, out_option, progress, result_dir,
+                               stderr, table)
+from helmgr.cli.types import NON_NEGATIVE, POSITIVE, SEED, Finite
 from helmgr.core.extras import require
 from helmgr.serve.config import ServeConfig
 
@@ -26,22 +27,30 @@ from helmgr.serve.config import ServeConfig
                    "the app's metrics are at URL/metrics.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cuda: each replica takes one GPU.")
-@click.option("--replica-cpus", type=click.FloatRange(min=0), default=0.25, show_default=True,
+@click.option("--replica-cpus", type=NON_NEGATIVE, default=0.25, show_default=True,
               help="Ray logical CPUs per replica.")
-@click.option("--pool-mib", type=click.FloatRange(min=0, min_open=True), default=48.0, show_default=True,
+@click.option("--pool-mib", type=POSITIVE, default=48.0, show_default=True,
               help="Each node's pool, EMB + KV.")
-@click.option("--ratio", type=click.FloatRange(0.05, 0.95), default=0.3, show_default=True,
+@click.option("--ratio", type=Finite(0.05, 0.95), default=0.3, show_default=True,
               help="Initial EMB share of each pool.")
 @click.option("--hardware", default=None,
               help="Hardware preset or calibrated TOML (helmgr calibrate) for the router's cost model "
                    "[default: cpu-ref, a CPU profile measured on the development VM, on CPU; a100-80g on cuda].")
-@click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=50.0, show_default=True,
+@click.option("--slo-ms", type=POSITIVE, default=50.0, show_default=True,
               help="The controllers' latency objective.")
+@click.option("--deadline-ms", type=POSITIVE, default=None,
+              help="A request not answered by then is cut: 504, and its replica does not start it "
+                   "[default: 20 x --slo-ms].")
+@click.option("--max-cost-ms", type=POSITIVE, default=None,
+              help="Refuse (422) a request whose predicted service with nothing cached is above this "
+                   "[default: 2 x --slo-ms].")
+@click.option("--max-body-kib", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Refuse (413) a larger request body before reading it.")
 @click.option("--no-controller", is_flag=True, help="Keep every ratio fixed.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--seed", type=SEED, default=0, show_default=True,
               help="Model weights, item table, and the synthetic users' histories.")
 def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, replica_cpus, pool_mib, ratio, hardware,
-              slo_ms, no_controller, seed):
+              slo_ms, deadline_ms, max_cost_ms, max_body_kib, no_controller, seed):
     """Serve recommendations over HTTP: backend replicas with real caches, the HELM router, an
     ingress at POST /v1/recommend. Blocks until Ctrl-C.
 
@@ -60,12 +69,15 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
         stderr.print(f"note: the router prices requests with the {hardware} preset; for this machine's own figures "
                      f"run helmgr calibrate --device {device} --out hw.toml and pass --hardware hw.toml")
     cfg = ServeConfig(replicas=replicas, device=device, replica_cpus=replica_cpus, pool_mib=pool_mib, ratio=ratio,
-                      hardware=hardware, slo_ms=slo_ms, controller=not no_controller, seed=seed).validate()
+                      hardware=hardware, slo_ms=slo_ms, deadline_ms=deadline_ms, max_cost_ms=max_cost_ms,
+                      max_body_bytes=max_body_kib * 1024, controller=not no_controller, seed=seed).validate()
     stderr.print(f"starting {replicas} replicas ({device}) ...")
     try:
         url = start(cfg, port=port, host=host, address=address, num_cpus=num_cpus, metrics_port=metrics_port)
         # stop cleanly on SIGTERM too (background jobs ignore Ctrl-C); after ray.init, which sets its own
         signal.signal(signal.SIGTERM, _interrupt)
+        stderr.print(f"limits: deadline {cfg.deadline_s * 1e3:g} ms, cost cap {cfg.max_cost_s * 1e3:g} ms, "
+                     f"body {cfg.max_body_bytes} bytes; replicas warm")
         stderr.print(f"serving at {url}  (POST {url}/v1/recommend, GET {url}/healthz, {url}/metrics); Ctrl-C stops")
         click.echo(url)
         while True:
@@ -88,16 +100,16 @@ SHOWN = ("requests", "completed", "errors", "p50_ms", "p95_ms", "p99_ms", "p999_
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The app (helmgr serve).")
 @click.option("--workload", "regime", default="steady", show_default=True,
               help="Synthetic regime: steady, trend, burst, or trend+burst.")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
+@click.option("--duration", type=POSITIVE, default=20.0, show_default=True,
               help="Seconds of arrivals.")
-@click.option("--rps", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
+@click.option("--rps", type=POSITIVE, default=20.0, show_default=True,
               help="Base request rate.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=32, show_default=True,
               help="Requests out at once, at most.")
 @click.option("--max-requests", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Stop after this many requests.")
-@click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=50.0, show_default=True)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=30.0,
+@click.option("--slo-ms", type=POSITIVE, default=50.0, show_default=True)
+@click.option("--timeout", "timeout_s", type=POSITIVE, default=30.0,
               show_default=True, help="Seconds a request may take before it counts as an error.")
 @click.option("--sim", "with_sim", is_flag=True,
               help="Also run the same requests through the simulator (the app's nodes, cost profile and "
@@ -118,7 +130,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     from helmgr.workload import parse_regime
 
     parse_regime(regime)
-    load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s)
+    load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s).validate()
     cfg = server_config(url)
     with progress("loadgen", None) as bar:
         task = bar.add_task(f"loadgen {regime} at {rps:g} req/s", total=None)
@@ -138,7 +150,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     title = f"loadgen {regime}, {rps:g} req/s for {duration:g} s"
     with result_dir(out_dir) as scratch:
         if scratch is not None:
-            (scratch / "loadgen.json").write_text(json.dumps(result, indent=2) + "\n")
+            (scratch / "loadgen.json").write_text(json_text(result))
             (scratch / "loadgen.md").write_text(f"# {title} against {url}\n\n" + markdown_table(shown, headers))
     if as_json:
         emit_json(result)

@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import time
+
 from helmgr.serve.config import ServeConfig
 
 APP = "helmgr"
@@ -24,9 +26,9 @@ def build_app(cfg: ServeConfig):
 
 
 def start(cfg: ServeConfig, port: int = 8000, host: str = "127.0.0.1", address: str | None = None,
-          num_cpus: int | None = None, metrics_port: int | None = None) -> str:
+          num_cpus: int | None = None, metrics_port: int | None = None, ready_timeout_s: float = 300.0) -> str:
     """Start Ray (local unless `address`, e.g. "auto" or "ray://head:10001") and Serve with the
-    app; returns the app's base URL once every replica is up."""
+    app; returns the app's base URL once `/healthz` says ready (every replica warm)."""
     import ray
     from ray import serve
 
@@ -39,7 +41,27 @@ def start(cfg: ServeConfig, port: int = 8000, host: str = "127.0.0.1", address: 
         ray.init(address=address, **kw)
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_app(cfg), name=APP, route_prefix="/", blocking=False)
-    return f"http://{host}:{port}"
+    url = f"http://{host}:{port}"
+    wait_ready(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}", ready_timeout_s)
+    return url
+
+
+def wait_ready(url: str, timeout_s: float) -> None:
+    """Poll `url/healthz` until it answers 200 (the app is warm); TimeoutError past `timeout_s`."""
+    import urllib.error
+    import urllib.request
+
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=10) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > end:
+            raise TimeoutError(f"{url}/healthz did not answer 200 within {timeout_s:g} s")
+        time.sleep(0.2)
 
 
 def stop() -> None:

@@ -3,6 +3,7 @@ the ingress and the load generator, so that all of them see the same model, item
 synthetic workload (same seed: the same users and histories everywhere)."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from helmgr.core.errors import HelmInputError
@@ -33,7 +34,10 @@ class ServeConfig:
     controller: bool = True           # False: the ratio stays where it is
     warm: bool = True                 # start each EMB cache with the workload's most popular rows
     stats_period_s: float = 0.5       # how often replicas report residency to the routers
-    max_ongoing: int = 8              # requests a replica accepts at once (it serves them one by one)
+    max_ongoing: int = 32             # requests a replica accepts at once (it serves them one by one, cheapest first)
+    max_body_bytes: int = 1 << 20     # a request body larger than this is refused (413) before it is read
+    deadline_ms: float | None = None  # a request not answered by then is cut (504) [None: 20 x slo_ms]
+    max_cost_ms: float | None = None  # predicted worst-case service above this is refused (422) [None: 2 x slo_ms]
     seed: int = 0
 
     def validate(self) -> "ServeConfig":
@@ -41,11 +45,18 @@ class ServeConfig:
             raise HelmInputError(f"device must be cpu or cuda, got {self.device!r}")
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and f.name not in ("seed", "replica_cpus"):
-                if not v > 0:
-                    raise HelmInputError(f"{f.name.replace('_', '-')} must be > 0, got {v}")
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                name = f.name.replace('_', '-')
+                if not math.isfinite(v):
+                    raise HelmInputError(f"{name} must be a finite number, got {v}")
+                if not (v >= 0 if f.name in ("seed", "replica_cpus") else v > 0):
+                    raise HelmInputError(f"{name} must be {'>=' if f.name in ('seed', 'replica_cpus') else '>'} 0, "
+                                         f"got {v}")
         if not 0.0 < self.ratio < 1.0:
             raise HelmInputError(f"ratio must be in (0, 1), got {self.ratio}")
+        if self.max_cost_s > self.deadline_s:
+            raise HelmInputError(f"max-cost-ms ({self.max_cost_s * 1e3:g}) must not exceed deadline-ms "
+                                 f"({self.deadline_s * 1e3:g}): such a request could never be answered in time")
         return self
 
     def to_dict(self) -> dict:
@@ -66,6 +77,16 @@ class ServeConfig:
 
     def node_config(self) -> NodeConfig:
         return NodeConfig(ratio=self.ratio)
+
+    @property
+    def deadline_s(self) -> float:
+        """How long a request may take, end to end at the ingress, before it is cut (504)."""
+        return (20.0 * self.slo_ms if self.deadline_ms is None else self.deadline_ms) / 1e3
+
+    @property
+    def max_cost_s(self) -> float:
+        """The most predicted service (no KV hit, every row missed) a request may ask for."""
+        return (2.0 * self.slo_ms if self.max_cost_ms is None else self.max_cost_ms) / 1e3
 
     @property
     def budget_bytes(self) -> int:

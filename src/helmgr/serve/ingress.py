@@ -7,6 +7,18 @@ history length; users outside the synthetic population (`user_id >= n_users`) ar
 0 — and calls the backend with plain kwargs, which the HELM router reads. A backend replica
 that dies under a request is retried on another one (up to `TRIES` times).
 
+Bounded work (SPEC 11): the body is read up to `max_body_bytes` (413 past it, before it is read
+whole) and parsed strictly (`helmgr.serve.body`: non-finite numbers and malformed fields are 422
+naming the field, never echoing the input); `RequestLimits` refuses (422) item ids outside the
+table, a prefix past `max_prefix` and a request whose worst-case predicted service is above
+`max_cost_ms`. Every request gets a deadline (`deadline_ms` from its arrival): the backend does
+not start it when it cannot finish by then, and the ingress cuts the call when the deadline
+passes (the queued request is cancelled on its replica); the client gets 504 either way.
+
+Readiness: `/healthz` answers 503 until the ingress has sent warm-up requests through its
+handle (the router's first decisions and its compiled kernel, the replica set it learns) and
+every backend replica answered one; the replicas warm themselves before Ray starts them.
+
 Metrics are Prometheus text at `/metrics` from this ingress replica's own registry: requests by
 node and KV hit, end-to-end latency histogram, errors and retries, and, per node, the hit rates,
 ratio and controller decisions the node last reported with a response. With more than one
@@ -18,30 +30,24 @@ ingress replica each scrape sees one replica's counts (run one, the default, or 
 import asyncio
 import time
 from collections import OrderedDict
-from typing import Annotated
 
 import numpy as np
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import PlainTextResponse
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from helmgr.serve.body import BodyError, RecommendRequest, parse_body, read_body
 from helmgr.serve.config import ServeConfig
+from helmgr.serve.limits import RequestLimits
+from helmgr.serve.warm import Warmup
 from helmgr.workload.users import SyntheticUsers
 
-Id = Annotated[int, Field(ge=0)]
 TRIES = 3
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
-
-
-class RecommendRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    user_id: Id
-    new_items: list[Id] = Field(min_length=1, max_length=256)
-    candidates: list[Id] = Field(min_length=1, max_length=4096)
-    prefix_len: Id | None = None
+BODY_SCHEMA = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": RecommendRequest.model_json_schema()}}}}
 
 
 class Progress:
@@ -96,30 +102,47 @@ class Metrics:
 api = FastAPI(title="helmgr", description="HELM recommender serving: EMB/KV-aware routing over real caches")
 
 
+class Deadline(Exception):
+    """The request's deadline passed before the backend answered."""
+
+
 @serve.ingress(api)
 class Ingress:
     def __init__(self, backend, cfg: dict):
         self.backend, self.cfg = backend, ServeConfig.from_dict(cfg)
         self.progress = Progress(self.cfg)
+        self.limits = RequestLimits(self.cfg)
         self.metrics = Metrics()
+        self.warmup, self.warming = Warmup(self.cfg.replicas), None
 
-    def _check(self, req: RecommendRequest, prefix_len: int) -> None:
-        n = self.cfg.n_items
-        for field in ("new_items", "candidates"):
-            bad = next((i for i, x in enumerate(getattr(req, field)) if x >= n), None)
-            if bad is not None:
-                raise HTTPException(422, [{"loc": ["body", field, bad], "type": "less_than",
-                                           "msg": f"item id {getattr(req, field)[bad]} is not below n_items={n}"}])
-        if prefix_len > self.cfg.max_prefix:
-            raise HTTPException(422, [{"loc": ["body", "prefix_len"], "type": "less_than_equal",
-                                       "msg": f"prefix_len {prefix_len} is above max_prefix={self.cfg.max_prefix}"}])
+    def _warm(self) -> None:
+        if self.warming is None:
+            self.warming = asyncio.get_running_loop().create_task(self.warmup.run(self._warm_call))
 
-    @api.post("/v1/recommend")
-    async def recommend(self, req: RecommendRequest) -> dict:
+    async def _warm_call(self, k: int) -> dict:
+        """Warm-up request `k`: a user outside the population (served cold, prefix 0)."""
+        cands = [i % self.cfg.n_items for i in range(self.cfg.candidates)]
+        return await self.backend.remote(user_id=self.cfg.n_users + 1000 + k, prefix_len=0, new_items=[1, 2, 3, 4],
+                                         candidates=cands, deadline=time.time() + 60.0)
+
+    @api.post("/v1/recommend", openapi_extra=BODY_SCHEMA)
+    async def recommend(self, request: Request) -> dict:
         t0 = time.perf_counter()
-        prefix_len = self.progress.prefix(req.user_id, req.prefix_len)
-        self._check(req, prefix_len)
-        out, retries = await self._call(req, prefix_len)
+        deadline = time.time() + self.cfg.deadline_s
+        self._warm()
+        try:
+            req = parse_body(await read_body(request.stream(), request.headers.get("content-length"),
+                                             self.cfg.max_body_bytes))
+            prefix_len = self.progress.prefix(req.user_id, req.prefix_len)
+            self.limits.check(req, prefix_len)
+        except BodyError as exc:
+            self.metrics.errors.labels(f"http_{exc.status}").inc()
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+        try:
+            out, retries = await self._call(req, prefix_len, deadline)
+        except Deadline as exc:
+            self.metrics.errors.labels("deadline").inc()
+            return JSONResponse({"detail": [{"loc": [], "type": "deadline", "msg": str(exc)}]}, status_code=504)
         self.progress.advance(req.user_id, prefix_len, len(req.new_items))
         latency = time.perf_counter() - t0
         self.metrics.answered(out, latency)
@@ -128,22 +151,33 @@ class Ingress:
                 "emb_hit_rate": 1.0 - out["misses"] / out["ids"], "latency_ms": latency * 1e3,
                 "service_ms": out["service_ms"], "ratio": out["ratio"], "retries": retries}
 
-    async def _call(self, req: RecommendRequest, prefix_len: int) -> tuple[dict, int]:
+    async def _call(self, req: RecommendRequest, prefix_len: int, deadline: float) -> tuple[dict, int]:
+        budget = f"its deadline of {self.cfg.deadline_s * 1e3:.0f} ms"
         for attempt in range(TRIES):
+            response = self.backend.remote(user_id=req.user_id, prefix_len=prefix_len, new_items=req.new_items,
+                                           candidates=req.candidates, deadline=deadline)
             try:
-                out = await self.backend.remote(user_id=req.user_id, prefix_len=prefix_len,
-                                                new_items=req.new_items, candidates=req.candidates)
-                return out, attempt
+                async with asyncio.timeout(max(deadline - time.time(), 0.0)):
+                    out = await response
+            except TimeoutError:
+                response.cancel()                   # a queued request leaves its replica's queue
+                raise Deadline(f"not answered within {budget}") from None
             except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
                 if attempt + 1 == TRIES:
                     self.metrics.errors.labels("replica_failed").inc()
                     raise HTTPException(503, f"backend replicas failed {TRIES} times: {type(exc).__name__}")
                 self.metrics.retries.inc()
                 await asyncio.sleep(0.05 * (attempt + 1))
+                continue
+            if "late" in out:
+                raise Deadline(f"refused by its replica, which could not serve it within {budget}: {out['late']}")
+            return out, attempt
 
     @api.get("/healthz")
-    async def healthz(self) -> dict:
-        return {"status": "ok", "replicas": self.cfg.replicas}
+    async def healthz(self):
+        self._warm()
+        status, body = self.warmup.health()
+        return JSONResponse(body, status_code=status)
 
     @api.get("/v1/config")
     async def config(self) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import urllib.request
 from dataclasses import dataclass, replace
@@ -33,6 +34,15 @@ class LoadConfig:
     max_requests: int = 100_000
     slo_ms: float = 50.0
     timeout_s: float = 30.0
+
+    def validate(self) -> "LoadConfig":
+        """Every number finite and > 0 (an infinite duration would never end the replay)."""
+        for name in ("duration_s", "rps", "concurrency", "max_requests", "slo_ms", "timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not v > 0:
+                raise HelmInputError(f"{name.removesuffix('_s').replace('_', '-')} must be a finite number > 0, "
+                                     f"got {v!r}")
+        return self
 
 
 class Sent(NamedTuple):
@@ -115,10 +125,12 @@ async def replay(load: LoadConfig, reqs: list[Sent], on_answer: Callable[[], Non
 
 
 def summarize(answers: list[Answer], slo_ms: float, wall_s: float) -> dict:
-    """SPEC 10's fields that a client can measure, plus errors and per-node counts."""
+    """SPEC 10's fields that a client can measure, plus errors, answers by HTTP status and
+    per-node counts. Strict JSON: what cannot be measured (no request completed) is `null`, with
+    the reason in `nulls`."""
     ok = [a for a in answers if a.status == 200]
     lat = np.array([a.latency_s for a in ok]) * 1e3
-    pct = np.percentile(lat, [50, 95, 99, 99.9]) if len(lat) else np.full(4, np.nan)
+    pct = [float(x) for x in np.percentile(lat, [50, 95, 99, 99.9])] if len(lat) else [None] * 4
     span = max((max(a.t + a.latency_s for a in answers) - min(a.t for a in answers)) if answers else 0.0, 1e-9)
     good = int((lat <= slo_ms).sum())
     prefix = sum(a.prefix_len for a in ok)
@@ -126,14 +138,22 @@ def summarize(answers: list[Answer], slo_ms: float, wall_s: float) -> dict:
     nodes: dict[str, int] = {}
     for a in ok:
         nodes[a.node] = nodes.get(a.node, 0) + 1
-    return {"requests": len(answers), "completed": len(ok), "errors": len(answers) - len(ok),
-            "p50_ms": float(pct[0]), "p95_ms": float(pct[1]), "p99_ms": float(pct[2]), "p999_ms": float(pct[3]),
-            "slo_ms": slo_ms, "slo_attainment": good / len(answers) if answers else 0.0,
-            "throughput_rps": len(ok) / span, "goodput_rps": good / span,
-            "emb_hit_rate": sum(a.emb_hit_rate * a.ids for a in ok) / ids if ids else 0.0,
-            "kv_hit_rate": sum(a.kv_tokens for a in ok) / prefix if prefix else 0.0,
-            "mean_ratio": float(np.mean([a.ratio for a in ok])) if ok else float("nan"),
-            "requests_per_node": dict(sorted(nodes.items())), "wall_s": wall_s}
+    statuses: dict[str, int] = {}
+    for a in answers:
+        statuses[str(a.status)] = statuses.get(str(a.status), 0) + 1
+    out = {"requests": len(answers), "completed": len(ok), "errors": len(answers) - len(ok),
+           "p50_ms": pct[0], "p95_ms": pct[1], "p99_ms": pct[2], "p999_ms": pct[3],
+           "slo_ms": slo_ms, "slo_attainment": good / len(answers) if answers else 0.0,
+           "throughput_rps": len(ok) / span, "goodput_rps": good / span,
+           "emb_hit_rate": sum(a.emb_hit_rate * a.ids for a in ok) / ids if ids else 0.0,
+           "kv_hit_rate": sum(a.kv_tokens for a in ok) / prefix if prefix else 0.0,
+           "mean_ratio": float(np.mean([a.ratio for a in ok])) if ok else None,
+           "status_counts": dict(sorted(statuses.items())),
+           "requests_per_node": dict(sorted(nodes.items())), "wall_s": wall_s}
+    if not ok:
+        why = "no request was sent" if not answers else "no request completed"
+        out["nulls"] = {k: why for k in ("p50_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ratio")}
+    return out
 
 
 def simulated(cfg: ServeConfig, load: LoadConfig) -> dict:
@@ -154,6 +174,7 @@ def simulated(cfg: ServeConfig, load: LoadConfig) -> dict:
 def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
             on_answer: Callable[[], None] = lambda: None, cfg: ServeConfig | None = None) -> dict:
     """Replay the workload against the app; `cfg`: the app's config, if already fetched."""
+    load.validate()
     cfg = cfg or server_config(load.url)
     reqs = list(requests(cfg, load))
     on_start(len(reqs))

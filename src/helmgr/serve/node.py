@@ -46,11 +46,37 @@ class ServeNode:
         self._window = (clock(), self.runtime.counters())
         self._latencies: list[float] = []
         self._arrivals = 0
+        self.slowdown = 1.0                 # measured service / the cost model's, smoothed (see predict_s)
+
+    def predict_s(self, user: int, prefix_len: int, n_new: int, n_candidates: int) -> float:
+        """This node's expected service for a request: the cost model with the KV prefix it holds
+        for `user`, scaled by how far this machine's measured service has been from the model's."""
+        cached = min(self.runtime.kv.peek(user), prefix_len)
+        return self.slowdown * self.runtime.cost.breakdown(prefix_len, cached, n_new, n_candidates, 0).total_s
+
+    def warm_up(self, rounds: int = 2) -> None:
+        """First model calls before the node takes traffic, so the first real requests do not pay
+        for them: a cold prefill, a KV-hit extension and scoring, for users outside the synthetic
+        population (no real user's prefix is cached by it); then the controller's compiled kernels
+        on a throwaway controller. The window restarts afterwards (the warm-up is not traffic)."""
+        cands = np.arange(self.cfg.candidates, dtype=np.int64) % self.cfg.n_items
+        new = np.arange(8, dtype=np.int64)
+        for k in range(rounds):
+            user = self.cfg.n_users + k
+            self.serve(user, 0, new, cands)
+            self.serve(user, len(new), new + 8, cands)
+        if self.cfg.controller:
+            Controller.default().step(self.window())
+        self.report()
+        self.window()
 
     def serve(self, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray) -> dict:
         self._arrivals += 1
         s = self.runtime.serve(self.clock(), user, prefix_len, new_ids, cand_ids,
                                with_new(self.history, prefix_len, new_ids))
+        model_s = self.runtime.prediction(s, prefix_len).total_s
+        if model_s > 0:
+            self.slowdown += 0.2 * (min(max(s.service_s / model_s, 0.5), 10.0) - self.slowdown)
         st = self.runtime.stats
         return {"scores": s.scores.float().cpu().tolist(), "kv_tokens": s.kv_tokens, "ids": s.ids,
                 "misses": s.misses, "service_ms": s.service_s * 1e3, "ratio": self.runtime.ratio,

@@ -1,18 +1,23 @@
 """The backend deployment: one replica per node, each a `ServeNode` (runtime, pool, local
-controller, reporter). Requests are served one at a time (one lock around the runtime; the
-work runs in a thread so the replica's event loop stays free for Ray's calls); the controller
-ticks every `window_s` on an asyncio task; `record_routing_stats` hands Ray the residency report
-that the HELM router reads."""
+controller, reporter).
+
+A replica warms up in its constructor (`ServeNode.warm_up`: first model calls, the controller's
+kernels), so Ray marks it running only once the first requests no longer pay for that. Requests
+go through a `Worker` (`helmgr.serve.worker`): one at a time, cheapest predicted first, and one
+that cannot finish by its deadline (the ingress's `deadline`, wall-clock seconds) is answered
+`{"late": why}` without being served. The controller ticks every `window_s` on an asyncio task,
+ahead of the queue; `record_routing_stats` hands Ray the residency report that the HELM router
+reads."""
 from __future__ import annotations
 
 import asyncio
 import time
 
-import numpy as np
 from ray import serve
 
 from helmgr.serve.config import ServeConfig
 from helmgr.serve.node import ServeNode
+from helmgr.serve.worker import Worker
 
 
 class Backend:
@@ -22,9 +27,9 @@ class Backend:
         torch.set_num_threads(1)          # one node, one core: torch's default threads fight each other
         self.cfg = ServeConfig.from_dict(cfg)
         self.node = ServeNode(self.cfg)
+        self.node.warm_up()
+        self.worker = Worker(self.node)
         self.name = serve.get_replica_context().replica_id.unique_id
-        self.lock = asyncio.Lock()
-        self.waiting = 0
         self.ticker: asyncio.Task | None = None
 
     def _start_ticker(self) -> None:
@@ -34,29 +39,17 @@ class Backend:
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.window_s)
-            async with self.lock:
-                self.node.tick(self.waiting)
+            await self.worker.alone(lambda: self.node.tick(self.worker.gate.waiting))
 
-    async def __call__(self, *, user_id: int, prefix_len: int, new_items: list[int], candidates: list[int]) -> dict:
+    async def __call__(self, *, user_id: int, prefix_len: int, new_items: list[int], candidates: list[int],
+                       deadline: float | None = None) -> dict:
         self._start_ticker()
-        t0 = time.perf_counter()
-        self.waiting += 1
-        try:
-            await self.lock.acquire()
-        finally:
-            self.waiting -= 1
-        try:
-            out = await asyncio.to_thread(self.node.serve, user_id, prefix_len, np.asarray(new_items, np.int64),
-                                          np.asarray(candidates, np.int64))
-            self.node.finished(time.perf_counter() - t0)
-        finally:
-            self.lock.release()
-        return out | {"node": self.name, "replica_ms": (time.perf_counter() - t0) * 1e3}
+        deadline = time.time() + self.cfg.deadline_s if deadline is None else deadline
+        return await self.worker.serve(user_id, prefix_len, new_items, candidates, deadline) | {"node": self.name}
 
     async def record_routing_stats(self) -> dict:
         self._start_ticker()
-        async with self.lock:
-            return self.node.report()
+        return await self.worker.alone(self.node.report)
 
 
 def backend_deployment(cfg: ServeConfig):
