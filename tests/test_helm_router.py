@@ -215,3 +215,42 @@ def test_helm_reroutes_a_failed_nodes_requests():
     nodes, arrival = np.asarray(r.cluster.rec.node), np.asarray(r.cluster.rec.arrival)
     assert not ((nodes == 2) & (arrival > 5.01) & (arrival < 12.0)).any()
     assert ((nodes == 2) & (arrival > 12.5)).any()
+
+
+def test_the_soonest_free_node_follows_dispatches_completions_and_failures():
+    r = ROUTERS["helm"]()
+    r.bind(4, [True] * 4, np.random.default_rng(0))
+    r.attach(tiny_node_profile_cost(), N_ITEMS)
+    for node, svc in ((0, 0.003), (1, 0.001), (2, 0.002), (3, 0.004)):
+        r._last = (node, svc)
+        r.dispatched(node, 7, 10)
+    assert r._soonest() == 1                       # free at 1 ms
+    r.completed(0, 0.0005)                         # node 0 done early: free now
+    assert r._soonest() == 0
+    r.node_down(0)
+    assert r._soonest() == 1
+    r.node_up(0)
+    assert r._soonest() == 0
+    for node in range(4):
+        r.node_down(node)
+    assert r._soonest() == -1
+
+
+def test_the_soonest_free_node_is_always_a_candidate():
+    """d = 1 sampled node of 64, all busy but one: the idle one is priced (and, with no prefix
+    anywhere, chosen) every time — what a full scan would find, at O(log n) upkeep."""
+    n = 64
+    r = ROUTERS["helm"](d=1)
+    r.bind(n, [True] * n, np.random.default_rng(3))
+    r.attach(tiny_node_profile_cost(), N_ITEMS)
+    for i in range(n):
+        if i != 41:
+            r._last = (i, 0.01)
+            r.dispatched(i, 1000 + i, 10)          # 10 ms of work queued on every node but 41
+    assert r._soonest() == 41
+    picks = {r.route_request(0.0, 5, 0, np.array([1]), np.array([2, 3])) for _ in range(50)}
+    assert picks == {41}
+
+
+def tiny_node_profile_cost():
+    return Node(tiny_node_profile(), N_ITEMS, NodeConfig(ratio=0.05)).cost

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections import deque
+from heapq import heapify, heappop, heappush
 from typing import NamedTuple
 
 import numpy as np
@@ -69,11 +70,14 @@ class Helm(Router):
         self.rate = 0.0                         # requests sent per node-second, EWMA
         self._work_sent, self._sent, self._rho_t = 0.0, 0, 0.0
         self._last = (-1, 0.0)                  # (node, predicted service): priced at the next dispatch
+        self._freeing = [(0.0, i, 0) for i in range(n_nodes)]   # heap of (FREE, node, version): soonest first
+        self._version = [0] * n_nodes
 
     def attach(self, cost, n_items):
         self.index = ResidencyIndex(self.n, n_items)
         self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample, self.waste, self.MAX_WASTE)
         self.consts[route_kernel.N_UP] = self.mine[:, route_kernel.UP].sum()
+        self._clean()
         # the index's containers, held directly (they are updated in place, never replaced)
         self._holders, self._bits, self._node = self.index.holders, self.index.bits, self.index.node
         self._left = 0
@@ -92,7 +96,7 @@ class Helm(Router):
             self._update_load(now)
         self._left -= 1
         if self._left < 0:                      # a fresh block of draws (the kernel walks c[POS])
-            self._draws = self.rng.random(self.BLOCK * (self.d + 1))
+            self._draws = self.rng.random(self.BLOCK * (self.d + route_kernel.DRAWS))
             self.consts[route_kernel.POS] = 0
             self._left = self.BLOCK - 1
         node, svc = _decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, self._draws, self._bits,
@@ -140,6 +144,7 @@ class Helm(Router):
         row[route_kernel.FREE] = (free if free > self._now else self._now) + svc
         self.work[node] += svc
         self.pending[node].append(svc)
+        self._moved(node)
         if self.kv_term:
             self.index.expect(node, user, tokens)
 
@@ -150,6 +155,31 @@ class Helm(Router):
         if not self.pending[node]:
             self.work[node] = 0.0               # no float drift across an idle period
         self.mine[node, route_kernel.FREE] = now + self.work[node]
+        self._moved(node)
+
+    def _moved(self, node: int) -> None:
+        """Node's FREE changed: its heap entry is renewed (older ones go stale)."""
+        self._version[node] += 1
+        heap = self._freeing
+        heappush(heap, (self.mine[node, route_kernel.FREE], node, self._version[node]))
+        if len(heap) > 4 * self.n + 64:          # stale entries pile up behind late ones: rebuild
+            free = self.mine[:, route_kernel.FREE]
+            heap[:] = [(free[i], i, self._version[i]) for i in range(self.n)]
+            heapify(heap)
+        self._clean()
+
+    def _clean(self) -> None:
+        """Drop stale and down entries off the heap's top, so that its top is the up node whose
+        FREE is earliest; hand it to the kernel (-1: none). Done at dispatch, completion and
+        failure, never inside a decision."""
+        heap, version, up = self._freeing, self._version, self.mine[:, route_kernel.UP]
+        while heap and (heap[0][2] != version[heap[0][1]] or not up[heap[0][1]]):
+            heappop(heap)
+        if hasattr(self, "consts"):
+            self.consts[route_kernel.SOONEST] = heap[0][1] if heap else -1
+
+    def _soonest(self) -> int:
+        return int(self.consts[route_kernel.SOONEST])
 
     def _count_up(self) -> None:
         """The kernel's count of up nodes: with d or fewer up, it prices every one of them (a
@@ -162,6 +192,7 @@ class Helm(Router):
         super().node_up(node)
         self.mine[node, route_kernel.UP] = 1.0
         self._count_up()
+        self._moved(node)
 
     def node_down(self, node):
         super().node_down(node)
@@ -169,6 +200,8 @@ class Helm(Router):
         self._count_up()
         self.pending[node].clear()
         self.work[node] = 0.0
+        self._version[node] += 1                # its heap entries go stale
+        self._clean()
         if self.index is not None:
             self.index.forget(node)
 

@@ -21,12 +21,15 @@ LINEAR, ATTENTION, LOOKUP, LAUNCH, MISS, PCIE_LATENCY, USE_EMB, MEAN_MISS, D, SA
 WASTE, ADAPT, RHO, RATE = range(12, 16)
 # how many nodes are up (the router keeps it): with no more than d up, every up node is a candidate
 N_UP = 16
+# the node that runs out of work first in the router's books (the router keeps it; -1: none up)
+SOONEST = 17
+DRAWS = 1                   # draws a decision takes beside its d samples: the tie-break
 # columns of the router's per-node array
 FREE, UP = range(2)
 
 
 def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, waste_cap: float) -> np.ndarray:
-    c = np.zeros(17)
+    c = np.zeros(18)
     c[LINEAR] = cost.layers * cost.linear_flops / cost.flops          # s per token-layer of linear work
     c[ATTENTION] = cost.layers * cost.attention_flops / cost.flops    # s per (query, key) pair
     c[LOOKUP] = cost.row_bytes / cost.hbm_bw                          # s per resident row read
@@ -58,8 +61,9 @@ def _add(cands, k, i, up):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _candidates(hn0, hn1, memo, draws, pos, d, up, n_up):
-    """The nodes to price: holders hn0/hn1, the last decision's least-wait node `memo` and d drawn
+def _candidates(hn0, hn1, memo, soonest, draws, pos, d, up, n_up):
+    """The nodes to price: holders hn0/hn1, the last decision's least-wait node `memo`, the node
+    that frees up first (`soonest`: what a full scan's least-wait pick would find) and d drawn
     nodes (down ones left out, each once); every up node when d could miss some. Returns
     (candidates, how many, the draws used: 0 when every node is a candidate)."""
     k = 0
@@ -71,8 +75,8 @@ def _candidates(hn0, hn1, memo, draws, pos, d, up, n_up):
                 cands[k] = i
                 k += 1
         return cands, k, 0
-    cands = np.empty(d + 3, np.int64)
-    for i in (hn0, hn1, memo):
+    cands = np.empty(d + 4, np.int64)
+    for i in (hn0, hn1, memo, soonest):
         if i >= 0:
             k = _add(cands, k, i, up)
     for r in range(d):
@@ -139,8 +143,9 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, 
     up = mine[:, UP]
     free = mine[:, FREE]
     pos = np.int64(c[POS])
-    c[POS] = pos + np.int64(c[D]) + 1
-    cands, k, d = _candidates(hn0, hn1, np.int64(c[MEMO]), draws, pos, np.int64(c[D]), up, c[N_UP])
+    c[POS] = pos + np.int64(c[D]) + DRAWS
+    cands, k, d = _candidates(hn0, hn1, np.int64(c[MEMO]), np.int64(c[SOONEST]), draws, pos, np.int64(c[D]), up,
+                              c[N_UP])
     if k == 0:
         return -1, 0.0
     n_cand = len(cand_ids)
