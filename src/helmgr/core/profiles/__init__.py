@@ -216,4 +216,9 @@ def node_profile(hardware: str = "a100-80g", model: str = "large", page_mib: flo
             f"page of {page_mib} MiB is larger than half the pool budget "
             f"({profile.pool_budget_bytes / GIB:.2f} GiB)"
         )
+    if profile.page_bytes < profile.model.kv_bytes_per_token:    # a KV page holds whole tokens
+        raise HelmInputError(
+            f"page of {page_mib:g} MiB ({profile.page_bytes} bytes) cannot hold one KV token of model "
+            f"{model!r} ({profile.model.kv_bytes_per_token} bytes)"
+        )
     return profile
