@@ -6,6 +6,7 @@ import math
 from importlib import resources
 
 import click
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -360,3 +361,29 @@ def test_sim_config_validate_checks_every_number():
                 {"r_min": 0.9, "r_max": 0.1}, {"tick_s": math.inf}, {"nodes": 2.5}):
         with pytest.raises(HelmInputError):
             SimConfig(**bad).validate()
+
+
+def test_reported_by_the_fuzz(tmp_path, capsys):
+    """A tiny refresh interval (minutes of re-ranking), calibrate's --out naming a folder, a thread
+    count torch cannot take: exit 2 naming the value; an .inter file opening with a BOM is read."""
+    from helmgr.cli import main
+    for argv, named in ((["simulate", "--duration", "3", "--nodes", "1", "--rps", "10", "--refresh-s", "1e-4"],
+                         "--refresh-s 0.0001"),
+                        (["calibrate", "--out", "."], "--out '.'"),
+                        (["calibrate", "--threads", "1000000000000"], "1000000000000")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert named in err and "\n" not in err and "Traceback" not in err
+    bom = tmp_path / "bom.inter"
+    bom.write_bytes(b"\xef\xbb\xbfuser_id:token\titem_id:token\ttimestamp:float\n1\t2\t3\n1\t3\t4\n2\t5\t6\n")
+    assert main(["workload", "--trace", str(bom), "--duration", "5", "--json"]) == 0
+
+
+def test_the_hot_spot_figure_needs_no_dense_array_of_empty_spans():
+    """Services starting ~1e12 s in (a profile with almost no bandwidth) once asked for a
+    122-GiB array; only spans something started in are kept, with the same figure."""
+    from helmgr.sim.metrics import node_load_peak
+    node = np.array([0, 1, 0, 1, 0])
+    start = np.array([0.0, 1.0, 20.0, 21.0, 1e12])
+    end = start + np.array([1.0, 3.0, 2.0, 2.0, 1.0])
+    assert node_load_peak(node, start, end, 2) == pytest.approx(1.5)      # span 0: 1 vs 3 -> 3 / 2

@@ -1,4 +1,6 @@
 """`python -m helmgr.cli`: the same as the `helmgr` command."""
+import sys
+
 from helmgr.cli import main
 
-main()
+sys.exit(main())

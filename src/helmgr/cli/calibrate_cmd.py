@@ -31,7 +31,7 @@ from helmgr.core.extras import require
 @click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True,
               help="Timed runs per point (median).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs first.")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch CPU threads.")
+@click.option("--threads", type=click.IntRange(min=1, max=4096), default=1, show_default=True, help="torch CPU threads.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @json_option
 def calibrate_cmd(device, out_path, model, shrink, candidates, n_items, pool_mib, ratio, max_tokens, repeats, warmup,

@@ -127,6 +127,11 @@ def option_costs(o: dict) -> list[Cost]:
         ticks = duration / (o["tick_ms"] / 1e3) + duration
         costs.append(Cost("controller ticks", ticks, LIMITS.events,
                           f"--duration {duration:g} / --tick-ms {o['tick_ms']:g}"))
+    if "refresh_s" in o and o.get("trace") is None:
+        items = SyntheticConfig().n_items
+        rows = (duration / o["refresh_s"] + 1) * max(nodes, 1) * items
+        costs.append(Cost("EMB rows re-ranked", rows, LIMITS.refresh_rows,
+                          f"--duration {duration:g} / --refresh-s {o['refresh_s']:g} x --nodes {nodes} x {items:,} items"))
     memory = run_memory_bytes(requests, nodes, trace_rows) / GIB
     costs.append(Cost("GiB of memory", memory, LIMITS.memory_gib,
                       f"--nodes {nodes} with ~{requests:.3g} requests" + (" replayed" if trace_rows else "")))
@@ -152,5 +157,5 @@ def checked(f):
         return f(*args, **options)
     return click.option("--allow-large", is_flag=True, help=(
         f"Run even past the limits checked before a run: {LIMITS.requests:,.0f} requests, "
-        f"{LIMITS.events:,.0f} controller ticks and {LIMITS.memory_gib:g} GiB per run, {LIMITS.runs:,} runs "
-        "per command."))(command)
+        f"{LIMITS.events:,.0f} controller ticks, {LIMITS.refresh_rows:.0e} EMB rows re-ranked and "
+        f"{LIMITS.memory_gib:g} GiB per run, {LIMITS.runs:,} runs per command."))(command)

@@ -107,6 +107,8 @@ class Limits:
     events: float = 20e6             # controller ticks and metric windows in one run
     memory_gib: float = 16.0         # estimated peak memory of one run
     runs: int = 1000                 # simulation runs one command queues
+    refresh_rows: float = 2e10       # EMB rows re-ranked in one run: refreshes x nodes x items (~10 ms
+                                     # a million rows; the default scenario: 4.8e8)
 
 
 LIMITS = Limits()

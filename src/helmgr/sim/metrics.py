@@ -100,7 +100,8 @@ def node_load_peak(node, start, end, n_nodes: int, span_s: float = 10.0, from_s:
     if not keep.any():
         return float("nan")
     k = ((start[keep] - from_s) // span_s).astype(np.int64)
-    load = np.zeros((int(k.max()) + 1, n_nodes))
+    spans, k = np.unique(k, return_inverse=True)          # only the spans something started in
+    load = np.zeros((len(spans), n_nodes))
     np.add.at(load, (k, node[keep]), busy[keep])
     full = load[:-1] if len(load) > 1 else load          # the last window is cut short by the run's end
     mean = full.mean(axis=1)

@@ -50,8 +50,11 @@ TIME_MAX = 1e18      # |timestamp| bound: nanoseconds since 1970 fit; past it a 
 
 def _lines(path: str, f, start: int = 1):
     """(line number, text) of a file opened in binary: a NUL byte or bytes that are not UTF-8 are a
-    TraceFormatError naming the line (a binary file is not a trace)."""
+    TraceFormatError naming the line (a binary file is not a trace). A UTF-8 byte-order mark
+    opening the file is dropped."""
     for lineno, raw in enumerate(f, start=start):
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
         if b"\0" in raw:
             raise TraceFormatError(path, lineno, "binary data (a NUL byte): not a text trace")
         try:
