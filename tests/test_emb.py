@@ -136,3 +136,23 @@ def test_unknown_policies_and_decays_are_input_errors():
         EmbCache(8, ROW, "fifo")
     with pytest.raises(HelmInputError, match=r"LFU decay must be in \(0, 1\], got 1.5"):
         EmbCache(8, ROW, "lfu", decay=1.5)
+
+
+@pytest.mark.parametrize("values", [
+    np.array([3.0, 1.0, 2.0, 2.0]),                       # ties
+    np.zeros(50),                                         # all equal
+    np.array([1e-45, 0.0, 1e38, 7.5]),                    # denormal, zero, huge
+    np.random.default_rng(0).integers(0, 5, 5000),        # few distinct values
+    np.random.default_rng(1).random(20_000) * 1e6,
+])
+def test_compiled_rank_selection_matches_a_partition(values):
+    """The cache's radix selection gives the partition's value at every rank checked (the slow,
+    obvious reference), and falls back to it for a negative score."""
+    from helmgr.memory.emb import value_at_rank
+    from helmgr.memory.eviction import value_at_rank as reference
+    a = np.asarray(values, np.float32)
+    for r in sorted({0, 1, len(a) // 3, len(a) // 2, len(a) - 2, len(a) - 1}):
+        assert value_at_rank(a, r) == reference(a, r)
+    b = a.copy()
+    b[0] = -1.0
+    assert value_at_rank(b, len(b) - 1) == -1.0

@@ -119,14 +119,14 @@ def value_at_rank(scores: np.ndarray, r: int):
     return np.partition(scores, n - 1 - r)[n - 1 - r]
 
 
-def keep_top(scores: np.ndarray, c: int) -> np.ndarray:
+def keep_top(scores: np.ndarray, c: int, rank=value_at_rank) -> np.ndarray:
     """Mask of the c entries a cache of c keeps: highest score first, ties to the lower index.
-    One partition and three passes, whatever c."""
+    One selection (`rank`: a `value_at_rank`) and three passes, whatever c."""
     n = len(scores)
     c = min(c, n)
     if c <= 0:
         return np.zeros(n, bool)
-    theta = value_at_rank(scores, c - 1)
+    theta = rank(scores, c - 1)
     keep = scores >= theta
     extra = int(np.count_nonzero(keep)) - c
     if extra > 0:                                  # ties at the threshold: keep the lowest ids
