@@ -1,42 +1,39 @@
-"""Simulator speed: simulated requests per wall-second, at 8 and at 32 nodes.
+"""Simulator speed: simulated requests per wall-second at 8, 32 and 128 nodes, by router.
 
-    python benchmarks/bench_sim.py [--duration 30] [--router least-loaded]
+    python benchmarks/bench_sim.py [--nodes 8,32,128] [--routers least-loaded,helm] [--duration 10] [--json]
 
-The default scenario's per-node load (2,400 req/s on 8 nodes) is kept at 32 nodes (9,600 req/s).
-Workload generation is part of the loop (chunks are drawn as the simulation consumes them), so
-the figure is end to end on one core; the split between generation, node model and event loop
-comes from a cProfile run. Prints figures; asserts nothing.
+The same figures as `helmgr bench --sim` (experiments.bench.sim_bench): the default scenario's
+per-node load (300 req/s per node) at each size, `simulate` end to end on one core (chunks are
+drawn as the run consumes them), each run at most --max-requests requests long; then the split of
+wall time by phase from an instrumented run of the same configuration, and memory per node.
+Prints figures; asserts nothing.
 """
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
-import time
+import json
 
-from helmgr.sim import SimConfig, simulate
-from helmgr.workload import default_config, synthetic_workload
+from helmgr.experiments.bench import sim_bench
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--duration", type=float, default=30.0)
-    ap.add_argument("--router", default="least-loaded")
-    ap.add_argument("--profile", action="store_true", help="print where the time goes at 32 nodes")
+    ap.add_argument("--nodes", default="8,32,128", help="comma list of cluster sizes")
+    ap.add_argument("--routers", default="least-loaded,helm", help="comma list of routers")
+    ap.add_argument("--duration", type=float, default=10.0, help="simulated seconds per run (before the cap)")
+    ap.add_argument("--max-requests", type=int, default=150_000, help="cap on one run's requests")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args()
-    for nodes in (8, 32):
-        w = synthetic_workload(default_config("steady", rps=300.0 * nodes, duration_s=args.duration), 1)
-        cfg = SimConfig(nodes=nodes, router=args.router, seed=1)
-        t = time.perf_counter()
-        s = simulate(cfg, w).summary
-        wall = time.perf_counter() - t
-        print(f"{nodes:3d} nodes, {args.router}: {s['requests']:,} requests in {wall:.1f} s "
-              f"-> {s['requests'] / wall:,.0f} simulated req/s  (p99 {s['p99_ms']:.1f} ms, util {s['utilization']:.2f})")
-    if args.profile:
-        prof = cProfile.Profile()
-        prof.runcall(simulate, SimConfig(nodes=32, router=args.router, seed=1),
-                     synthetic_workload(default_config("steady", rps=9600.0, duration_s=10.0), 1))
-        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    r = sim_bench([int(x) for x in args.nodes.split(",")], args.routers.split(","), args.duration, args.max_requests)
+    if args.json:
+        print(json.dumps(r, indent=2, allow_nan=False))
+        return
+    print(f"{'nodes':>5} {'router':>13} {'sim s':>6} {'requests':>9} {'req/s':>8} {'MB/node':>7}  "
+          + " ".join(f"{p[:10]:>10}" for p in r["phases"]) + "  (% of wall)")
+    for row in r["rows"]:
+        print(f"{row['nodes']:5d} {row['router']:>13} {row['duration_s']:6.1f} {row['requests']:9,d} "
+              f"{row['req_per_s']:8,.0f} {row['setup_bytes_per_node'] / 2**20:7.1f}  "
+              + " ".join(f"{100 * row['phase_share'][p]:10.1f}" for p in r["phases"]))
 
 
 if __name__ == "__main__":

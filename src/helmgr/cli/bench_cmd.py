@@ -1,4 +1,4 @@
-"""`helmgr bench`: speed figures: routing decisions, controller decisions."""
+"""`helmgr bench`: speed figures: routing decisions, controller decisions, the simulator."""
 from __future__ import annotations
 
 import click
@@ -23,7 +23,8 @@ def _sizes(text: str) -> list[int]:
 @click.command("bench")
 @click.option("--router", "router_name", type=click.Choice(list(ROUTERS)), default="helm", show_default=True,
               help="Time this router's decisions.")
-@click.option("--nodes", default="32,1024", show_default=True, callback=node_sizes, help="Comma list of cluster sizes.")
+@click.option("--nodes", default=None, callback=lambda ctx, p, v: v if v is None else node_sizes(ctx, p, v),
+              help="Comma list of cluster sizes [default: 32,1024; with --sim 8,32,128].")
 @click.option("--decisions", type=click.IntRange(100, 10_000_000), default=20000, show_default=True, help="Decisions per run.")
 @click.option("--repeats", type=click.IntRange(1, 1000), default=3, show_default=True,
               help="Runs per size; the figures are their median.")
@@ -33,8 +34,16 @@ def _sizes(text: str) -> list[int]:
 @click.option("--cold-mb", type=click.IntRange(0, 65536), default=0, show_default=True,
               help="With --controller: write over a buffer of this many MB between two decisions, "
                    "as the rest of a serving process would (a cold decision).")
+@click.option("--sim", is_flag=True, help="Simulated requests per wall-second of the default scenario instead, "
+                                          "with the split of wall time by phase and memory per node.")
+@click.option("--routers", default="least-loaded,helm", show_default=True, help="With --sim: comma list of routers.")
+@click.option("--duration", type=click.FloatRange(min=0.5, max=3600), default=10.0, show_default=True,
+              help="With --sim: simulated seconds per run, at most --max-requests requests (128 nodes: 3.9 s).")
+@click.option("--max-requests", type=click.IntRange(1000, 100_000_000), default=150_000, show_default=True,
+              help="With --sim: cap on one run's requests (shortens the large clusters' runs).")
 @json_option
-def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, cold_mb, as_json):
+def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, cold_mb, sim, routers, duration,
+              max_requests, as_json):
     """Microseconds per routing decision (p50, p99, mean) at each cluster size, or with
     --controller per controller decision (p50, p99, p99.9).
 
@@ -46,9 +55,14 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
     helmgr bench --router helm --nodes 32,1024
     helmgr bench --controller
     helmgr bench --controller --cold-mb 16 --decisions 2000
+    helmgr bench --sim --nodes 8,32,128 --routers least-loaded,helm
     """
     if cold_mb and not controller:
         raise HelmInputError(f"--cold-mb {cold_mb} goes with --controller")
+    if sim:
+        if controller:
+            raise HelmInputError("--sim and --controller are two benches; choose one")
+        return _sim(_sizes(nodes or "8,32,128"), _routers(routers), duration, max_requests, as_json)
     if controller:
         from helmgr.experiments.bench import controller_bench
         r = controller_bench(policy_path, decisions, cold_mb=cold_mb)
@@ -60,7 +74,7 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
                          f"p99 {r['p99_us']:.1f} us, p99.9 {r['p999_us']:.1f} us")
         return
     from helmgr.experiments.bench import router_bench
-    sizes = _sizes(nodes)
+    sizes = _sizes(nodes or "32,1024")
     with progress("bench", None) as bar:
         task = bar.add_task(f"{router_name}: runs", total=len(sizes) * repeats)
         result = router_bench(router_name, sizes, decisions, repeats, on_done=lambda: bar.advance(task))
@@ -73,4 +87,32 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
     for row in result["sizes"]:
         t.add_row(str(row["nodes"]), f"{row['p50_us']:.2f}", f"{row['p99_us']:.2f}", f"{row['mean_us']:.2f}",
                   ", ".join(f"{x:.2f}" for x in row["p50_us_runs"]))
+    stdout.print(t)
+
+
+def _routers(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in ROUTERS]
+    if bad or not names:
+        raise HelmInputError(f"--routers {text!r}: unknown {bad[0] if bad else 'empty list'} (known: {', '.join(ROUTERS)})")
+    return names
+
+
+def _sim(sizes: list[int], routers: list[str], duration: float, max_requests: int, as_json: bool) -> None:
+    from helmgr.experiments.bench import sim_bench
+    with progress("bench", None) as bar:
+        task = bar.add_task("simulator: runs", total=len(sizes) * len(routers))
+        r = sim_bench(sizes, routers, duration, max_requests, on_done=lambda: bar.advance(task))
+    if as_json:
+        emit_json(r)
+        return
+    t = Table(title=f"simulated req/s, default scenario ({r['rps_per_node']:g} req/s per node), one core; "
+                    "wall time by phase (%)")
+    cols = ("nodes", "router", "sim s", "requests", "req/s", "MB/node") + r["phases"]
+    for c in cols:
+        t.add_column(c.replace("_", " "), justify="right")
+    for row in r["rows"]:
+        t.add_row(str(row["nodes"]), row["router"], f"{row['duration_s']:.1f}", f"{row['requests']:,}",
+                  f"{row['req_per_s']:,.0f}", f"{row['setup_bytes_per_node'] / 2**20:.1f}",
+                  *(f"{100 * row['phase_share'][p]:.0f}" for p in r["phases"]))
     stdout.print(t)

@@ -11,7 +11,7 @@ from rich.table import Table
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out_option, progress,
                                result_dir, stdout)
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.sweep_cmd import parse_ratios
+from helmgr.cli.sweep_cmd import parallel_options, parse_ratios
 from helmgr.cli.workload_cmd import workload_options, workload_spec
 from helmgr.core.errors import HelmInputError
 from helmgr.experiments.compare import ALL, compare
@@ -37,12 +37,12 @@ def _names(text: str, known, what: str) -> list[str]:
 @click.option("--routers", default=None, help="Comma list of routers [default: --router].")
 @click.option("--ratios", default="0.05:0.95:0.05", show_default=True,
               help="Grid for static-best and the oracle: start:stop:step or a comma list.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores].")
+@parallel_options
 @json_option
 @out_option
 def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                 nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch,
-                policies, routers, ratios, jobs, as_json, out_dir):
+                policies, routers, ratios, jobs, ray_address, as_json, out_dir):
     """Run every policy on the same workload and seed; P99, SLO and distance from the oracle.
 
     static-best is the grid ratio with the lowest P99 (a sweep of this run, in hindsight); the
@@ -53,6 +53,7 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     \b
     helmgr compare --workload burst --out results/compare-burst
     helmgr compare --workload steady --policies static,adaptive,oracle --ratios 0.1:0.9:0.1
+    helmgr compare --workload trend --ray-address auto
     """
     check_out(out_dir)
     wall = time.perf_counter()
@@ -67,7 +68,7 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
         def track(label: str, total: int):
             task = bar.add_task(f"{w.name} / {label}", total=total)
             return lambda k=1: bar.advance(task, k)
-        c = compare(spec, cfgs, names, grid, jobs or os.cpu_count() or 1, track)
+        c = compare(spec, cfgs, names, grid, jobs or os.cpu_count() or 1, track, ray_address)
     rows, timelines, r_star, held_r_star = c.rows, c.timelines, c.r_star, c.held_r_star
     result = {"workload": w.name, "nodes": nodes, "seed": seed, "grid": grid, "wall_s": time.perf_counter() - wall,
               "r_star": None if r_star is None else [float(x) for x in r_star],

@@ -18,6 +18,15 @@ COLUMNS = ("ratio", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfacti
            "h2d_gb", "utilization")
 
 
+def parallel_options(f):
+    """--jobs and --ray-address: where the independent runs go (experiments.parallel)."""
+    f = click.option("--ray-address", default=None, metavar="ADDR",
+                     help="Run on a Ray cluster: 'auto', an address (host:6379, ray://host:10001), or 'local' "
+                          "(start one here with --jobs CPUs) [default: local processes].")(f)
+    return click.option("--jobs", type=click.IntRange(min=1), default=None,
+                        help="Worker processes (1: in this process) [default: all cores].")(f)
+
+
 def parse_ratios(text: str) -> list[float]:
     """'0.05:0.95:0.05' (start:stop:step, inclusive) or '0.1,0.3,0.5' (cli.types.ratio_grid)."""
     return ratio_grid(text)
@@ -28,16 +37,17 @@ def parse_ratios(text: str) -> list[float]:
 @sim_options
 @click.option("--ratios", default="0.05:0.95:0.05", show_default=True,
               help="Static ratios: start:stop:step (inclusive) or a comma list.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores].")
+@parallel_options
 @json_option
 @out_option
 def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
               nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch,
-              ratios, jobs, as_json, out_dir):
+              ratios, jobs, ray_address, as_json, out_dir):
     """Sweep the static EMB ratio: P99 and SLO attainment per ratio, and the best one.
 
     \b
     helmgr sweep --workload burst --ratios 0.05:0.95:0.05 --out results/sweep-burst
+    helmgr sweep --workload burst --ray-address auto --out results/sweep-burst
     """
     check_out(out_dir)
     grid = parse_ratios(ratios)
@@ -48,7 +58,7 @@ def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression
     jobs = jobs or os.cpu_count() or 1
     with progress("sweeping", len(grid)) as bar:
         task = bar.add_task(f"sweep {w.name}", total=len(grid))
-        rows = sweep(spec, cfg, grid, min(jobs, len(grid)), lambda: bar.advance(task))
+        rows = sweep(spec, cfg, grid, jobs, lambda: bar.advance(task), ray_address)
     for row in rows:
         row.pop("window_p99_ms")
     summary = {"workload": w.name, "nodes": nodes, "router": router, "seed": seed} | _extremes(rows) | {"rows": rows}

@@ -127,14 +127,14 @@ def option_costs(o: dict) -> list[Cost]:
         ticks = duration / (o["tick_ms"] / 1e3) + duration
         costs.append(Cost("controller ticks", ticks, LIMITS.events,
                           f"--duration {duration:g} / --tick-ms {o['tick_ms']:g}"))
+    memory = run_memory_bytes(requests, nodes, trace_rows) / GIB
+    costs.append(Cost("GiB of memory", memory, LIMITS.memory_gib,
+                      f"--nodes {nodes} with ~{requests:.3g} requests" + (" replayed" if trace_rows else "")))
     if "refresh_s" in o and o.get("trace") is None:
         items = SyntheticConfig().n_items
         rows = (duration / o["refresh_s"] + 1) * max(nodes, 1) * items
         costs.append(Cost("EMB rows re-ranked", rows, LIMITS.refresh_rows,
                           f"--duration {duration:g} / --refresh-s {o['refresh_s']:g} x --nodes {nodes} x {items:,} items"))
-    memory = run_memory_bytes(requests, nodes, trace_rows) / GIB
-    costs.append(Cost("GiB of memory", memory, LIMITS.memory_gib,
-                      f"--nodes {nodes} with ~{requests:.3g} requests" + (" replayed" if trace_rows else "")))
     runs = _run_count(o)
     if runs is not None:
         costs.append(Cost("runs", runs[0], LIMITS.runs, runs[1]))

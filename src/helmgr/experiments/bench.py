@@ -1,4 +1,5 @@
-"""Speed figures (`helmgr bench`): how long one routing decision takes.
+"""Speed figures (`helmgr bench`): how long one routing decision and one controller decision
+take, and how many simulated requests the simulator runs per wall-second (`sim_bench`).
 
 The router's index is filled the way a running cluster fills it: every node has published an EMB
 summary (a resident bitmap over the default workload's 1 M items: its hottest ~60 % of rows, 95 %
@@ -9,7 +10,9 @@ between decisions, outside the timed call, with ~4 requests in flight per node.
 """
 from __future__ import annotations
 
+import os
 import time
+import tracemalloc
 from collections import deque
 
 import numpy as np
@@ -105,3 +108,135 @@ def controller_bench(policy_path=None, steps: int = 20000, seed: int = 1, cold_m
     return {"steps": steps, "p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99)),
             "p999_us": float(np.percentile(us, 99.9)), "mean_us": float(us.mean()), "bursts": len(ctl.events) // 2,
             "policy": str(policy_path) if policy_path else "default", "cold_mb": cold_mb}
+
+
+# -- the simulator's own speed (SPEC 4, Speed) -------------------------------------------------
+SIM_PHASES = ("generation", "setup", "routing", "node_model", "emb_refresh", "windows_policy", "summary",
+              "event_loop")
+RPS_PER_NODE = 300.0                      # the default scenario's per-node load (2,400 req/s on 8 nodes)
+
+
+class PhaseClock:
+    """Wall time by phase from cheap timers around the methods that make up a phase; a timed call
+    nested in another counts for its own phase only (the outer one's time excludes it)."""
+
+    def __init__(self):
+        self.spent = dict.fromkeys(SIM_PHASES, 0.0)
+        self._inner: list[float] = []     # per open timed call: time spent in timed calls within it
+
+    def wrap(self, phase: str, fn):
+        spent, inner, clock = self.spent, self._inner, time.perf_counter
+
+        def timed(*args, **kwargs):
+            inner.append(0.0)
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                dt = clock() - t0
+                spent[phase] += dt - inner.pop()
+                if inner:
+                    inner[-1] += dt
+        return timed
+
+    def wrap_generator(self, phase: str, make):
+        """`make(...)` returns an iterator; each of its steps is timed."""
+        def timed(*args, **kwargs):
+            it = iter(make(*args, **kwargs))
+            step = self.wrap(phase, next)
+            while True:
+                try:
+                    yield step(it)
+                except StopIteration:
+                    return
+        return timed
+
+
+def _instrument(clock: PhaseClock, cluster) -> None:
+    """Time the cluster's phases through its collaborators' verbs (instance attributes: nothing
+    outside this run is touched). A method a future engine no longer calls counts as event loop."""
+    targets = {"routing": [(cluster.router, "route_request"), (cluster.router, "dispatched"),
+                           (cluster.router, "completed"), (cluster, "report")],
+               "node_model": [(cluster.server, "serve")],
+               "emb_refresh": [(cluster, "refresh")] + [(s.node, "refill_step") for s in cluster.slots],
+               "windows_policy": [(cluster, "window"), (cluster, "tick")]}
+    for phase, pairs in targets.items():
+        for owner, name in pairs:
+            if hasattr(owner, name):
+                setattr(owner, name, clock.wrap(phase, getattr(owner, name)))
+    cluster.workload.chunks = clock.wrap_generator("generation", cluster.workload.chunks)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _phase_run(cfg, make_workload) -> dict:
+    """One instrumented run: wall time by phase (building the workload's tables apart: `simulate`
+    does not time it either), and memory per node (tracemalloc peak of building the cluster; RSS
+    growth over building the workload and the run)."""
+    from helmgr.policy.policies import make_policy
+    from helmgr.sim.cluster import Cluster
+    from helmgr.sim.metrics import summarize
+    clock = PhaseClock()
+    rss0 = _rss_bytes()
+    t0 = time.perf_counter()
+    w = make_workload()
+    t1 = time.perf_counter()
+    cfg = cfg.validate(w.duration_s)
+    profile = node_profile(cfg.hardware, cfg.model)
+    tracemalloc.start()
+    cluster = Cluster(cfg, w, profile, make_router(cfg.router), make_policy(cfg.policy))
+    _, setup_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    t2 = time.perf_counter()
+    _instrument(clock, cluster)
+    cluster.run()
+    t3 = time.perf_counter()
+    summarize(cluster.rec, cluster.nodes, w.duration_s, profile.model.slo_ms * 1e-3, cfg.window_s, w.bursts,
+              t3 - t2, cluster.rerouted, min(cfg.warmup_s, 0.5 * w.duration_s))
+    t4 = time.perf_counter()
+    spent = clock.spent
+    spent["event_loop"] = (t3 - t2) - sum(spent.values())          # the run less its timed phases
+    spent["setup"], spent["summary"] = t2 - t1, t4 - t3
+    total = t4 - t1                                                # what `simulate` times, instrumented
+    return {"workload_build_s": t1 - t0, "phase_wall_s": total, "phase_s": dict(spent),
+            "phase_share": {p: v / total for p, v in spent.items()},
+            "setup_bytes_per_node": setup_peak / cfg.nodes,
+            "rss_growth_bytes_per_node": max(0, _rss_bytes() - rss0) / cfg.nodes}
+
+
+def sim_bench(sizes=(8, 32, 128), routers=("least-loaded", "helm"), duration_s: float = 10.0,
+              max_requests: int = 150_000, seed: int = 1, on_done=None) -> dict:
+    """Simulated requests per wall-second of the default (steady) scenario at each cluster size,
+    300 req/s per node, one row per router x size: `simulate` end to end on one core (chunk
+    generation included, as the run draws them; building the workload's tables not), then an
+    instrumented run of the same configuration for the split by phase and the memory per node.
+    Each size runs min(duration_s, max_requests / (300 x nodes)) simulated seconds, so 128 nodes
+    stays a few seconds long."""
+    from helmgr.sim import SimConfig, simulate
+    from helmgr.workload import default_config, synthetic_workload
+
+    def workload(nodes: int, seconds: float):
+        return synthetic_workload(default_config("steady", rps=RPS_PER_NODE * nodes, duration_s=seconds), seed)
+    for rt in routers:                                   # compile / load the kernels outside the timings
+        simulate(SimConfig(nodes=2, router=rt, seed=seed), workload(2, 1.0))
+    rows = []
+    for nodes in sizes:
+        seconds = min(duration_s, max_requests / (RPS_PER_NODE * nodes))
+        for rt in routers:
+            cfg = SimConfig(nodes=nodes, router=rt, seed=seed)
+            s = simulate(cfg, workload(nodes, seconds)).summary
+            row = {"nodes": nodes, "router": rt, "duration_s": seconds, "requests": s["requests"],
+                   "wall_s": s["wall_s"], "req_per_s": s["requests"] / s["wall_s"],
+                   "p99_ms": s["p99_ms"] if np.isfinite(s["p99_ms"]) else None, "utilization": s["utilization"]}
+            row |= {k: s[k] for k in ("engine",) if k in s}
+            rows.append(row | _phase_run(cfg, lambda: workload(nodes, seconds)))
+            if on_done:
+                on_done()
+    return {"scenario": "steady", "rps_per_node": RPS_PER_NODE, "seed": seed, "max_requests": max_requests,
+            "phases": list(SIM_PHASES), "rows": rows}

@@ -2,14 +2,14 @@
 the same run, the oracle's r*, and each policy's distance from it."""
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 
 from helmgr.experiments.oracle import run_oracle
-from helmgr.experiments.sweep import held_r_star, static_best, sweep
+from helmgr.experiments.parallel import run_all
+from helmgr.experiments.sweep import held_r_star, run_point, static_best, sweep_tasks
 from helmgr.policy import POLICIES
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.metrics import Series, oracle_distance
@@ -35,47 +35,63 @@ def _run(args: tuple[WorkloadSpec, SimConfig]) -> tuple[dict, Series]:
     return r.summary, r.series
 
 
+def _one(args: tuple[bool, WorkloadSpec, SimConfig]):
+    """A policy run (summary, series), or with the flag set a sweep point (`run_point`)."""
+    point, spec, cfg = args
+    return run_point((spec, cfg)) if point else _run((spec, cfg))
+
+
 def _quiet(label: str, total: int) -> Callable[[int], None]:
     return lambda k=1: None
 
 
 def compare(spec: WorkloadSpec, cfgs: dict[str, SimConfig], names: list[str], grid: list[float], jobs: int = 1,
-            track: Track = _quiet) -> Comparison:
-    """Run `names` (policies, plus "static-best" and "oracle") under each router of `cfgs`."""
+            track: Track = _quiet, ray_address: str | None = None) -> Comparison:
+    """Run `names` (policies, plus "static-best" and "oracle") under each router of `cfgs`: the
+    policy runs and the static-best sweeps in one batch of independent runs (experiments.parallel:
+    `jobs` processes, or Ray at `ray_address`), then the oracle, whose windows run in order."""
     out = Comparison([], {})
-    pairs = [(rt, n) for rt in cfgs for n in names if n in POLICIES]      # every router x policy, in one pool
+    pairs = [(rt, n) for rt in cfgs for n in names if n in POLICIES]      # every router x policy
+    tasks = [(False, spec, replace(cfgs[rt], policy=n)) for rt, n in pairs]
+    labels = [f"{n} ({rt})" for rt, n in pairs]
     advance = track(f"{spec.regime if spec.trace is None else 'trace'}: {len(pairs)} runs", len(pairs))
-    with ProcessPoolExecutor(max_workers=min(jobs, max(1, len(pairs)))) as pool:
-        futures = [pool.submit(_run, (spec, replace(cfgs[rt], policy=n))) for rt, n in pairs]
-        for f in futures:
-            f.add_done_callback(lambda _: advance(1))
-        for (rt, n), f in zip(pairs, futures):
-            summary, series = f.result()
-            out.rows.append(summary)
-            out.timelines[(n, rt)] = series
-    for rt, cfg in cfgs.items() if {"static-best", "oracle"} & set(names) else ():
-        if "static-best" in names:
-            step = track(f"{rt}: static-best", len(grid))
-            rows = sweep(spec, cfg, grid, min(jobs, len(grid)), lambda: step(1))
+    bars = [advance] * len(pairs)
+    swept = list(cfgs) if "static-best" in names else []
+    for rt in swept:
+        points, point_names = sweep_tasks(spec, cfgs[rt], grid)
+        tasks += [(True, s, c) for s, c in points]
+        labels += point_names
+        bars += [track(f"{rt}: static-best", len(grid))] * len(grid)
+    results = run_all(_one, tasks, jobs, ray_address, labels, lambda i: bars[i](1))
+    for (rt, n), (summary, series) in zip(pairs, results):
+        out.rows.append(summary)
+        out.timelines[(n, rt)] = series
+    for rt, cfg in cfgs.items():                          # per router: static-best, then the oracle
+        if rt in swept:
+            k = len(pairs) + swept.index(rt) * len(grid)
+            rows = results[k:k + len(grid)]
             out.held_r_star = held_r_star(rows, grid)
-            for row in rows:
-                row.pop("window_p99_ms")
-            out.rows.append(static_best(rows))
+            out.rows.append(static_best([{key: v for key, v in r.items() if key != "window_p99_ms"} for r in rows]))
             out.timelines[("static-best", rt)] = None
         if "oracle" in names:
-            w = spec.build()
-            step = track(f"{rt}: oracle", int(-(-w.duration_s // 1)))
-            seen = [0]
-
-            def windows_done(k: int) -> None:
-                step(k - seen[0])
-                seen[0] = k
-            o = run_oracle(cfg, w, grid, jobs, on_progress=windows_done)
-            out.rows.append(o.summary)
-            out.timelines[("oracle", rt)] = o.series
-            out.r_star = o.r_star
+            _oracle(out, spec, cfg, grid, jobs, track, ray_address)
     add_distances(out)
     return out
+
+
+def _oracle(out: Comparison, spec: WorkloadSpec, cfg: SimConfig, grid, jobs: int, track: Track,
+            ray_address: str | None) -> None:
+    w = spec.build()
+    step = track(f"{cfg.router}: oracle", int(-(-w.duration_s // 1)))
+    seen = [0]
+
+    def windows_done(k: int) -> None:
+        step(k - seen[0])
+        seen[0] = k
+    o = run_oracle(cfg, w, grid, jobs, on_progress=windows_done, ray_address=ray_address)
+    out.rows.append(o.summary)
+    out.timelines[("oracle", cfg.router)] = o.series
+    out.r_star = o.r_star
 
 
 def add_distances(c: Comparison) -> None:

@@ -10,7 +10,6 @@ cluster; a per-node controller is compared by the mean of its nodes' ratios.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 from dataclasses import dataclass
 
@@ -18,15 +17,13 @@ import numpy as np
 
 from helmgr.core.errors import HelmInputError
 from helmgr.core.profiles import node_profile
+from helmgr.experiments.parallel import run_all
 from helmgr.sim.cluster import Cluster
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Series, summarize
 from helmgr.policy.policies import Static
 from helmgr.routing.routers import make_router
 from helmgr.workload import Workload
-
-_STATE: dict = {}            # what forked workers replay from (inherited, never pickled)
-
 
 @dataclass(frozen=True)
 class OracleResult:
@@ -53,11 +50,15 @@ def replay_p99(cluster: Cluster, chunk, ratio: float, window_start: float) -> fl
     return float(np.percentile(mine, 99)) if len(mine) else float("inf")
 
 
-def _worker(ratio: float) -> float:
-    return replay_p99(_STATE["cluster"], _STATE["chunk"], ratio, _STATE["start"])
+def _replay(state: tuple, ratio: float) -> float:
+    cluster, chunk, start = state
+    return replay_p99(cluster, chunk, ratio, start)
 
 
-def run_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs: int = 1, on_progress=None) -> OracleResult:
+def run_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs: int = 1, on_progress=None,
+               ray_address: str | None = None) -> OracleResult:
+    """The oracle's run; each window's replays are independent runs (experiments.parallel: `jobs`
+    processes, forked from the window's state, or Ray at `ray_address`)."""
     cfg = cfg.validate(workload.duration_s)
     if cfg.window_s != 1.0:
         raise HelmInputError(f"the oracle decides per 1-s window; got a {cfg.window_s}-s window")
@@ -69,32 +70,24 @@ def run_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs: int 
     grid_arr = np.asarray(grid, float)
     r_star, table = [], []
     current = cfg.ratio
-    fork = mp.get_context("fork") if jobs > 1 else None
-    try:
-        for k, chunk in enumerate(workload.chunks(1.0)):
-            cluster.advance(float(k))
-            if len(chunk):
-                if fork is not None:                       # workers fork from this window's state
-                    _STATE.update(cluster=cluster, chunk=chunk, start=float(k))
-                    with fork.Pool(min(jobs, len(grid))) as pool:
-                        p99 = np.asarray(pool.map(_worker, grid))
-                else:
-                    p99 = np.asarray([replay_p99(cluster, chunk, r, float(k)) for r in grid])
-                best = float(np.min(p99))
-                ties = np.flatnonzero(p99 == best)
-                current = float(grid_arr[ties[np.argmin(np.abs(grid_arr[ties] - current))]])   # fewest moves
-            else:
-                p99 = np.full(len(grid), np.inf)
-            for i in range(len(cluster.nodes)):
-                if cluster.up[i]:
-                    cluster.set_ratio(i, current)
-            cluster.feed(chunk)
-            r_star.append(current)
-            table.append(p99)
-            if on_progress:
-                on_progress(k + 1)
-    finally:
-        _STATE.clear()
+    for k, chunk in enumerate(workload.chunks(1.0)):
+        cluster.advance(float(k))
+        if len(chunk):
+            names = [f"oracle window {k} ratio {r:g}" for r in grid]
+            p99 = np.asarray(run_all(_replay, grid, jobs, ray_address, names, shared=(cluster, chunk, float(k))))
+            best = float(np.min(p99))
+            ties = np.flatnonzero(p99 == best)
+            current = float(grid_arr[ties[np.argmin(np.abs(grid_arr[ties] - current))]])   # fewest moves
+        else:
+            p99 = np.full(len(grid), np.inf)
+        for i in range(len(cluster.nodes)):
+            if cluster.up[i]:
+                cluster.set_ratio(i, current)
+        cluster.feed(chunk)
+        r_star.append(current)
+        table.append(p99)
+        if on_progress:
+            on_progress(k + 1)
     cluster.finish()
     wall = time.perf_counter() - wall
     summary, series = summarize(cluster.rec, cluster.nodes + cluster.retired, workload.duration_s, slo_s,

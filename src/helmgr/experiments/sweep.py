@@ -1,12 +1,12 @@
 """Static sweeps and what hindsight makes of them: static-best and the held r* per window."""
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from typing import Callable
 
 import numpy as np
 
+from helmgr.experiments.parallel import run_all
 from helmgr.sim import SimConfig, simulate
 from helmgr.workload import WorkloadSpec
 
@@ -19,22 +19,18 @@ def run_point(args: tuple[WorkloadSpec, SimConfig]) -> dict:
     return result.summary | {"window_p99_ms": [float(x) for x in result.series.window_p99_ms]}
 
 
-def sweep(spec: WorkloadSpec, cfg: SimConfig, ratios, jobs: int = 1,
-          on_done: Callable[[], None] | None = None) -> list[dict]:
-    """One static run per ratio, in `jobs` processes, in the order of `ratios`."""
-    tasks = [(spec, replace(cfg, ratio=r, policy="static")) for r in ratios]
-    rows = []
-    if jobs <= 1:
-        results = map(run_point, tasks)
-        for row in results:
-            rows.append(row)
-            on_done and on_done()
-        return rows
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for row in pool.map(run_point, tasks):
-            rows.append(row)
-            on_done and on_done()
-    return rows
+def sweep_tasks(spec: WorkloadSpec, cfg: SimConfig, ratios) -> tuple[list, list[str]]:
+    """The sweep's runs (for `run_point`) and their names, in the order of `ratios`."""
+    return ([(spec, replace(cfg, ratio=r, policy="static")) for r in ratios],
+            [f"sweep ratio {r:g} ({cfg.router})" for r in ratios])
+
+
+def sweep(spec: WorkloadSpec, cfg: SimConfig, ratios, jobs: int = 1, on_done: Callable[[], None] | None = None,
+          ray_address: str | None = None) -> list[dict]:
+    """One static run per ratio (experiments.parallel: `jobs` processes, or Ray at `ray_address`),
+    in the order of `ratios`."""
+    tasks, names = sweep_tasks(spec, cfg, ratios)
+    return run_all(run_point, tasks, jobs, ray_address, names, on_done and (lambda _: on_done()))
 
 
 def static_best(rows: list[dict]) -> dict:

@@ -1,0 +1,160 @@
+"""One runner for independent runs (SPEC 4, Speed): sweep points, compare runs, oracle replays.
+
+`run_all(fn, tasks)` returns `[fn(t) for t in tasks]`, in task order, computed
+
+- in this process, one after another, with `jobs=1` (no pool, no pickling);
+- on `jobs` local worker processes otherwise;
+- on a Ray cluster when `ray_address` is given: "auto" (the cluster this machine belongs to), an
+  address ("ray://host:10001", "host:6379"), or "local" (start one in this process, `jobs` CPUs:
+  for tests and single machines). Ray is imported only then. Once connected, the process stays
+  connected (Ray's own state is per process); `ray.shutdown()` ends it.
+
+With `shared`, each call is `fn(shared, task)` and `shared` crosses to each worker once (a fork's
+inheritance or one pickle per process; one `ray.put` on Ray), not once per task: the oracle's
+cluster state, replayed at every ratio of a grid.
+
+The runs must not share state: each builds its own from its task (a WorkloadSpec, a seeded
+SimConfig), so a parallel result equals the serial one bit for bit. A task that raises stops the
+batch (pending tasks are cancelled) and is reported by its name: HelmInputError when the worker's
+error was bad input, RuntimeError otherwise. Nothing is returned for a failed batch, so a caller
+never holds half of its results.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Sequence
+
+from helmgr.core.errors import HelmInputError
+
+_SHARED: list = []               # in a local worker: the batch's `shared` value (set by _init)
+
+
+def run_all(fn: Callable, tasks: Sequence, jobs: int = 1, ray_address: str | None = None,
+            names: Sequence[str] | None = None, on_done: Callable[[int], None] | None = None,
+            shared: Any = None) -> list:
+    """`[fn(t) for t in tasks]` (or `fn(shared, t)`), in task order; `on_done(i)` as task i ends."""
+    tasks = list(tasks)
+    names = list(names) if names is not None else [f"task {i}" for i in range(len(tasks))]
+    if len(names) != len(tasks):
+        raise ValueError(f"{len(names)} names for {len(tasks)} tasks")
+    if not tasks:
+        return []
+    if ray_address is not None:
+        return _on_ray(fn, tasks, jobs, ray_address, names, on_done, shared)
+    if jobs <= 1 or len(tasks) == 1:
+        return _serial(fn, tasks, names, on_done, shared)
+    return _on_processes(fn, tasks, jobs, names, on_done, shared)
+
+
+def failure(name: str, err: BaseException) -> Exception:
+    """The error a failed task is reported with: "<name> failed: <error>"."""
+    if isinstance(err, HelmInputError):
+        return HelmInputError(f"{name} failed: {err}")
+    return RuntimeError(f"{name} failed: {type(err).__name__}: {err}")
+
+
+def _serial(fn, tasks, names, on_done, shared) -> list:
+    out = []
+    for i, task in enumerate(tasks):
+        try:
+            out.append(fn(task) if shared is None else fn(shared, task))
+        except Exception as e:
+            raise failure(names[i], e) from e
+        on_done and on_done(i)
+    return out
+
+
+def _init(shared) -> None:
+    _SHARED[:] = [shared]
+
+
+def _call_shared(fn, task):
+    return fn(_SHARED[0], task)
+
+
+def _context():
+    """fork where the platform has it (workers inherit `shared` without a pickle), else the default."""
+    return mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+
+
+def _on_processes(fn, tasks, jobs, names, on_done, shared) -> list:
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=_context(),
+                               initializer=_init if shared is not None else None,
+                               initargs=(shared,) if shared is not None else ())
+    try:
+        if shared is None:
+            futures = {pool.submit(fn, t): i for i, t in enumerate(tasks)}
+        else:
+            futures = {pool.submit(_call_shared, fn, t): i for i, t in enumerate(tasks)}
+        out: list = [None] * len(tasks)
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in sorted(done, key=futures.get):
+                i = futures[f]
+                err = f.exception()
+                if isinstance(err, BrokenProcessPool):
+                    raise RuntimeError(f"{names[i]} failed: its worker process died ({err})") from err
+                if err is not None:
+                    raise failure(names[i], err) from err
+                out[i] = f.result()
+                on_done and on_done(i)
+        return out
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _on_ray(fn, tasks, jobs, address, names, on_done, shared) -> list:
+    from helmgr.core.extras import require
+    require("serve", "ray", what="--ray-address")
+    import ray
+    connect(address, jobs)
+    remote = ray.remote(fn)
+    ref = ray.put(shared) if shared is not None else None
+    refs = [remote.remote(t) if ref is None else remote.remote(ref, t) for t in tasks]
+    index = {r: i for i, r in enumerate(refs)}
+    out: list = [None] * len(tasks)
+    pending = list(refs)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for r in done:
+                i = index[r]
+                try:
+                    out[i] = ray.get(r)
+                except ray.exceptions.RayTaskError as e:
+                    cause = e.cause if isinstance(getattr(e, "cause", None), BaseException) else e
+                    raise failure(names[i], cause) from e
+                except ray.exceptions.RayError as e:
+                    raise RuntimeError(f"{names[i]} failed on Ray: {type(e).__name__}: {e}") from e
+                on_done and on_done(i)
+    finally:
+        for r in pending:
+            ray.cancel(r)
+    return out
+
+
+def connect(address: str, jobs: int = 1) -> None:
+    """Connect this process to Ray at `address` ("local": start a private one of `jobs` CPUs),
+    unless it is connected already."""
+    import ray
+    if ray.is_initialized():
+        return
+    if address == "local":
+        ray.init(num_cpus=max(1, jobs), include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(_src_path())}})
+    else:
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except (ConnectionError, ValueError) as e:          # no cluster there, a malformed address
+            raise HelmInputError(f"--ray-address {address!r}: cannot connect to Ray: {e}") from e
+
+
+def _src_path() -> list[str]:
+    """Where helmgr is imported from, so a local Ray's workers import the same code."""
+    import helmgr
+    here = os.path.dirname(os.path.dirname(os.path.abspath(helmgr.__file__)))
+    return [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -1,0 +1,112 @@
+"""experiments.parallel: one runner for independent runs, serial, on local processes and on Ray;
+sweep and compare give the same JSON whichever runs them."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+from helmgr.cli import main
+from helmgr.core.errors import HelmInputError
+from helmgr.experiments.parallel import run_all
+
+TINY = ("--duration", "3", "--nodes", "2", "--rps", "300", "--seed", "2")
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def scaled(k: int, x: int) -> int:
+    return k * x
+
+
+def pid_of(_: int) -> int:
+    return os.getpid()
+
+
+def picky(x: float) -> float:
+    if x == 0.35:
+        raise HelmInputError("ratio 0.35 is not allowed here")
+    if x == 0.5:
+        raise ZeroDivisionError("division by zero")
+    return x
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_results_come_in_task_order_and_equal_serial(jobs):
+    done = []
+    assert run_all(square, range(7), jobs=jobs, on_done=done.append) == [x * x for x in range(7)]
+    assert sorted(done) == list(range(7))
+    assert run_all(scaled, [1, 2, 3], jobs=jobs, shared=10) == [10, 20, 30]
+    assert run_all(square, [], jobs=jobs) == []
+
+
+def test_jobs_1_runs_here_and_jobs_2_elsewhere():
+    assert set(run_all(pid_of, range(3), jobs=1)) == {os.getpid()}
+    assert os.getpid() not in run_all(pid_of, range(4), jobs=2)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_failed_task_is_named(jobs):
+    names = [f"sweep ratio {r:g}" for r in (0.1, 0.35)]
+    with pytest.raises(HelmInputError, match=r"^sweep ratio 0.35 failed: ratio 0.35 is not allowed here$"):
+        run_all(picky, [0.1, 0.35], jobs=jobs, names=names)
+    with pytest.raises(RuntimeError, match=r"^task 1 failed: ZeroDivisionError: division by zero$"):
+        run_all(picky, [0.1, 0.5, 0.2], jobs=jobs)
+
+
+def cli_json(capsys, *argv) -> dict:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+def same(doc):
+    """The document without what the wall clock decides (run times, controller decision times)."""
+    if isinstance(doc, dict):
+        return {k: same(v) for k, v in doc.items() if "wall" not in k and not k.startswith("decision_us")}
+    if isinstance(doc, list):
+        return [same(v) for v in doc]
+    return doc
+
+
+def test_sweep_json_is_the_same_with_one_or_two_workers(capsys):
+    one, two = (cli_json(capsys, "sweep", *TINY, "--ratios", "0.3,0.7", "--jobs", j, "--json") for j in ("1", "2"))
+    assert [r["ratio"] for r in one["rows"]] == [0.3, 0.7]
+    assert same(one) == same(two)
+
+
+def test_compare_json_is_the_same_with_one_or_two_workers(capsys):
+    argv = ("compare", *TINY, "--ratios", "0.3,0.7", "--policies", "static,adaptive,static-best,oracle", "--json")
+    one, two = (cli_json(capsys, *argv, "--jobs", j) for j in ("1", "2"))
+    assert [r["policy"] for r in one["results"]] == ["static", "adaptive", "static-best", "oracle"]
+    assert len(one["r_star"]) == 3
+    assert same(one) == same(two)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (the [serve] extra)")
+def test_a_sweep_on_a_local_ray_instance_gives_the_same_json(capsys):
+    import ray
+    argv = ("sweep", *TINY, "--ratios", "0.3,0.7", "--json")
+    serial = cli_json(capsys, *argv, "--jobs", "1")
+    try:
+        on_ray = cli_json(capsys, *argv, "--jobs", "2", "--ray-address", "local")
+        with pytest.raises(HelmInputError, match="sweep ratio 0.35 failed: ratio 0.35 is not allowed"):
+            run_all(picky, [0.1, 0.35], names=["sweep ratio 0.1", "sweep ratio 0.35"], ray_address="local")
+    finally:
+        ray.shutdown()
+    assert same(on_ray) == same(serial)
+
+
+def test_bench_sim_json_parses_strictly(capsys):
+    code = main(["bench", "--sim", "--nodes", "2", "--routers", "least-loaded", "--duration", "1", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    r = json.loads(out, parse_constant=lambda name: pytest.fail(f"non-strict JSON constant {name}"))
+    (row,) = r["rows"]
+    assert row["nodes"] == 2 and row["router"] == "least-loaded" and row["requests"] > 0 and row["req_per_s"] > 0
+    assert set(row["phase_share"]) == set(r["phases"]) and all(v >= 0 for v in row["phase_s"].values())
+    assert sum(row["phase_share"].values()) == pytest.approx(1.0)
+    assert row["setup_bytes_per_node"] > 0
