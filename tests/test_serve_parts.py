@@ -168,6 +168,18 @@ def test_simulated_runs_the_requests_loadgen_sends():
     assert 0 < out["p50_ms"] <= out["p99_ms"]
 
 
+def test_loadgen_stream_seed_draws_other_requests_of_the_same_users():
+    from helmgr.serve.loadgen import LoadConfig, requests
+
+    cfg = ServeConfig.from_dict(SMALL.to_dict())
+    own = list(requests(cfg, LoadConfig(duration_s=3.0, rps=6.0)))
+    assert own == list(requests(cfg, LoadConfig(duration_s=3.0, rps=6.0, seed=cfg.seed)))
+    other = list(requests(cfg, LoadConfig(duration_s=3.0, rps=6.0, seed=cfg.seed + 1)))
+    assert other != own
+    users = lambda reqs: {r.body["user_id"] for r in reqs}
+    assert max(users(own) | users(other)) < cfg.n_users                # one population
+
+
 def test_emb_deltas_keep_routers_exact_and_late_ones_catch_up_when_idle():
     node = ServeNode(ServeConfig.from_dict(SMALL.to_dict() | {"pool_mib": 1.0, "n_items": 20_000, "warm": False}))
     node.reporter.FULL_EVERY, node.reporter.emb_recent = 8, 600

@@ -111,12 +111,15 @@ SHOWN = ("requests", "completed", "errors", "p50_ms", "p95_ms", "p99_ms", "p999_
 @click.option("--slo-ms", type=POSITIVE, default=50.0, show_default=True)
 @click.option("--timeout", "timeout_s", type=POSITIVE, default=30.0,
               show_default=True, help="Seconds a request may take before it counts as an error.")
+@click.option("--seed", type=SEED, default=None,
+              help="Seed of the request stream [default: the app's: its users' own next requests]; another "
+                   "seed replays other requests of the same users (e.g. to load a warmed app with new ones).")
 @click.option("--sim", "with_sim", is_flag=True,
               help="Also run the same requests through the simulator (the app's nodes, cost profile and "
                    "controller) and show the two side by side.")
 @json_option
 @out_option
-def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, with_sim, as_json,
+def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, with_sim, as_json,
                 out_dir):
     """Replay the synthetic workload against a serving app over HTTP; report latency, SLO
     attainment, throughput, hit rates and errors.
@@ -130,7 +133,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     from helmgr.workload import parse_regime
 
     parse_regime(regime)
-    load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s).validate()
+    load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed).validate()
     cfg = server_config(url)
     with progress("loadgen", None) as bar:
         task = bar.add_task(f"loadgen {regime} at {rps:g} req/s", total=None)

@@ -34,6 +34,7 @@ class LoadConfig:
     max_requests: int = 100_000
     slo_ms: float = 50.0
     timeout_s: float = 30.0
+    seed: int | None = None           # the request stream's seed (None: the app's, whose users it replays)
 
     def validate(self) -> "LoadConfig":
         """Every number finite and > 0 (an infinite duration would never end the replay)."""
@@ -72,9 +73,15 @@ def server_config(url: str, timeout_s: float = 10.0) -> ServeConfig:
         raise HelmInputError(f"--url {url!r}: cannot reach the app ({exc})") from None
 
 
+def stream_seed(cfg: ServeConfig, load: LoadConfig) -> int:
+    return cfg.seed if load.seed is None else load.seed
+
+
 def requests(cfg: ServeConfig, load: LoadConfig) -> Iterator[Sent]:
-    """The workload's requests in arrival order (the server's seed: its users and histories)."""
-    w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload), cfg.seed)
+    """The workload's requests in arrival order (by default the server's seed: its users and
+    histories; another seed draws other arrivals and items over the same user population)."""
+    w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload),
+                           stream_seed(cfg, load))
     n = 0
     for chunk in w.chunks():
         for i in range(len(chunk)):
@@ -164,7 +171,8 @@ def simulated(cfg: ServeConfig, load: LoadConfig) -> dict:
     serving path itself: HTTP, the ingress and the handle hop."""
     from helmgr.sim import SimConfig, simulate
 
-    w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload), cfg.seed)
+    w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload),
+                           stream_seed(cfg, load))
     sim = SimConfig(nodes=cfg.replicas, hardware=cfg.hardware, policy="helm" if cfg.controller else "static",
                     ratio=cfg.ratio, router="helm", slo_ms=load.slo_ms, seed=cfg.seed, tick_s=cfg.window_s,
                     window_s=cfg.window_s, warmup_s=0.0)
