@@ -497,9 +497,9 @@ def inter_text(draw) -> bytes:
             rows.append(draw(st.sampled_from(["", "\t", "1\t2", "1\t2\t3\t4\t5", "garbage", "\t\t"])))
             continue
         cols = [draw(IDS) for _ in range(width)]
-        if "timestamp" in header:
-            cols[header.split("\t").index(next(h for h in header.split("\t") if h.startswith("timestamp")))] = \
-                draw(TIMESTAMPS)
+        stamp = next((k for k, h in enumerate(header.split("\t")) if h.startswith("timestamp")), None)
+        if stamp is not None:                           # (a comma header has no tab column to fill)
+            cols[stamp] = draw(TIMESTAMPS)
         rows.append("\t".join(cols))
     newline = draw(st.sampled_from(["\n", "\r\n"]))
     raw = (newline.join([header] + rows) + draw(st.sampled_from(["", newline]))).encode()

@@ -23,12 +23,13 @@ def model_path(hardware_path: Path) -> Path:
 
 def check_out(path: Path, option: str = "--out") -> None:
     """Refuse, before measuring anything, an output path the profiles cannot be written to."""
+    if path.is_dir():
+        raise HelmInputError(f"{option} {str(path)!r}: {str(path)!r} is a folder")
     if path.suffix != ".toml" or not path.stem:
-        raise HelmInputError(f"{option} {str(path)!r} must be a file name ending in .toml (the simulator loads "
-                             f"profiles from .toml files)")
-    for p in (path, model_path(path)):
-        if p.is_dir():
-            raise HelmInputError(f"{option} {str(path)!r}: {str(p)!r} is a folder")
+        raise HelmInputError(f"{option} {str(path)!r} must end in .toml (the simulator loads profiles from "
+                             f".toml files)")
+    if model_path(path).is_dir():
+        raise HelmInputError(f"{option} {str(path)!r}: {str(model_path(path))!r} is a folder")
     parent = path.resolve().parent
     if not parent.is_dir():
         raise HelmInputError(f"{option} {str(path)!r}: folder {str(parent)!r} does not exist")
