@@ -36,9 +36,10 @@ class Helm(Router):
     from the router's own load estimate, or a fixed `waste` weight. One unit, seconds; the
     minimum wins, exact ties go to a seeded draw. docs/routing.md has the reasoning and figures.
 
-    Candidates: the nodes that hold the user's prefix, `d` nodes drawn at random, and the least
-    busy node of the previous decision (power of d choices with memory: Mitzenmacher, Prabhakar
-    and Shah, 2002), so a decision costs O(1) in cluster size.
+    Candidates: the nodes that hold the user's prefix, the node that runs out of work first in the
+    router's books (a heap of free times kept at dispatch, completion and failure), `d` nodes
+    drawn at random, and the least busy node of the previous decision (power of d choices with
+    memory: Mitzenmacher, Prabhakar and Shah, 2002), so a decision costs O(1) in cluster size.
 
     Ablations: `kv_term=False` knows nothing of prefixes (every node recomputes, holders are not
     candidates), `emb_term=False` prices every node's misses at the cluster's mean rate.
