@@ -176,3 +176,16 @@ def test_any_window_gets_a_safe_ratio_and_refused_ones_poison_nothing(windows):
     np.testing.assert_array_equal(a, b)
     assert mixed.adapter.params.tolist() == clean.adapter.params.tolist()
     assert [e for _, e in mixed.events] == [e for _, e in clean.events]     # numbered by window seen
+
+
+def test_a_signalling_nan_p99_is_refused_not_raised():
+    ctl = Controller.default()
+    assert ctl.step(WindowStats(ratio=0.5, arrival_rps=300, p99_s=Decimal("sNaN"), slo_s=0.03)) == 0.5
+    assert ctl.safety.bad_input == 1
+
+
+def test_an_adapter_of_another_size_is_refused_before_the_compiled_step():
+    from helmgr.controller.adapter import ResidualAdapter
+    base = Controller.default().base
+    with pytest.raises(ValueError, match="adapter"):
+        Controller(base, ResidualAdapter(5, rng=np.random.default_rng(0)))

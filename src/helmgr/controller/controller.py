@@ -76,6 +76,8 @@ class Controller:
             raise ValueError(f"base policy takes {base.n_obs} observations, the controller gives {N_FEATURES}")
         if detector is not None and detector.n_signals != L.N_SIG:
             raise ValueError(f"the compiled step watches {L.N_SIG} signals, the detector {detector.n_signals}")
+        if adapter is not None and adapter.params.shape != (N_FEATURES + 1,):
+            raise ValueError(f"the compiled step reads {N_FEATURES} features, the adapter has {adapter.n_features}")
         self.base, self.adapter, self.detector = base, adapter, detector
         self.safety = safety or Safety(max_slew=0.1, min_move=MIN_MOVE)
         if not recovery_hold >= 0:
@@ -164,7 +166,7 @@ class Controller:
             p99 = math.nan if p99 is None else p99 if p99 == p99 else -math.inf
             ratio = K.decide(mem, flat, dims, ad, s.ratio, s.arrival_rps, p99, s.slo_s, s.emb_hit_rate,
                              s.kv_hit_rate, s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share)
-        except (TypeError, ValueError, OverflowError):   # a number numba does not take (or none at all)
+        except (TypeError, ValueError, ArithmeticError):  # a number numba does not take (or none at all)
             ratio = K.decide(mem, flat, dims, ad, *_floats(s))
         self.latency_ns.append(time.perf_counter_ns() - t0)
         self._report(st)

@@ -25,12 +25,12 @@ from helmgr.controller.detect import detect
 from helmgr.controller.layout import (ACTIVE, APPLIED, C_HAS_AD, C_HAS_BASE, C_HAS_DET, C_HOLD_STEP, C_MAX_STEP,
                                       C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_STEP, DZ, EPS, EVENT, HOLD,
                                       L_MISS_PENALTY, L_MOVE_COST, LAST, N_FEATURES, OBS, PLAN, RECOVERING, SIG,
+                                      STATS_SIGNATURE,
                                       X_EMB, X_KV, X_P99, X_RATIO, X_RPS, X_SLO, store, views)
 from helmgr.controller.mlp import forward
 from helmgr.controller.observe import observe_window, reward_of
 from helmgr.controller.safety import fallback, limit, settle, stats_ok
 
-_STATS = ", ".join(["float64"] * 10)
 # explicit types: compiled once, at import (cached), and a stack's ints or bools arrive as floats
 # instead of compiling a new variant per type combination (seconds each)
 
@@ -89,7 +89,7 @@ def _set(plan, offset, current, st, cfg):
     return ratio
 
 
-@njit(f"float64(float64[::1], float64[::1], int64[::1], float64[::1], {_STATS})", cache=True, nogil=True)
+@njit(f"float64(float64[::1], float64[::1], int64[::1], float64[::1], {STATS_SIGNATURE})", cache=True, nogil=True)
 def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
     """One Controller.step up to the decision, for a window's stats (p99 NaN: none); returns the
     ratio to set. Learning is `learn`, after it. Refused stats (`safety.stats_ok`) touch nothing but

@@ -34,7 +34,7 @@ APPLIED, SETTLED = HOLD + 1, HOLD + 2               # the ratio last set (NaN: n
 G_SUM = HOLD + 3                                    # st[G_SUM:G_SUM + N_FEATURES + 1]
 G_SQ = G_SUM + N_FEATURES + 1                       # st[G_SQ:G_SQ + N_FEATURES + 1]
 G_K, BLOCKS_APPLIED = G_SQ + N_FEATURES + 1, G_SQ + N_FEATURES + 2
-BAD_INPUT = BLOCKS_APPLIED + 1                      # windows whose stats were refused (counter; safety.check)
+BAD_INPUT = BLOCKS_APPLIED + 1                      # windows whose stats were refused (counter; safety.stats_ok)
 ST_SIZE = BAD_INPUT + 1
 
 # -- lc: the adapter's learning constants ---------------------------------------------------
@@ -50,6 +50,7 @@ CFG_SIZE = 28                                       # C_RING, C_SCRATCH, C_NOISE
 # -- x: this window's stats -----------------------------------------------------------------
 (X_RATIO, X_RPS, X_P99, X_SLO, X_EMB, X_KV, X_QUEUE, X_H2D, X_NEW, X_EMB_TIME) = range(10)
 X_SIZE = 10
+STATS_SIGNATURE = ", ".join(["float64"] * X_SIZE)   # numba: the ten stats as arguments
 
 # -- det: one row per signal (arrival rate, EMB miss rate, KV miss rate) ---------------------
 D_MEAN, D_VAR, D_N, D_CUSUM, D_FLOOR = range(5)     # D_FLOOR: the signal's variance floor

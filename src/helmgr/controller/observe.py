@@ -13,6 +13,7 @@ import math
 from numba import njit
 
 from helmgr.controller.layout import (C_OB_ALPHA, FEATURES, N_FEATURES, OB_INIT, OB_MEAN, OB_PREV, OBS, P99_CAP,
+                                      STATS_SIGNATURE,
                                       X_EMB, X_EMB_TIME, X_H2D, X_KV, X_NEW, X_P99, X_QUEUE, X_RATIO, X_RPS, X_SLO,
                                       layout, store, views)
 from helmgr.core.window import WindowStats
@@ -76,10 +77,9 @@ def observe_window(x, st, cfg):
     return t
 
 
-_STATS = ", ".join(["float64"] * 10)
 
 
-@njit(f"void(float64[::1], {_STATS})", cache=True, nogil=True)
+@njit(f"void(float64[::1], {STATS_SIGNATURE})", cache=True, nogil=True)
 def observe(mem, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
     """`observe_window` on its own, for a `mem` from `layout` (p99 NaN: none)."""
     st, cfg, lc, x, det, ring, h, noise = views(mem)

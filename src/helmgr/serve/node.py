@@ -52,7 +52,12 @@ class ServeNode:
         """This node's expected service for a request: the cost model with the KV prefix it holds
         for `user`, scaled by how far this machine's measured service has been from the model's."""
         cached = min(self.runtime.kv.peek(user), prefix_len)
-        return self.slowdown * self.runtime.cost.breakdown(prefix_len, cached, n_new, n_candidates, 0).total_s
+        return self.slowdown * self._model_s(prefix_len, cached, n_new, n_candidates)
+
+    def _model_s(self, prefix_len: int, cached: int, n_new: int, n_candidates: int) -> float:
+        """The cost model's service with every row resident (what a queued request is priced at,
+        before its misses are known; `slowdown` is learned against the same figure)."""
+        return self.runtime.cost.breakdown(prefix_len, cached, n_new, n_candidates, 0).total_s
 
     def warm_up(self, rounds: int = 2) -> None:
         """First model calls before the node takes traffic, so the first real requests do not pay
@@ -69,12 +74,13 @@ class ServeNode:
             Controller.default().step(self.window())
         self.report()
         self.window()
+        self.slowdown = 1.0                 # the warm-up's first calls are not this machine's speed
 
     def serve(self, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray) -> dict:
         self._arrivals += 1
         s = self.runtime.serve(self.clock(), user, prefix_len, new_ids, cand_ids,
                                with_new(self.history, prefix_len, new_ids))
-        model_s = self.runtime.prediction(s, prefix_len).total_s
+        model_s = self._model_s(prefix_len, s.kv_tokens, len(new_ids), len(cand_ids))
         if model_s > 0:
             self.slowdown += 0.2 * (min(max(s.service_s / model_s, 0.5), 10.0) - self.slowdown)
         st = self.runtime.stats
