@@ -9,9 +9,9 @@ parameters come in as the one array the adapter swaps whole, so a decision reads
 or the new parameters, never a mix. The slow, readable reference that this code is tested
 against, decision for decision, is tests/controller_reference.py.
 
-numba's on-disk cache keys each entry point on its own file only: after editing a tier's
-compiled code, touch this file (or clear the cache) so that `decide` and `learn` recompile; after
-editing layout.py's offsets, clear the cache (every cached function in this package bakes them in).
+numba's on-disk cache keys each entry point on its own file only, while every cached function in
+this package bakes in layout.py's offsets and calls the tiers' code: the package clears its cache
+whenever any of its source files changes (`helmgr.core.jitcache`, from `controller/__init__.py`).
 """
 from __future__ import annotations
 
