@@ -133,7 +133,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     from helmgr.workload import parse_regime
 
     parse_regime(regime)
-    load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed).validate()
+    load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed)
     cfg = server_config(url)
     with progress("loadgen", None) as bar:
         task = bar.add_task(f"loadgen {regime} at {rps:g} req/s", total=None)

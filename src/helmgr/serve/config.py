@@ -3,11 +3,11 @@ the ingress and the load generator, so that all of them see the same model, item
 synthetic workload (same seed: the same users and histories everywhere)."""
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from helmgr.core.errors import HelmInputError
 from helmgr.core.records import NodeConfig
+from helmgr.core.validate import NON_NEGATIVE, Range, check_numbers
 from helmgr.core.profiles import GIB, MIB, NodeProfile, load_hardware
 from helmgr.workload import SyntheticConfig, default_config
 
@@ -43,17 +43,7 @@ class ServeConfig:
     def validate(self) -> "ServeConfig":
         if self.device not in ("cpu", "cuda"):
             raise HelmInputError(f"device must be cpu or cuda, got {self.device!r}")
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                name = f.name.replace('_', '-')
-                if not math.isfinite(v):
-                    raise HelmInputError(f"{name} must be a finite number, got {v}")
-                if not (v >= 0 if f.name in ("seed", "replica_cpus") else v > 0):
-                    raise HelmInputError(f"{name} must be {'>=' if f.name in ('seed', 'replica_cpus') else '>'} 0, "
-                                         f"got {v}")
-        if not 0.0 < self.ratio < 1.0:
-            raise HelmInputError(f"ratio must be in (0, 1), got {self.ratio}")
+        check_numbers(self, {"replica_cpus": NON_NEGATIVE, "ratio": Range(0, 1, low_open=True, high_open=True)})
         if self.max_cost_s > self.deadline_s:
             raise HelmInputError(f"max-cost-ms ({self.max_cost_s * 1e3:g}) must not exceed deadline-ms "
                                  f"({self.deadline_s * 1e3:g}): such a request could never be answered in time")

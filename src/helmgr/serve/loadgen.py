@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import urllib.request
 from dataclasses import dataclass, replace
@@ -20,6 +19,7 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from helmgr.core.errors import HelmInputError
+from helmgr.core.validate import check_numbers
 from helmgr.serve.config import ServeConfig
 from helmgr.workload import synthetic_workload
 
@@ -37,12 +37,9 @@ class LoadConfig:
     seed: int | None = None           # the request stream's seed (None: the app's, whose users it replays)
 
     def validate(self) -> "LoadConfig":
-        """Every number finite and > 0 (an infinite duration would never end the replay)."""
-        for name in ("duration_s", "rps", "concurrency", "max_requests", "slo_ms", "timeout_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not v > 0:
-                raise HelmInputError(f"{name.removesuffix('_s').replace('_', '-')} must be a finite number > 0, "
-                                     f"got {v!r}")
+        """Every number finite and > 0 (an infinite duration would never end the replay); the
+        seed, when given, a seed."""
+        check_numbers(self)
         return self
 
 
