@@ -256,3 +256,11 @@ def test_a_node_warms_up_and_predicts_its_service_from_what_it_holds():
     assert node.predict_s(3, 44, 4, 8) < node.predict_s(5, 44, 4, 8)    # user 3's prefix is cached here
     assert 0.5 <= node.slowdown <= 10.0 and cold > 0
     node.runtime.check_integrity()
+
+
+@pytest.mark.parametrize("field, value, named", [("replicas", 2.5, "integer"), ("seed", 2**40, "seed"),
+                                                 ("deadline_ms", float("nan"), "finite")])
+def test_serve_config_numbers_go_through_the_one_check(field, value, named):
+    from helmgr.core.errors import HelmInputError
+    with pytest.raises(HelmInputError, match=named):
+        ServeConfig(**{field: value}).validate()
