@@ -102,9 +102,9 @@ def test_sweep_finds_the_best_ratio(capsys, tmp_path):
 
 
 def test_parse_ratios():
-    from helmgr.cli.sweep_cmd import parse_ratios
-    assert parse_ratios("0.05:0.95:0.05") == [round(0.05 * k, 10) for k in range(1, 20)]
-    assert parse_ratios("0.1,0.3") == [0.1, 0.3]
+    from helmgr.cli.types import ratio_grid
+    assert ratio_grid("0.05:0.95:0.05") == [round(0.05 * k, 10) for k in range(1, 20)]
+    assert ratio_grid("0.1,0.3") == [0.1, 0.3]
 
 
 def test_compare_reports_every_policy_and_its_distance_from_the_oracle(capsys, tmp_path):

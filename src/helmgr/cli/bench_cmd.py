@@ -5,25 +5,15 @@ import click
 from rich.table import Table
 
 from helmgr.cli.output import emit_json, json_option, progress, stdout
-from helmgr.cli.types import node_sizes
+from helmgr.cli.types import names, node_sizes
 from helmgr.core.errors import HelmInputError
 from helmgr.routing.routers import ROUTERS
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise HelmInputError(f"--nodes {text!r} is not a comma list of node counts (e.g. 32,1024)") from None
-    if not sizes or min(sizes) < 1:
-        raise HelmInputError(f"--nodes {text!r}: every node count must be >= 1")
-    return sizes
 
 
 @click.command("bench")
 @click.option("--router", "router_name", type=click.Choice(list(ROUTERS)), default="helm", show_default=True,
               help="Time this router's decisions.")
-@click.option("--nodes", default=None, callback=lambda ctx, p, v: v if v is None else node_sizes(ctx, p, v),
+@click.option("--nodes", default=None, callback=node_sizes,
               help="Comma list of cluster sizes [default: 32,1024; with --sim 8,32,128].")
 @click.option("--decisions", type=click.IntRange(100, 10_000_000), default=20000, show_default=True, help="Decisions per run.")
 @click.option("--repeats", type=click.IntRange(1, 1000), default=3, show_default=True,
@@ -62,7 +52,7 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
     if sim:
         if controller:
             raise HelmInputError("--sim and --controller are two benches; choose one")
-        return _sim(_sizes(nodes or "8,32,128"), _routers(routers), duration, max_requests, as_json)
+        return _sim(nodes or [8, 32, 128], names(routers, list(ROUTERS), "routers"), duration, max_requests, as_json)
     if controller:
         from helmgr.experiments.bench import controller_bench
         r = controller_bench(policy_path, decisions, cold_mb=cold_mb)
@@ -74,7 +64,7 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
                          f"p99 {r['p99_us']:.1f} us, p99.9 {r['p999_us']:.1f} us")
         return
     from helmgr.experiments.bench import router_bench
-    sizes = _sizes(nodes or "32,1024")
+    sizes = nodes or [32, 1024]
     with progress("bench", None) as bar:
         task = bar.add_task(f"{router_name}: runs", total=len(sizes) * repeats)
         result = router_bench(router_name, sizes, decisions, repeats, on_done=lambda: bar.advance(task))
@@ -88,14 +78,6 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
         t.add_row(str(row["nodes"]), f"{row['p50_us']:.2f}", f"{row['p99_us']:.2f}", f"{row['mean_us']:.2f}",
                   ", ".join(f"{x:.2f}" for x in row["p50_us_runs"]))
     stdout.print(t)
-
-
-def _routers(text: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in names if x not in ROUTERS]
-    if bad or not names:
-        raise HelmInputError(f"--routers {text!r}: unknown {bad[0] if bad else 'empty list'} (known: {', '.join(ROUTERS)})")
-    return names
 
 
 def _sim(sizes: list[int], routers: list[str], duration: float, max_requests: int, as_json: bool) -> None:

@@ -11,23 +11,14 @@ from rich.table import Table
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out_option, progress,
                                result_dir, stdout)
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.sweep_cmd import parallel_options, parse_ratios
+from helmgr.cli.types import names, parallel_options, ratio_grid
 from helmgr.cli.workload_cmd import workload_options, workload_spec
-from helmgr.core.errors import HelmInputError
 from helmgr.experiments.compare import ALL, compare
 from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
 
 COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "mean_ratio",
            "oracle_distance", "held_oracle_distance", "burst_violation_share", "wall_s")
-
-
-def _names(text: str, known, what: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in names if x not in known]
-    if bad or not names:
-        raise HelmInputError(f"--{what} {text!r}: unknown {bad[0] if bad else 'empty list'} (known: {', '.join(known)})")
-    return names
 
 
 @click.command("compare")
@@ -57,9 +48,9 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     """
     check_out(out_dir)
     wall = time.perf_counter()
-    names = _names(policies, ALL + tuple(p for p in POLICIES if p not in ALL), "policies")
-    router_names = _names(routers, list(ROUTERS), "routers") if routers else [router]
-    grid = parse_ratios(ratios)
+    policy_names = names(policies, ALL + tuple(p for p in POLICIES if p not in ALL), "policies")
+    router_names = names(routers, list(ROUTERS), "routers") if routers else [router]
+    grid = ratio_grid(ratios)
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     w = spec.build()                                     # validates the workload options up front
     cfgs = {rt: build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
@@ -68,7 +59,7 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
         def track(label: str, total: int):
             task = bar.add_task(f"{w.name} / {label}", total=total)
             return lambda k=1: bar.advance(task, k)
-        c = compare(spec, cfgs, names, grid, jobs or os.cpu_count() or 1, track, ray_address)
+        c = compare(spec, cfgs, policy_names, grid, jobs or os.cpu_count() or 1, track, ray_address)
     rows, timelines, r_star, held_r_star = c.rows, c.timelines, c.r_star, c.held_r_star
     result = {"workload": w.name, "nodes": nodes, "seed": seed, "grid": grid, "wall_s": time.perf_counter() - wall,
               "r_star": None if r_star is None else [float(x) for x in r_star],

@@ -10,26 +10,12 @@ from rich.table import Table
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out_option, progress,
                                result_dir, stdout)
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.types import ratio_grid
+from helmgr.cli.types import parallel_options, ratio_grid
 from helmgr.cli.workload_cmd import workload_options, workload_spec
 from helmgr.experiments.sweep import sweep
 
 COLUMNS = ("ratio", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "emb_hit_rate", "kv_hit_rate",
            "h2d_gb", "utilization")
-
-
-def parallel_options(f):
-    """--jobs and --ray-address: where the independent runs go (experiments.parallel)."""
-    f = click.option("--ray-address", default=None, metavar="ADDR",
-                     help="Run on a Ray cluster: 'auto', an address (host:6379, ray://host:10001), or 'local' "
-                          "(start one here with --jobs CPUs) [default: local processes].")(f)
-    return click.option("--jobs", type=click.IntRange(min=1), default=None,
-                        help="Worker processes (1: in this process) [default: all cores].")(f)
-
-
-def parse_ratios(text: str) -> list[float]:
-    """'0.05:0.95:0.05' (start:stop:step, inclusive) or '0.1,0.3,0.5' (cli.types.ratio_grid)."""
-    return ratio_grid(text)
 
 
 @click.command("sweep")
@@ -50,7 +36,7 @@ def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression
     helmgr sweep --workload burst --ray-address auto --out results/sweep-burst
     """
     check_out(out_dir)
-    grid = parse_ratios(ratios)
+    grid = ratio_grid(ratios)
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, seed)
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)

@@ -50,7 +50,10 @@ BENCH_NODES_MAX = 16_384             # the router index holds a 1M-item bitmap p
 
 
 def node_sizes(ctx, param, value):
-    """A callback for `bench --nodes`: a comma list of cluster sizes, each in [1, BENCH_NODES_MAX]."""
+    """A callback for `bench --nodes`: a comma list of cluster sizes, each in [1, BENCH_NODES_MAX]
+    (None: the command's default)."""
+    if value is None:
+        return None
     try:
         sizes = [int(x) for x in value.split(",") if x.strip()]
     except ValueError:
@@ -59,7 +62,25 @@ def node_sizes(ctx, param, value):
     if bad or not sizes:
         raise HelmInputError(f"--nodes {value!r}: every node count must be >= 1 and at most {BENCH_NODES_MAX:,}"
                              + (f", got {bad[0]}" if bad else ""))
-    return value
+    return sizes
+
+
+def names(text: str, known, what: str) -> list[str]:
+    """A comma list of names, each one of `known` (`--what` in the error)."""
+    listed = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in listed if x not in known]
+    if bad or not listed:
+        raise HelmInputError(f"--{what} {text!r}: unknown {bad[0] if bad else 'empty list'} (known: {', '.join(known)})")
+    return listed
+
+
+def parallel_options(f):
+    """--jobs and --ray-address: where the independent runs go (experiments.parallel)."""
+    f = click.option("--ray-address", default=None, metavar="ADDR",
+                     help="Run on a Ray cluster: 'auto', an address (host:6379, ray://host:10001), or 'local' "
+                          "(start one here with --jobs CPUs) [default: local processes].")(f)
+    return click.option("--jobs", type=click.IntRange(min=1), default=None,
+                        help="Worker processes (1: in this process) [default: all cores].")(f)
 
 
 GRID_POINTS_MAX = 1_000_001          # a ratio grid finer than 1e-6 is below one page of any pool
