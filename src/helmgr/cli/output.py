@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from helmgr.core.errors import HelmInputError
+from helmgr.core.files import check_writable, plain_mode
 from helmgr.core.jsonsafe import dumps
 
 stderr = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -89,10 +90,7 @@ def check_out(out_dir: Path | None, option: str = "--out") -> None:
         raise HelmInputError(f"{name} is a mount point; name a folder inside it")
     if Path.cwd().resolve().is_relative_to(target):
         raise HelmInputError(f"{name} is the current folder or holds it; name a results folder")
-    try:                                                 # what result_dir will do: a scratch folder beside it
-        os.rmdir(tempfile.mkdtemp(prefix=".helmgr-", dir=parent))
-    except OSError as e:
-        raise HelmInputError(f"{name}: cannot create a folder in {str(parent)!r} ({e.strerror})") from None
+    check_writable(option, out_dir, parent, "a folder")  # what result_dir will do: a scratch folder beside it
 
 
 @contextmanager
@@ -116,9 +114,7 @@ def result_dir(out_dir: Path | None) -> Iterator[Path | None]:
 
 def _swap_in(scratch: Path, target: Path) -> None:
     if not target.exists():
-        umask = os.umask(0)
-        os.umask(umask)
-        scratch.chmod(0o777 & ~umask)                    # mkdtemp makes it 0700
+        scratch.chmod(plain_mode(0o777))                 # mkdtemp makes it 0700
         os.rename(scratch, target)
         return
     scratch.chmod(target.stat().st_mode & 0o7777)

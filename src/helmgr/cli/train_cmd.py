@@ -1,8 +1,6 @@
 """`helmgr train`: PPO on the simulator, exported to a numpy policy file."""
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import click
@@ -10,6 +8,7 @@ import click
 from helmgr.cli.output import emit_json, json_option, progress, stdout
 from helmgr.cli.types import SEED, Finite
 from helmgr.core.errors import HelmInputError
+from helmgr.core.files import check_writable
 from helmgr.core.extras import require
 from helmgr.workload.synthetic import parse_regime
 
@@ -59,7 +58,7 @@ def check_paths(out_path: Path, runs_dir: Path) -> None:
     folder or in a missing or unwritable folder; `--runs-dir` a file or under an unwritable one."""
     if out_path.is_dir():
         raise HelmInputError(f"--out {str(out_path)!r} is a folder")
-    _check_writable("--out", out_path, out_path.resolve().parent, must_exist=True)
+    check_writable("--out", out_path, out_path.resolve().parent)
     if runs_dir.exists() and not runs_dir.is_dir():
         raise HelmInputError(f"--runs-dir {str(runs_dir)!r} exists and is not a folder")
     here = runs_dir.resolve()
@@ -67,13 +66,4 @@ def check_paths(out_path: Path, runs_dir: Path) -> None:
         here = here.parent
     if not here.is_dir():
         raise HelmInputError(f"--runs-dir {str(runs_dir)!r}: {str(here)!r} is not a folder")
-    _check_writable("--runs-dir", runs_dir, here, must_exist=False)
-
-
-def _check_writable(option: str, path: Path, folder: Path, must_exist: bool) -> None:
-    if must_exist and not folder.is_dir():
-        raise HelmInputError(f"{option} {str(path)!r}: folder {str(folder)!r} does not exist")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".helmgr-", dir=folder))
-    except OSError as e:
-        raise HelmInputError(f"{option} {str(path)!r}: cannot create files in {str(folder)!r} ({e.strerror})") from None
+    check_writable("--runs-dir", runs_dir, here)

@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from helmgr.core.errors import HelmInputError
+from helmgr.core.jsonsafe import dumps
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -106,7 +107,7 @@ class MLPPolicy:
     def save(self, path: Path) -> None:
         arrays = {f"w{k}": w for k, w in enumerate(self.w)} | {f"b{k}": b for k, b in enumerate(self.b)}
         np.savez(path, **arrays, obs_mean=self.obs_mean, obs_var=self.obs_var, obs_clip=self.obs_clip,
-                 obs_eps=self.obs_eps, max_step=self.max_step, meta=json.dumps(self.meta))
+                 obs_eps=self.obs_eps, max_step=self.max_step, meta=dumps(self.meta))   # strict: a non-finite value is null
 
     @classmethod
     def load(cls, path) -> "MLPPolicy":

@@ -8,16 +8,15 @@ whole of what serving needs (controller.mlp). `export` is also what the parity t
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from helmgr.learn.env import HelmEnv
 from helmgr.controller.mlp import MLPPolicy
-from helmgr.core.jsonsafe import strict
+from helmgr.core.files import temp_beside
+from helmgr.learn.env import HelmEnv
 
 
 def export(model, venv, max_step: float, meta: dict | None = None) -> MLPPolicy:
@@ -83,9 +82,9 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     flags = (f" --workloads {','.join(regimes)}" if tuple(regimes) != ("steady", "trend", "burst") else "") + \
         (f" --episode-s {env_kwargs['episode_s']:g}" if env_kwargs.get("episode_s", 60.0) != 60.0 else "") + \
         (" --relative" if env_kwargs.get("relative") else "")
-    meta = strict({"command": f"helmgr train --timesteps {timesteps} --seed {seed} --envs {n_envs}{flags}",
+    meta = {"command": f"helmgr train --timesteps {timesteps} --seed {seed} --envs {n_envs}{flags}",
             "timesteps": timesteps, "seed": seed,
-            "regimes": list(regimes), "run": name, "env": {k: v for k, v in env_kwargs.items() if k != "regimes"}})
+            "regimes": list(regimes), "run": name, "env": {k: v for k, v in env_kwargs.items() if k != "regimes"}}
     save_whole(export(model, venv, max_step, meta), out)
     return {"run": name, "log": str(run_dir / "progress.csv"), "out": str(out), "timesteps": timesteps, "seed": seed,
             "wall_s": time.perf_counter() - wall}
@@ -95,13 +94,9 @@ def save_whole(policy: MLPPolicy, out: Path) -> None:
     """Write the policy to a temporary file beside `out`, then rename it into place: `out` is the
     new policy or, on any error, what it was."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".helmgr-", suffix=".npz", dir=out.parent)   # .npz: savez adds no suffix
-    os.close(fd)
+    tmp = temp_beside(out, ".npz")                        # .npz: savez adds no suffix
     try:
         policy.save(Path(tmp))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)                    # mkstemp makes it 0600
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):

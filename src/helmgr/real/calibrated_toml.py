@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import fields
 from pathlib import Path
 
 import torch
 
 from helmgr.core.errors import HelmInputError
+from helmgr.core.files import check_writable, temp_beside
 from helmgr.real.calibrate import Calibration
 from helmgr.real.runtime import PAGE_MIB
 
@@ -30,11 +30,7 @@ def check_out(path: Path, option: str = "--out") -> None:
                              f".toml files)")
     if model_path(path).is_dir():
         raise HelmInputError(f"{option} {str(path)!r}: {str(model_path(path))!r} is a folder")
-    parent = path.resolve().parent
-    if not parent.is_dir():
-        raise HelmInputError(f"{option} {str(path)!r}: folder {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise HelmInputError(f"{option} {str(path)!r}: folder {str(parent)!r} is not writable")
+    check_writable(option, path, path.resolve().parent)
 
 
 def _value(v) -> str:
@@ -124,10 +120,9 @@ def write_profiles(cal: Calibration, path: Path) -> tuple[Path, Path]:
     temps = {}
     try:
         for dest, text in texts.items():
-            fd, tmp = tempfile.mkstemp(prefix=".helmgr-", suffix=".toml", dir=dest.resolve().parent)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
+            tmp = temp_beside(dest, ".toml")
             temps[dest] = tmp
+            Path(tmp).write_text(text)
         for dest, tmp in temps.items():
             os.replace(tmp, dest)
     finally:
