@@ -8,7 +8,7 @@ next, and nobody served after it can no longer finish by its deadline.
 A caller that is cancelled while waiting leaves the queue too. `leave()` hands the replica to
 the cheapest waiter. Cheapest first keeps small requests from queueing behind large ones; a
 large one waits its turn until its start-by time at most. `clock` is wall-clock time by default
-(deadlines come from the ingress as `time.time()` values)."""
+(deadlines are `time.time()` values of the replica's own clock)."""
 from __future__ import annotations
 
 import asyncio

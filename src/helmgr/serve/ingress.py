@@ -123,7 +123,7 @@ class Ingress:
         """Warm-up request `k`: a user outside the population (served cold, prefix 0)."""
         cands = [i % self.cfg.n_items for i in range(self.cfg.candidates)]
         return await self.backend.remote(user_id=self.cfg.n_users + 1000 + k, prefix_len=0, new_items=[1, 2, 3, 4],
-                                         candidates=cands, deadline=time.time() + 60.0)
+                                         candidates=cands, budget_s=60.0)
 
     @api.post("/v1/recommend", openapi_extra=BODY_SCHEMA)
     async def recommend(self, request: Request) -> dict:
@@ -155,7 +155,7 @@ class Ingress:
         budget = f"its deadline of {self.cfg.deadline_s * 1e3:.0f} ms"
         for attempt in range(TRIES):
             response = self.backend.remote(user_id=req.user_id, prefix_len=prefix_len, new_items=req.new_items,
-                                           candidates=req.candidates, deadline=deadline)
+                                           candidates=req.candidates, budget_s=max(deadline - time.time(), 0.0))
             try:
                 async with asyncio.timeout(max(deadline - time.time(), 0.0)):
                     out = await response

@@ -4,10 +4,12 @@ controller, reporter).
 A replica warms up in its constructor (`ServeNode.warm_up`: first model calls, the controller's
 kernels), so Ray marks it running only once the first requests no longer pay for that. Requests
 go through a `Worker` (`helmgr.serve.worker`): one at a time, cheapest predicted first, and one
-that cannot finish by its deadline (the ingress's `deadline`, wall-clock seconds) is answered
+that cannot finish by its deadline is answered
 `{"late": why}` without being served. The controller ticks every `window_s` on an asyncio task,
 ahead of the queue; `record_routing_stats` hands Ray the residency report that the HELM router
-reads."""
+reads. The ingress sends what is left of a request's deadline (`budget_s`), not a time: the
+replica turns it into a deadline on its own clock, so clocks that differ between hosts cut
+nothing early or late."""
 from __future__ import annotations
 
 import asyncio
@@ -42,9 +44,9 @@ class Backend:
             await self.worker.alone(lambda: self.node.tick(self.worker.gate.waiting))
 
     async def __call__(self, *, user_id: int, prefix_len: int, new_items: list[int], candidates: list[int],
-                       deadline: float | None = None) -> dict:
+                       budget_s: float | None = None) -> dict:
         self._start_ticker()
-        deadline = time.time() + self.cfg.deadline_s if deadline is None else deadline
+        deadline = time.time() + (self.cfg.deadline_s if budget_s is None else budget_s)
         return await self.worker.serve(user_id, prefix_len, new_items, candidates, deadline) | {"node": self.name}
 
     async def record_routing_stats(self) -> dict:
