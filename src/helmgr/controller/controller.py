@@ -141,7 +141,7 @@ class Controller:
         self.safety.configure(cfg)
         cfg[[L.C_REC_RATIO, L.C_REC_STEP, L.C_HOLD_STEP, L.C_REC_MISS]] = (
             self.recovery_ratio, self.recovery_step, self.hold_step, self.recovery_miss)
-        st[[L.LAST, L.PLAN, L.HOLD, L.APPLIED]] = np.nan
+        st[[L.TARGET, L.PLAN, L.HOLD, L.APPLIED]] = np.nan
         return mem, flat, dims, np.zeros(a.params.shape if a is not None else 1), views
 
     def step(self, stats: WindowStats) -> float:
@@ -186,7 +186,7 @@ class Controller:
             self.events.append((self.windows, "start" if event == 1 else "end"))
             self.recovering = event == 1
         self.safety.report(st)
-        self.plan, self.target = st[L.PLAN], st[L.LAST]
+        self.plan, self.target = st[L.PLAN], st[L.TARGET]
         self.hold = None if math.isnan(st[L.HOLD]) else float(st[L.HOLD])
 
     def _learn(self, a: ResidualAdapter, mem, spare, views) -> None:

@@ -24,7 +24,7 @@ from helmgr.controller.adapter import offset as adapter_offset
 from helmgr.controller.detect import detect
 from helmgr.controller.layout import (ACTIVE, APPLIED, C_HAS_AD, C_HAS_BASE, C_HAS_DET, C_HOLD_STEP, C_MAX_STEP,
                                       C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_STEP, DZ, EPS, EVENT, HOLD,
-                                      L_MISS_PENALTY, L_MOVE_COST, LAST, N_FEATURES, OBS, PLAN, RECOVERING, SIG,
+                                      L_MISS_PENALTY, L_MOVE_COST, N_FEATURES, OBS, PLAN, RECOVERING, SIG, TARGET,
                                       STATS_SIGNATURE,
                                       X_EMB, X_KV, X_P99, X_RATIO, X_RPS, X_SLO, store, views)
 from helmgr.controller.mlp import forward
@@ -77,13 +77,13 @@ def _base(plan, obs, flat, dims, h, st, cfg):
 
 @njit(cache=True, nogil=True, inline="always")
 def _set(plan, offset, current, st, cfg):
-    """Safety on plan + offset: the target (st[LAST]), the plan it implies (st[PLAN]), and the
+    """Safety on plan + offset: the target (st[TARGET]), the plan it implies (st[PLAN]), and the
     ratio to set, which follows the target in moves of at least min_move."""
     ratio = limit(plan + offset, current, st, cfg)
     if ratio != plan + offset:          # clamped, slewed or non-finite: the plan is what was set
         plan = ratio - offset if math.isfinite(offset) else ratio
     st[PLAN] = min(cfg[C_R_MAX], max(cfg[C_R_MIN], plan))
-    st[LAST] = ratio
+    st[TARGET] = ratio
     ratio = settle(ratio, current, st, cfg)
     st[APPLIED] = ratio
     return ratio

@@ -17,7 +17,7 @@ P99_CAP = 10.0              # p99 / SLO beyond this is "far over"; keeps the obs
 
 # -- st: scalars ----------------------------------------------------------------------------
 OB_MEAN, OB_PREV, OB_INIT = 0, 1, 2                 # observation: long-run rate, last rate, started
-LAST, PLAN, RECOVERING = 3, 4, 5                    # controller: last target (reported), plan, flag
+TARGET, PLAN, RECOVERING = 3, 4, 5                  # controller: the target (reported), plan, flag
 ACTIVE, TICKS, RING_N, RING_I = 6, 7, 8, 9          # detector: burst on, ticks seen, ring fill/next
 NON_FINITE, CLAMPED, SLEWED = 10, 11, 12            # safety counters
 EVENT, EPS, DZ, NOISE_I = 13, 14, 15, 16            # outputs: 0/1 start/2 end, adapter noise, slope; noise left
