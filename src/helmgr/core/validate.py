@@ -80,11 +80,10 @@ def check_numbers(config, ranges: dict[str, Range] | None = None, default: Range
 _TYPES = {"int": int, "float": float, "str": str}
 
 
-def check_record(cls, data: dict, ranges: dict[str, Range], where: str,
-                 default: Range = POSITIVE) -> dict:
+def check_record(cls, data: dict, ranges: dict[str, Range], where: str) -> dict:
     """Check `data` (e.g. a parsed TOML table) against the dataclass `cls`: every field present, no
     unknown key, each value of its field's type (`int`, `float` or `str`; a bool is no number),
-    numbers finite and in `ranges[field]` (else in `default`). Returns the values with float fields
+    numbers finite and in `ranges[field]` (> 0 where it names none). Returns the values with float fields
     as floats; every error names `where` and the field."""
     names = [f.name for f in fields(cls)]
     missing, extra = [n for n in names if n not in data], sorted(set(data) - set(names))
@@ -99,7 +98,7 @@ def check_record(cls, data: dict, ranges: dict[str, Range], where: str,
                 raise HelmInputError(f"{where}: {f.name} must be a non-empty string, got {value!r}")
             out[f.name] = value
         elif kind in (int, float):
-            v = number(f"{where}: {f.name}", value, ranges.get(f.name, default), integer=kind is int)
+            v = number(f"{where}: {f.name}", value, ranges.get(f.name, POSITIVE), integer=kind is int)
             out[f.name] = float(v) if kind is float else v
         else:
             out[f.name] = value
