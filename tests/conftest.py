@@ -17,7 +17,8 @@ def shared_data() -> Path:
 def tiny_hardware(**kw) -> HardwareProfile:
     """Round numbers, so every expected cost in the tests can be worked out by hand."""
     base = dict(name="tiny", hbm_gib=1.0, hbm_bw_gbs=1000.0, pcie_bw_gbs=10.0, pcie_latency_us=10.0,
-                peak_tflops=100.0, compute_efficiency=0.5, launch_us=5.0, host_lookup_ns=1000.0, reserved_gib=0.25)
+                peak_tflops=100.0, compute_efficiency=0.5, launch_us=5.0, host_lookup_ns=1000.0, reserved_gib=0.25,
+                batch_efficiency=0.5, batch_half_rows=0.0)
     return HardwareProfile(**(base | kw))
 
 

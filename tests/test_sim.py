@@ -6,7 +6,7 @@ import pytest
 
 from helmgr.core.errors import HelmInputError
 from helmgr.sim import SimConfig, parse_fault, simulate
-from helmgr.sim.metrics import mean_ratio, node_load_peak, window_stats
+from helmgr.sim.metrics import mean_ratio, node_load_peak, peak_load, window_stats
 from helmgr.policy.policies import Scheduled
 from helmgr.workload import default_config, synthetic_workload
 from helmgr.workload.arrivals import SessionShape
@@ -156,3 +156,19 @@ def test_a_node_window_carries_every_counter_by_name():
     assert w.p99_s == pytest.approx(np.percentile([0.01, 0.02, 0.09], 99))
     assert (w.tail_fetch_s, w.tail_recompute_s) == (0.05, 0.02)     # only the slowest is at or above P99
     assert set(NodeCounters._fields) < {f for f in NodeWindow.__dataclass_fields__}
+
+
+def test_peak_load_by_hand():
+    t = [1.0, 2.0, 3.0, 4.0]
+    loads = [[0.2, 0.4], [0.6, float("nan")], [1.0, 0.8], [0.1, 0.1]]     # node 1 down in window 2
+    # per window: 0.3, 0.6, 0.9, 0.1; the busiest two in a row: (0.6 + 0.9) / 2
+    assert peak_load(t, loads, 0.0, span=2) == pytest.approx(0.75)
+    assert peak_load(t, loads, 2.5, span=10) == pytest.approx(0.5)            # windows after 2.5 s only
+    assert math.isnan(peak_load(t, loads, 9.0)) and math.isnan(peak_load([], []))
+
+
+def test_overload_is_marked():
+    light = simulate(SimConfig(nodes=4, seed=1, warmup_s=2.0), small(duration_s=10.0)).summary
+    assert not light["overloaded"] and light["backlog_s"] < 0.1 and 0 < light["peak_utilization"] < 1
+    heavy = simulate(SimConfig(nodes=1, seed=1, warmup_s=2.0), small(duration_s=10.0, rps=3000.0)).summary
+    assert heavy["overloaded"] and heavy["backlog_s"] > 1.0

@@ -223,7 +223,7 @@ def test_generated_bad_profiles_are_named_errors(tmp_path, data):
     cls, text = data.draw(st.sampled_from([(HardwareProfile, A100), (ModelProfile, LARGE)]))
     field = data.draw(st.sampled_from(_fields(cls)))
     value = data.draw(BAD_INTS if field.type == "int" else BAD_FLOATS)
-    if field.name in ("reserved_gib", "fixed_kernels") and value in ("0", "0.0"):
+    if field.name in ("reserved_gib", "fixed_kernels", "batch_half_rows") and value in ("0", "0.0"):
         value = "-1"                                      # zero is allowed there
     path = tmp_path / "gen.toml"
     path.write_text(with_line(text, field.name, value))

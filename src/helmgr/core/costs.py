@@ -44,6 +44,8 @@ class CostModel:
     linear_flops: int
     attention_flops: int
     launch_overhead_s: float
+    batch_flops: float = 0.0          # batch-efficiency curve: plateau FLOP/s ...
+    batch_half_rows: float = 0.0      # ... and the rows in flight at which half of it is reached
 
     @classmethod
     def from_profile(cls, profile: NodeProfile) -> "CostModel":
@@ -63,6 +65,8 @@ class CostModel:
             linear_flops=model.linear_flops_per_token,
             attention_flops=model.attention_flops_per_pair,
             launch_overhead_s=model.launches * hw.launch_s,
+            batch_flops=hw.batch_flops,
+            batch_half_rows=hw.batch_half_rows,
         )
 
     # -- embedding side -------------------------------------------------------------------
@@ -94,9 +98,25 @@ class CostModel:
         pairs = candidates * (context + 1)
         return self.layers * (self.linear_flops * candidates + self.attention_flops * pairs)
 
+    def request_flops(self, tokens: int, cached: int, candidates: int) -> float:
+        """FLOPs of one request: `tokens` positions after `cached` ones, then its candidates."""
+        return self.prefix_flops(tokens, cached) + self.candidate_flops(candidates, cached + tokens)
+
     def compute_s(self, tokens: int, cached: int, candidates: int) -> float:
+        """One request served alone at the flat per-request efficiency (the serial engine)."""
         flops = self.prefix_flops(tokens, cached) + self.candidate_flops(candidates, cached + tokens)
         return flops / self.flops + self.launch_overhead_s
+
+    def batch_rate(self, rows: int) -> float:
+        """Achieved FLOP/s with `rows` rows in flight (a batch's computed tokens + candidates): the
+        batch-efficiency curve plateau x rows / (rows + half rows), SPEC 2.5 v2."""
+        if rows <= 0:
+            raise ValueError(f"a batch has at least one row in flight, got {rows}")
+        return self.batch_flops * rows / (rows + self.batch_half_rows)
+
+    def batch_compute_s(self, flops: float, rows: int) -> float:
+        """A batch's compute: its requests' `flops` at the curve's rate for `rows`, launches paid once."""
+        return flops / self.batch_rate(rows) + self.launch_overhead_s
 
     # -- KV side --------------------------------------------------------------------------
     def kv_bytes(self, tokens: int) -> int:

@@ -203,7 +203,8 @@ def fit_profiles(cfg: CalibrateConfig, points: dict, memory: dict) -> tuple[Hard
         pcie_latency_us=max(miss.intercept * 1e6, FLOOR),
         peak_tflops=peak / 1e12, compute_efficiency=achieved / peak,
         launch_us=max((compute_fixed + emb.intercept) / model.launches * 1e6, FLOOR),
-        host_lookup_ns=max((miss.slope - model.row_bytes * copy.slope) * 1e9, FLOOR), reserved_gib=reserved)
+        host_lookup_ns=max((miss.slope - model.row_bytes * copy.slope) * 1e9, FLOOR), reserved_gib=reserved,
+        batch_efficiency=achieved / peak, batch_half_rows=0.0)
     fits = {"emb_fixed_us": emb.intercept * 1e6, "compute_fixed_us": compute_fixed * 1e6,
             "achieved_tflops": achieved / 1e12, "launches": model.launches,
             "miss_fixed_us": miss.intercept * 1e6, "miss_per_row_ns": miss.slope * 1e9,

@@ -89,6 +89,8 @@ def hardware_toml(cal: Calibration, path: Path) -> str:
          f"pcie_bw. A bare host gather (index_select into staging): {f['host_gather_ns_per_row']:.0f} ns/row."),
         ("reserved_gib", hw.reserved_gib, "Device memory in use once the CUDA context exists (mem_get_info)."
          if cuda else "A stand-in: nothing is reserved on a CPU."),
+        ("batch_efficiency", hw.batch_efficiency, "Batched service: not measured; the per-request efficiency."),
+        ("batch_half_rows", hw.batch_half_rows, "Batched service: not measured; 0 = the same efficiency at every batch."),
     ]
     assert [r[0] for r in rows] == [x.name for x in fields(hw)]
     return _toml(["Calibrated hardware profile."] + _header(cal, path), rows)

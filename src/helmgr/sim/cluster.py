@@ -28,8 +28,9 @@ from helmgr.sim.service import BatchServer
 from helmgr.sim.windows import WindowBook
 from helmgr.workload import Workload
 
-# event kinds, in the order they run when due at the same time (arrivals run last)
-DEPART, REFILL, DOWN, UP, REFRESH, TICK, WINDOW = range(7)
+# event kinds, in the order they run when due at the same time (arrivals run last); LAUNCH: a
+# pipelined node's batch starts computing, so the node takes its next batch
+DEPART, LAUNCH, REFILL, DOWN, UP, REFRESH, TICK, WINDOW = range(8)
 
 
 @dataclass(slots=True, eq=False)
@@ -38,9 +39,10 @@ class Slot:
 
     node: Node
     queue: deque = field(default_factory=deque)
-    busy: bool = False
+    busy: bool = False               # a batch is being taken in (the node takes no other until it frees)
     gen: int = 0                     # bumped when the node fails: events it had pending go stale
-    inflight: list = field(default_factory=list)      # [(Request, Service)] of the batch in service
+    inflight: deque = field(default_factory=deque)    # batches in service, oldest first: ([(Request, Service)], frees at end)
+    compute_free: float = 0.0        # when the node's compute engine finishes its last batch
     refill_at: float | None = None   # when the refill mode's next step is due (one at a time)
 
 
@@ -160,6 +162,9 @@ class Cluster(Faults):
         if kind == DEPART:
             if gen == self.slots[node].gen:
                 self.depart(node)
+        elif kind == LAUNCH:
+            if gen == self.slots[node].gen:
+                self.take_next(node)
         elif kind == REFILL:
             if gen == self.slots[node].gen:
                 self.slots[node].refill_at = None
@@ -195,31 +200,46 @@ class Cluster(Faults):
             self.start(n, [req])
 
     def start(self, n: int, batch: list[Request]) -> None:
-        """Node n takes `batch` and, up to the batch size, the head of its queue."""
-        slot, now = self.slots[n], self.now
-        q = self.shared if self.cfg.central_queue else slot.queue
-        while len(batch) < self.cfg.max_batch and q:
-            batch.append(q.popleft())
-        served = self.server.serve(slot.node, batch, now)
-        if self.reporters is not None and not self.cfg.bypass_caches:
+        """Node n takes `batch` and, FCFS up to the batch size and the token budget, the head of
+        its queue."""
+        slot, now, cfg = self.slots[n], self.now, self.cfg
+        q = self.shared if cfg.central_queue else slot.queue
+        if len(batch) < cfg.max_batch and q:
+            tokens = sum(r.tokens + len(r.cands) for r in batch)
+            while len(batch) < cfg.max_batch and q and tokens + q[0].tokens + len(q[0].cands) <= cfg.token_budget:
+                tokens += q[0].tokens + len(q[0].cands)
+                batch.append(q.popleft())
+        served, free_at = self.server.serve(slot.node, batch, now, slot.compute_free)
+        if self.reporters is not None and not cfg.bypass_caches:
             self.report(n)
-        slot.busy, slot.inflight = True, served
-        self.push(served[-1][1].end, DEPART, n)
+        end = served[-1][1].end
+        slot.busy, slot.compute_free = True, end
+        slot.inflight.append((served, free_at >= end))
+        self.push(end, DEPART, n)
+        if free_at < end:
+            self.push(free_at, LAUNCH, n)
+
+    def take_next(self, n: int) -> None:
+        """Node n is free to take a batch: the head of its queue, if any."""
+        slot = self.slots[n]
+        slot.busy = False
+        q = self.shared if self.cfg.central_queue else slot.queue
+        if q:
+            self.start(n, [q.popleft()])
 
     def depart(self, n: int) -> None:
         now, rec, router, windows, slot = self.now, self.rec, self.router, self.windows, self.slots[n]
         central = self.cfg.central_queue
-        for req, svc in slot.inflight:
+        served, frees = slot.inflight.popleft()
+        for req, svc in served:
             rec.complete(req, svc, n, now)
             if req.rid >= self.watch_from:
                 self.watch_done += 1
             windows.completed(n, now - req.t, svc.fetch_s, svc.recompute_s)
             if not central:
                 router.completed(n, now)
-        slot.inflight, slot.busy = [], False
-        q = self.shared if central else slot.queue
-        if q:
-            self.start(n, [q.popleft()])
+        if frees:
+            self.take_next(n)
 
     def report(self, n: int, emb: bool = False) -> None:
         """Deliver node n's residency reports to the router's index: its KV events, and with
@@ -235,11 +255,13 @@ class Cluster(Faults):
     def window(self) -> None:
         """Close a metrics window: record it, and show each up node's window to the policy."""
         now, span = self.now, self.cfg.window_s
-        self.rec.window(now, [len(s.queue) for s in self.slots])
+        queues, loads = [len(s.queue) for s in self.slots], []
         for i, s in enumerate(self.slots):
             w = self.windows.close(i, s.node, now, span, len(s.queue))
+            loads.append(max(w.busy_s, w.h2d_busy_s) / span if self.up[i] else float("nan"))
             if self.up[i]:
                 self.policy.observe(i, w, s.node)
+        self.rec.window(now, queues, loads)
         if not self.stop_periodic:
             self.push(now + span, WINDOW)
 

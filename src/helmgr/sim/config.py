@@ -57,6 +57,20 @@ def check_faults(faults: tuple[FaultSpec, ...], duration_s: float | None = None)
             raise HelmInputError(f"--fail-node {_show(a)} and {_show(b)} overlap on node {a.node}")
 
 
+ENGINES = ("serial", "batched", "pipelined")
+# The cluster side of each scenario (the workload side: workload.default_config). v1: the first
+# version's one-at-a-time serial node; v2: batches on the batch-efficiency curve, two engines.
+SCENARIO_CLUSTER = {"v1": dict(nodes=8, engine="serial", max_batch=1),
+                    "v2": dict(nodes=8, engine="pipelined", max_batch=8)}
+
+
+def scenario_cluster(scenario: str) -> dict:
+    """The SimConfig fields a scenario sets, or a named error."""
+    if scenario not in SCENARIO_CLUSTER:
+        raise HelmInputError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIO_CLUSTER)})")
+    return dict(SCENARIO_CLUSTER[scenario])
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     nodes: int = 8
@@ -76,7 +90,9 @@ class SimConfig:
     emb_policy: str = "lfu"
     kv_tail_first: bool = False
     host_kv_gib: float = 0.0
-    max_batch: int = 1                 # requests served together when a node frees up
+    max_batch: int = 1                 # requests a node takes together when it frees up ...
+    token_budget: int = 32768          # ... while their tokens (prefix + new + candidates) fit in this
+    engine: str = "serial"             # serial | batched | pipelined (service.BatchServer)
     r_min: float = 0.05
     r_max: float = 0.95
     faults: tuple[FaultSpec, ...] = ()
@@ -88,6 +104,9 @@ class SimConfig:
         """Every field finite, in range and of its type; faults inside a run of `duration_s`."""
         number("nodes", self.nodes, Range(1), integer=True)
         number("max-batch", self.max_batch, Range(1), integer=True)
+        number("token-budget", self.token_budget, Range(1), integer=True)
+        if self.engine not in ENGINES:
+            raise HelmInputError(f"unknown engine {self.engine!r} (known: {', '.join(ENGINES)})")
         seed("seed", self.seed)
         for name in ("tick_s", "window_s", "refresh_s"):
             number(name, getattr(self, name), POSITIVE)

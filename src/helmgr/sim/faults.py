@@ -17,9 +17,10 @@ class Faults:
             return
         slot = self.slots[n]
         self.up[n] = False
-        stranded = [req for req, _ in slot.inflight] + list(slot.queue)
+        stranded = [req for served, _ in slot.inflight for req, _ in served] + list(slot.queue)
         slot.gen += 1
-        slot.inflight, slot.queue, slot.busy, slot.refill_at = [], deque(), False, None
+        slot.inflight, slot.queue, slot.busy, slot.refill_at = deque(), deque(), False, None
+        slot.compute_free = 0.0
         self.router.node_down(n)
         self.rec.ratio_change(self.now, n, None)
         for req in stranded:

@@ -21,6 +21,7 @@ class Recorder:
         self.timeline: list[tuple[float, int, float | None]] = []   # (t, node, ratio or None = down)
         self.window_t: list[float] = []
         self.window_queues: list[list[int]] = []
+        self.window_loads: list[list[float]] = []   # per node: its busier engine's share of the window
 
     def complete(self, req: Request, svc: Service, node: int, now: float) -> None:
         self.arrival.append(req.t)
@@ -38,9 +39,11 @@ class Recorder:
     def ratio_change(self, t: float, node: int, ratio: float | None) -> None:
         self.timeline.append((t, node, ratio))
 
-    def window(self, t: float, queues: list[int]) -> None:
+    def window(self, t: float, queues: list[int], loads: list[float] | None = None) -> None:
         self.window_t.append(t)
         self.window_queues.append(queues)
+        if loads is not None:
+            self.window_loads.append(loads)
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,26 @@ def node_load_peak(node, start, end, n_nodes: int, span_s: float = 10.0, from_s:
 
 
 NAN = float("nan")
+OVERLOAD_UTILIZATION = 0.98      # a busier engine this busy over the whole run has no headroom left ...
+OVERLOAD_BACKLOG_S = 1.0         # ... and a run that ends more than a second of throughput behind is backlogged
+PEAK_SPAN_WINDOWS = 10           # peak utilization: the busiest 10 consecutive windows
+
+
+def peak_load(window_t, loads, from_s: float = 0.0, span: int = PEAK_SPAN_WINDOWS) -> float:
+    """The cluster's peak utilization: over every `span` consecutive windows ending after
+    `from_s`, the up nodes' mean busier-engine share; the largest. NaN with no such window."""
+    loads, keep = np.asarray(loads, float), np.asarray(window_t, float) > from_s
+    if not len(loads) or not keep.any():
+        return NAN
+    up = np.isfinite(loads[keep])
+    per_window = np.where(up, loads[keep], 0.0).sum(axis=1) / np.maximum(up.sum(axis=1), 1)
+    per_window = per_window[up.any(axis=1)]
+    if not len(per_window):
+        return NAN
+    k = min(span, len(per_window))
+    return float(np.convolve(per_window, np.ones(k) / k, mode="valid").max())
+
+
 _NO_REQUEST = "no request completed after the warm-up"
 # why a figure can be missing (NaN here, null in JSON, the reason under "nulls")
 UNMEASURED = {"p50_ms": _NO_REQUEST, "p95_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "p999_ms": _NO_REQUEST,
@@ -117,7 +140,8 @@ UNMEASURED = {"p50_ms": _NO_REQUEST, "p95_ms": _NO_REQUEST, "p99_ms": _NO_REQUES
               "emb_hit_rate": "no EMB lookup after the warm-up",
               "kv_hit_rate": "no request after the warm-up had a prefix to cache",
               "mean_ratio": "no node was up",
-              "node_load_max_over_mean": "no service started after the warm-up"}
+              "node_load_max_over_mean": "no service started after the warm-up",
+              "peak_utilization": "no metrics window closed after the warm-up"}
 
 
 def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_s: float, bursts,
@@ -146,6 +170,11 @@ def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_
         seen = p99[k0:k1][busy[k0:k1]]
         violated.append(bool(np.any(seen > slo_s)))
     link = {c: sum(n.link.bytes_by_cause[c] for n in nodes) for c in CAUSES}
+    node_span = duration * rec.n_nodes
+    backlog = int(np.count_nonzero(np.asarray(rec.end) > duration))
+    throughput = measured / span
+    utilization = float(sum(max(n.stats.busy_s, n.link.busy_s) for n in nodes) / node_span)
+    backlog_s = backlog / throughput if throughput > 0 else (0.0 if backlog == 0 else float("inf"))
     with np.errstate(invalid="ignore", divide="ignore"):
         w_emb = 1.0 - w_miss / w_ids
         w_kv = w_kv / w_prefix
@@ -169,7 +198,12 @@ def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_
         "unfilled_misses": int(np.sum(rec.unfilled)),
         "rerouted": rerouted,
         "bursts": len(bursts),
-        "utilization": float(sum(n.stats.busy_s for n in nodes) / (duration * rec.n_nodes)),
+        "utilization": utilization,
+        "compute_utilization": float(sum(n.stats.busy_s for n in nodes) / node_span),
+        "link_utilization": float(sum(n.link.busy_s for n in nodes) / node_span),
+        "peak_utilization": peak_load(rec.window_t, rec.window_loads, warmup_s),
+        "backlog_s": min(backlog_s, 1e9),
+        "overloaded": bool(utilization >= OVERLOAD_UTILIZATION or backlog_s > OVERLOAD_BACKLOG_S),
         "warmup_s": warmup_s,
         "max_queue": int(max((max(q) for q in rec.window_queues), default=0)),
         "node_load_max_over_mean": node_load_peak(rec.node, rec.start, rec.end, rec.n_nodes, 10.0, warmup_s),

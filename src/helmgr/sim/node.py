@@ -7,6 +7,8 @@ request completes; queueing in front of the node belongs to the simulator.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from helmgr.core.costs import CostModel
@@ -18,6 +20,19 @@ from helmgr.memory.link import EMB_MISS, KV_ONLOAD, H2DLink
 from helmgr.memory.pool import HBMPool, ResizePlan
 from helmgr.memory.refill import make_refill
 from helmgr.core.profiles import GIB, NodeProfile
+
+class _Lookup(NamedTuple):
+    """What a request found in the caches."""
+
+    cached: int            # prefix positions in HBM
+    onload: int            # ... and onloaded from the host tier
+    computed_from: int     # first position computed (cached + onload)
+    tokens: int            # positions computed
+    ids: int               # rows looked up (computed tokens + candidates)
+    hits: int              # ... resident
+    token_hits: int        # ... of which rows of computed tokens
+    unfilled: int          # misses on wanted-but-unfilled rows
+
 
 class Node:
     def __init__(self, profile: NodeProfile, n_items: int, config: NodeConfig = NodeConfig(), node_id: int = 0):
@@ -64,13 +79,10 @@ class Node:
             self.blocked_until = t
 
     # -- serving --------------------------------------------------------------------------
-    def serve(self, now: float, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray,
-              history: History) -> Service:
-        """Serve one request starting at `now` (or when a sync refill releases the node).
-
-        `new_ids` must be `history(user, prefix_len, prefix_len + len(new_ids))`: a request's new
-        tokens are the next positions of its user's history."""
-        start = now if now >= self.blocked_until else self.blocked_until
+    def _lookup(self, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray,
+                history: History) -> _Lookup:
+        """The caches' part of a request: its cached prefix (HBM, then the host tier if onloading
+        beats recomputing), the rows of the tokens it computes and of its candidates."""
         cost, emb, kv = self.cost, self.emb, self.kv
         cached = min(kv.lookup(user), prefix_len)
         onload = 0
@@ -79,39 +91,99 @@ class Node:
             if extra > 0 and cost.kv_onload_s(extra) < cost.recompute_s(extra, cached) + cost.lookup_s(extra):
                 onload = extra
         computed_from = cached + onload
-        n_new = len(new_ids)
         # the tokens to compute are history positions [computed_from, prefix_len + n_new): the new
         # tokens are the next positions of the user's history (the workload's contract)
-        computed = new_ids if computed_from == prefix_len else history(user, computed_from, prefix_len + n_new)
+        computed = new_ids if computed_from == prefix_len else history(user, computed_from, prefix_len + len(new_ids))
         hits, unfilled = emb.lookup(cand_ids)
-        h, u = emb.lookup(computed)
-        hits, unfilled = hits + h, unfilled + u
+        token_hits, u = emb.lookup(computed)
         tokens = len(computed)
         ids = len(cand_ids) + tokens
-        misses = ids - hits
-        ready = start + cost.host_s(misses)
-        if misses:
-            ready = self.link.transfer(ready, misses * cost.row_bytes, EMB_MISS)
-        if onload:
-            ready = self.link.transfer(ready, cost.kv_bytes(onload), KV_ONLOAD)
-        end = ready + cost.lookup_s(ids) + cost.compute_s(tokens, computed_from, len(cand_ids))
-        s = self.stats
+        return _Lookup(cached, onload, computed_from, tokens, ids, hits + token_hits, token_hits, unfilled + u)
+
+    def _account(self, user: int, prefix_len: int, n_new: int, lk: _Lookup, busy_s: float, fetch_s: float,
+                 flops_per_s: float) -> float:
+        """A served request's counters, and its prefix cached; returns its recompute seconds."""
+        s, kv = self.stats, self.kv
         recompute = 0.0
-        if computed_from < prefix_len:
-            recompute = cost.recompute_s(prefix_len - computed_from, computed_from)
+        if lk.computed_from < prefix_len:
+            recompute = self.cost.prefix_flops(prefix_len - lk.computed_from, lk.computed_from) / flops_per_s
             s.recompute_s += recompute
-            if computed_from == 0:
+            if lk.computed_from == 0:
                 s.cold_requests += 1
             if kv.ghost is not None:           # before the insert below takes the user out of it
-                shadow = min(kv.ghost.get(user, 0), prefix_len) - computed_from
+                shadow = min(kv.ghost.get(user, 0), prefix_len) - lk.computed_from
                 if shadow > 0:
                     s.kv_shadow_tokens += shadow
         kv.insert(user, prefix_len + n_new)
         if self.kv_log is not None:
             self.kv_log.append((user, prefix_len + n_new))
-        s.emb_wait_s += ready - start
-        s.count(prefix_len, cached, ids, misses, tokens, tokens - h, end - start, onload, unfilled)
-        return Service(start, end, computed_from, ids, misses, unfilled, ready - start, recompute)
+        s.emb_wait_s += fetch_s
+        s.count(prefix_len, lk.cached, lk.ids, lk.ids - lk.hits, lk.tokens, lk.tokens - lk.token_hits, busy_s,
+                lk.onload, lk.unfilled)
+        return recompute
+
+    def _fetch(self, t: float, lk: _Lookup) -> float:
+        """Queue the request's misses (after their host gather at `t`) and its KV onload on the
+        link; returns when its rows are resident."""
+        cost = self.cost
+        misses = lk.ids - lk.hits
+        ready = t + cost.host_s(misses)
+        if misses:
+            ready = self.link.transfer(ready, misses * cost.row_bytes, EMB_MISS)
+        if lk.onload:
+            ready = self.link.transfer(ready, cost.kv_bytes(lk.onload), KV_ONLOAD)
+        return ready
+
+    def serve(self, now: float, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray,
+              history: History) -> Service:
+        """Serve one request starting at `now` (or when a sync refill releases the node): the
+        serial engine — its rows fetched, then its compute at the flat per-request efficiency.
+
+        `new_ids` must be `history(user, prefix_len, prefix_len + len(new_ids))`: a request's new
+        tokens are the next positions of its user's history."""
+        start = now if now >= self.blocked_until else self.blocked_until
+        cost = self.cost
+        lk = self._lookup(user, prefix_len, new_ids, cand_ids, history)
+        ready = self._fetch(start, lk)
+        end = ready + cost.lookup_s(lk.ids) + cost.compute_s(lk.tokens, lk.computed_from, len(cand_ids))
+        recompute = self._account(user, prefix_len, len(new_ids), lk, end - start, ready - start, cost.flops)
+        return Service(start, end, lk.computed_from, lk.ids, lk.ids - lk.hits, lk.unfilled, ready - start, recompute)
+
+    def serve_batch(self, now: float, batch: list, history: History, compute_free: float) -> tuple[list[Service], float]:
+        """Serve `batch` (Requests) as one batch taken at `now` (SPEC 2.5 v2): every request's
+        lookups at once, its misses and onloads queued on the link in order (host gathers one
+        after another), then one compute for the whole batch — once every row is resident and the
+        compute engine is free (`compute_free`) — at the batch-efficiency curve's rate for the
+        batch's rows, launches paid once. Every request completes at the batch's end.
+
+        Returns the requests' services and when the compute started (the two-engine pipeline
+        takes its next batch then)."""
+        start = now if now >= self.blocked_until else self.blocked_until
+        cost = self.cost
+        looks, readies = [], []
+        t = ready = start
+        flops, rows = 0.0, 0
+        for req in batch:
+            lk = self._lookup(req.user, req.prefix_len, req.items, req.cands, history)
+            r = self._fetch(t, lk)
+            t += cost.host_s(lk.ids - lk.hits)    # the host gathers one request's rows after another's
+            ready = r if r > ready else ready
+            looks.append(lk)
+            readies.append(r)
+            flops += cost.request_flops(lk.tokens, lk.computed_from, len(req.cands))
+            rows += lk.tokens + len(req.cands)
+        launch = ready if ready > compute_free else compute_free
+        ids = sum(lk.ids for lk in looks)
+        compute = cost.lookup_s(ids) + cost.batch_compute_s(flops, rows)
+        end = launch + compute
+        rate = cost.batch_rate(rows)
+        out = []
+        share = compute / len(batch)
+        for req, lk, r in zip(batch, looks, readies):
+            recompute = self._account(req.user, req.prefix_len, len(req.items), lk, share, r - start, rate)
+            out.append(Service(start, end, lk.computed_from, lk.ids, lk.ids - lk.hits, lk.unfilled, r - start,
+                               recompute))
+        return out, launch
 
     def counters(self) -> NodeCounters:
         """Running totals, for windows: the link's busy time and the EMB shadow's hits included."""

@@ -9,24 +9,38 @@ from helmgr.sim.node import Node
 
 
 class BatchServer:
-    """The node model serves a batch's requests one after the other, sharing their kernel
-    launches; with `bypass_caches` (queueing checks) a batch takes exponential draws of service
-    instead, no caches."""
+    """How a node serves the batch it takes, by the config's engine (SPEC 2.5):
+
+    - `serial` (the first version): the batch's requests one after the other, each its rows then
+      its compute at the flat per-request efficiency, sharing their kernel launches;
+    - `batched`: one compute for the whole batch on the batch-efficiency curve, after every
+      request's rows are resident; the node takes its next batch when this one ends;
+    - `pipelined` (two engines): as `batched`, but the node takes its next batch as soon as this
+      one starts computing, so the link fetches the next batch's rows during this compute.
+
+    With `bypass_caches` (queueing checks) a batch takes exponential draws of service instead, no
+    caches. `serve` returns the services and when the node may take its next batch."""
 
     def __init__(self, cfg: SimConfig, history: History, rng: np.random.Generator):
         self.cfg, self.history, self.rng = cfg, history, rng
         self._draws: list[float] = []
 
-    def serve(self, node: Node, batch: list[Request], now: float) -> list[tuple[Request, Service]]:
+    def serve(self, node: Node, batch: list[Request], now: float,
+              compute_free: float = 0.0) -> tuple[list[tuple[Request, Service]], float]:
         if self.cfg.bypass_caches:
-            return self._exponential(node, batch, now)
+            served = self._exponential(node, batch, now)
+            return served, served[-1][1].end
+        engine = self.cfg.engine
+        if engine != "serial":
+            services, launch = node.serve_batch(now, batch, self.history, compute_free)
+            return list(zip(batch, services)), launch if engine == "pipelined" else services[-1].end
         t, launch, history = now, node.cost.launch_overhead_s, self.history
         served = []
         for req in batch:
             svc = node.serve(t, req.user, req.prefix_len, req.items, req.cands, history)
             served.append((req, svc))
             t = svc.end - launch
-        return served
+        return served, served[-1][1].end
 
     def _exponential(self, node: Node, batch: list[Request], now: float) -> list[tuple[Request, Service]]:
         begin = max(now, node.blocked_until)

@@ -31,6 +31,8 @@ class HardwareProfile:
     launch_us: float
     host_lookup_ns: float
     reserved_gib: float
+    batch_efficiency: float          # batched service: achieved share of peak once the GPU is full
+    batch_half_rows: float           # ... rows in flight at which it reaches half that (0: flat)
 
     @property
     def hbm_bytes(self) -> int:
@@ -54,6 +56,11 @@ class HardwareProfile:
     def flops(self) -> float:
         """Achieved FLOP/s: peak x efficiency."""
         return self.peak_tflops * 1e12 * self.compute_efficiency
+
+    @property
+    def batch_flops(self) -> float:
+        """Achieved FLOP/s of a batch large enough to fill the GPU (the batch-efficiency curve's plateau)."""
+        return self.peak_tflops * 1e12 * self.batch_efficiency
 
     @property
     def launch_s(self) -> float:
@@ -141,6 +148,8 @@ class NodeProfile:
 FLOAT_MAX, INT_MAX = 1e9, 1_000_000
 RANGES = {
     "compute_efficiency": Range(0.0, 1.0, low_open=True),        # a share of peak
+    "batch_efficiency": Range(0.0, 1.0, low_open=True),
+    "batch_half_rows": Range(0.0, FLOAT_MAX),                    # 0: the same efficiency at every batch size
     "reserved_gib": Range(0.0, FLOAT_MAX),
     "dtype_bytes": Range(1, 8),
     "emb_dtype_bytes": Range(1, 8),
