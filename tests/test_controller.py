@@ -256,7 +256,7 @@ def test_burst_events_reach_the_results():
     from helmgr.sim import SimConfig, simulate
     from helmgr.policy.policies import HelmPolicy
     from tests.test_sim import small
-    w = small("burst", seed=1, duration_s=60.0)
+    w = small("flash", seed=1, duration_s=60.0)            # the first version's burst
     assert [(round(b.start, 1), round(b.end, 1)) for b in w.bursts] == [(37.9, 41.7)]
     r = simulate(SimConfig(nodes=2, ratio=0.5, router="helm", warmup_s=2.0), w, policy=HelmPolicy())
     assert r.summary["controller"]["burst_events"] == [{"node": 0, "t": 39.0, "event": "start"},

@@ -87,8 +87,9 @@ def test_new_tokens_become_the_next_requests_prefix():
     assert checked > 1000
 
 
-def test_burst_sessions_are_new_users_on_a_trending_set():
-    w, chunks = stream("burst", seed=1, duration_s=60.0)
+@pytest.mark.parametrize("regime, duration", [("flash", 60.0), ("burst", 120.0)])
+def test_burst_sessions_are_new_users_on_a_trending_set(regime, duration):
+    w, chunks = stream(regime, seed=1, duration_s=duration)
     assert w.bursts
     users = np.concatenate([c.user[c.burst] for c in chunks])
     assert len(users) and np.mean(users >= SMALL["n_users"]) > 0.8
@@ -104,14 +105,22 @@ def test_unknown_regime_is_a_named_error():
     with pytest.raises(HelmInputError, match="unknown workload 'bursty'"):
         parse_regime("bursty")
     assert parse_regime("trend+burst") == {"trend", "burst"}
+    assert parse_regime("drift+flash") == {"drift", "flash"}
+    with pytest.raises(HelmInputError, match="'flash' is the first version of 'burst'"):
+        parse_regime("burst+flash")
+    with pytest.raises(HelmInputError, match="'drift' is the first version of 'trend'"):
+        parse_regime("drift+trend")
+    with pytest.raises(HelmInputError, match="names a regime twice"):
+        parse_regime("trend+trend")
 
 
 @pytest.fixture(scope="module")
 def default_regimes():
-    """The default scenario's three regimes as `helmgr workload --duration 120 --seed 1` makes them."""
+    """The first version's three regimes as `helmgr workload --duration 120 --seed 1` made them
+    (scenario v1: trend and burst are drift and flash)."""
     out = {}
     for regime in ("steady", "trend", "burst"):
-        w = synthetic_workload(default_config(regime), seed=1)
+        w = synthetic_workload(default_config(regime, scenario="v1"), seed=1)
         out[regime] = describe(w.chunks(), w.duration_s, w.n_items)[0]
     return out
 

@@ -2,7 +2,11 @@
 
 Sessions start as a Poisson process whose rate may vary in time (a piecewise-constant rate on a
 fine grid, exact for that rate); each session is a user's run of requests separated by think
-times. Returning users come from the population's skewed activity: busy users come back often.
+times. Returning users come from the population's skewed activity: busy users come back often;
+users first seen during the run (burst and discovery visitors) get new ids from `NewUsers`.
+
+A source's `lean` names the trending events its requests' candidates lean on (stream.TrendEvent):
+`"burst"` for burst sessions, `"discovery"` for trend's discovery traffic, None for the rest.
 """
 from __future__ import annotations
 
@@ -62,9 +66,34 @@ class Population:
         return (ranks * 2_654_435_761) % self.n_users   # Knuth's multiplier scatters busy users
 
 
+class NewUsers:
+    """Ids of users first seen during the run, numbered upward from `first`; shared by the
+    sources that bring such users, so their ids never collide."""
+
+    def __init__(self, first: int):
+        self.first = self.next = int(first)
+
+    def reset(self) -> None:
+        self.next = self.first
+
+    def take(self, n: int) -> np.ndarray:
+        ids = self.next + np.arange(n, dtype=np.int64)
+        self.next += n
+        return ids
+
+
+def _mix_new(rng: np.random.Generator, users: np.ndarray, share: float, new_users: NewUsers) -> np.ndarray:
+    """Replace a share `share` of `users` (at random) by new users."""
+    new = rng.random(len(users)) < share
+    users[new] = new_users.take(int(new.sum()))
+    return users
+
+
 class SessionSource:
     """Steady-state sessions at `rate(t)` requests per second. The first chunk also starts the
     sessions that would already be running at t = 0, so the stream is stationary from the start."""
+
+    lean = None
 
     def __init__(self, rate: Rate, shape: SessionShape, population: Population, spinup_s: float):
         self.rate, self.shape, self.population, self.spinup_s = rate, shape, population, spinup_s
@@ -80,6 +109,48 @@ class SessionSource:
         return table.take(np.flatnonzero(table.t >= max(t0, 0.0)))
 
 
+def session_starts(requests: Rate, shape: SessionShape, nodes: int = 24) -> Rate:
+    """The session start rate whose sessions (of `shape`) send requests at `requests(t)`, also
+    while that rate moves. A session sends its first request at its start, then each one after an
+    exponential think time (mean theta) with probability 1 - p (p = 1 / mean_requests), so
+    requests = lam + (1 - p) / theta * int lam(t - s) exp(-p s / theta) ds; solved for lam,
+    lam(t) = requests(t) - (1 - p) / theta * g(t) with g(t) = int_0^inf requests(t - s) exp(-s / theta) ds
+    (Gauss-Laguerre). Constant requests give lam = p x requests. Clipped at 0 where the rate falls
+    faster than running sessions end (there the request rate lags the target)."""
+    p, theta = 1.0 / shape.mean_requests, shape.think_s
+    x, w = np.polynomial.laguerre.laggauss(nodes)
+
+    def rate(t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, np.float64)
+        g = theta * (requests(np.maximum(t[..., None] - theta * x, 0.0)) @ w)
+        return np.maximum(requests(np.maximum(t, 0.0)) - (1.0 - p) / theta * g, 0.0)
+    return rate
+
+
+class ShapedSource:
+    """Sessions whose requests arrive at `envelope(t) x keep(t)` per second, however that moves:
+    sessions start at the rate that gives `envelope` (`session_starts`; keep the envelope smooth),
+    and each request is kept with probability `keep(t)` (so a fast change of the mix thins running
+    sessions instead of waiting for them to end). A share `new_share` of sessions are new users."""
+
+    def __init__(self, envelope: Rate, keep: Rate, shape: SessionShape, population: Population, spinup_s: float,
+                 new_users: NewUsers, new_share: float, lean: str | None = None):
+        self.starts, self.keep, self.shape = session_starts(envelope, shape), keep, shape
+        self.population, self.spinup_s, self.new_users, self.new_share = population, spinup_s, new_users, new_share
+        self.lean = lean
+
+    def reset(self) -> None:
+        self.new_users.reset()
+
+    def arrivals(self, rng: np.random.Generator, t0: float, t1: float) -> RequestTable:
+        lo = t0 - self.spinup_s if t0 == 0.0 else t0
+        starts = poisson_times(rng, self.starts, lo, t1)
+        users = _mix_new(rng, self.population.draw(rng, len(starts)), self.new_share, self.new_users)
+        table = expand_sessions(rng, starts, users, self.shape, burst=False)
+        kept = rng.random(len(table)) < self.keep(np.maximum(table.t, 0.0))
+        return table.take(np.flatnonzero(kept & (table.t >= max(t0, 0.0))))
+
+
 @dataclass(frozen=True, slots=True)
 class Burst:
     start: float
@@ -89,12 +160,17 @@ class Burst:
 
 
 def burst_schedule(rng: np.random.Generator, duration: float, every_s: float, len_s: tuple[float, float],
-                   mult: tuple[float, float], n_items: int) -> list[Burst]:
-    """Bursts separated by gaps of `every_s` x U(0.5, 1.5), as many as fit inside the run."""
+                   mult: tuple[float, float], n_items: int, first_s: tuple[float, float] | None = None,
+                   clip: bool = False) -> list[Burst]:
+    """Bursts separated by gaps of `every_s` x U(0.5, 1.5), as many as fit inside the run. With
+    `first_s`, the first one starts at U(first_s) instead; with `clip`, a last burst that would
+    outlast the run ends with it, if at least the shortest length `len_s[0]` of it fits."""
     out, t = [], 0.0
     while True:
-        t += every_s * rng.uniform(0.5, 1.5)
+        t += rng.uniform(*first_s) if first_s is not None and not out else every_s * rng.uniform(0.5, 1.5)
         length = rng.uniform(*len_s)
+        if clip and t + len_s[0] <= duration:
+            length = min(length, duration - t)
         if t + length > duration:
             return out
         out.append(Burst(t, t + length, rng.uniform(*mult), int(rng.integers(0, n_items))))
@@ -103,16 +179,19 @@ def burst_schedule(rng: np.random.Generator, duration: float, every_s: float, le
 
 class BurstSource:
     """During each burst, extra sessions bring the request rate to `mult` x the base rate; a share
-    `new_share` of them are new users (cold KV), numbered upward from `first_new_user`."""
+    `new_share` of them are new users (cold KV), numbered upward from `first_new_user` (or taken
+    from `new_users`, when other sources bring new users too)."""
+
+    lean = "burst"
 
     def __init__(self, bursts: list[Burst], base_rate: Rate, shape: SessionShape, population: Population,
-                 new_share: float, first_new_user: int):
+                 new_share: float, first_new_user: int, new_users: NewUsers | None = None):
         self.bursts, self.base_rate, self.shape = bursts, base_rate, shape
-        self.population, self.new_share, self.first_new_user = population, new_share, first_new_user
-        self.next_user = first_new_user
+        self.population, self.new_share = population, new_share
+        self.new_users = new_users or NewUsers(first_new_user)
 
     def reset(self) -> None:
-        self.next_user = self.first_new_user
+        self.new_users.reset()
 
     def arrivals(self, rng: np.random.Generator, t0: float, t1: float) -> RequestTable:
         tables = [RequestTable.empty()]
@@ -122,9 +201,6 @@ class BurstSource:
                 continue
             rate = lambda t, m=b.mult: (m - 1.0) * self.base_rate(t) / self.shape.mean_requests
             starts = poisson_times(rng, rate, lo, hi)
-            users = self.population.draw(rng, len(starts))
-            new = rng.random(len(starts)) < self.new_share
-            users[new] = self.next_user + np.arange(int(new.sum()))
-            self.next_user += int(new.sum())
+            users = _mix_new(rng, self.population.draw(rng, len(starts)), self.new_share, self.new_users)
             tables.append(expand_sessions(rng, starts, users, self.shape, burst=True))
         return RequestTable.concat(tables)

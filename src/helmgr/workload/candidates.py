@@ -40,12 +40,18 @@ class SyntheticCandidates:
 
 
 class PoolCandidates:
-    """`count` candidates per request drawn from an empirical item distribution (trace replay)."""
+    """`count` candidates per request drawn from an empirical item distribution (trace replay).
+    A request of cluster c gets its candidates offset by c x `segment` (a widened catalogue's
+    clone ranges; clusters are all 0 otherwise)."""
 
-    def __init__(self, rng: np.random.Generator, item_counts: np.ndarray, count: int, pool_size: int = 1 << 21):
+    def __init__(self, rng: np.random.Generator, item_counts: np.ndarray, count: int, pool_size: int = 1 << 21,
+                 segment: int = 0):
         p = item_counts / item_counts.sum()
-        self.count = count
+        self.count, self.segment = count, segment
         self.pool = windows(rng.choice(len(p), size=pool_size, p=p), count)
 
     def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
-        return self.pool[rng.integers(0, len(self.pool), len(clusters))].copy()
+        out = self.pool[rng.integers(0, len(self.pool), len(clusters))]     # a gather: a copy
+        if self.segment:
+            out += (clusters * self.segment)[:, None]
+        return out

@@ -63,16 +63,24 @@ class SyntheticHistory:
 
 class TraceHistory:
     """Histories read from a log: each user's interactions in time order. Users beyond the log
-    (clones, injected burst users) replay a log user's sequence, chosen by `base_of`."""
+    (clones, injected burst users) replay a log user's sequence, chosen by `base_of`.
 
-    def __init__(self, seq_items: np.ndarray, seq_offsets: np.ndarray):
+    A widened catalogue (`clones` > 1) gives every clone its own item range: clone k (`clone_of`)
+    reads item i of its log user as i + k x `n_items`."""
+
+    def __init__(self, seq_items: np.ndarray, seq_offsets: np.ndarray, clones: int = 1, n_items: int = 0):
         self.items = seq_items.astype(np.int64)
         self.offsets = seq_offsets.astype(np.int64)
         self.n_base = len(seq_offsets) - 1
         self.lengths = np.diff(self.offsets)
+        self.clones, self.n_items = clones, n_items
 
     def base_of(self, users: np.ndarray) -> np.ndarray:
         return np.asarray(users, np.int64) % self.n_base
+
+    def clone_of(self, users: np.ndarray) -> np.ndarray:
+        """Which item range a user reads: its clone index (0 for every user unless widened)."""
+        return (np.asarray(users, np.int64) // self.n_base) % self.clones
 
     def _lookup(self, base: np.ndarray | int, pos: np.ndarray) -> np.ndarray:
         length = self.lengths[base]
@@ -82,9 +90,16 @@ class TraceHistory:
         base = user % self.n_base
         if stop <= self.lengths[base]:
             o = self.offsets[base]
-            return self.items[o + start:o + stop]
-        return self._lookup(base, np.arange(start, stop))
+            out = self.items[o + start:o + stop]
+        else:
+            out = self._lookup(base, np.arange(start, stop))
+        if self.clones > 1:
+            out = out + (user // self.n_base) % self.clones * self.n_items
+        return out
 
     def batch(self, users: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         rows, pos = ragged_positions(starts, counts)
-        return self._lookup(self.base_of(users)[rows], pos)
+        out = self._lookup(self.base_of(users)[rows], pos)
+        if self.clones > 1:
+            out += (self.clone_of(users) * self.n_items)[rows]
+        return out

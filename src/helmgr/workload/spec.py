@@ -8,11 +8,13 @@ from helmgr.workload.stream import Workload
 from helmgr.workload.synthetic import default_config, parse_regime, synthetic_workload
 from helmgr.workload.trace import trace_workload
 
+TRACE_DURATION_S = 120.0
+
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
     regime: str = "steady"                 # synthetic regime (ignored when `trace` is set)
-    duration_s: float = 120.0
+    duration_s: float | None = None        # None: the scenario's default (a trace: 120 s)
     seed: int = 0
     rps: float | None = None               # None: the regime's default rate
     trace: str | None = None               # replay this log instead
@@ -20,11 +22,14 @@ class WorkloadSpec:
     time_compression: float | None = None
     clone_users: int = 1
     overlays: tuple[str, ...] = ()
+    scenario: str = "v2"                   # the synthetic defaults: v2, or v1 (the first version's)
 
     def build(self) -> Workload:
         if self.trace is not None:
-            return trace_workload(self.trace, self.trace_format, self.duration_s, self.seed, self.time_compression,
+            duration = TRACE_DURATION_S if self.duration_s is None else self.duration_s
+            return trace_workload(self.trace, self.trace_format, duration, self.seed, self.time_compression,
                                   self.clone_users, tuple(self.overlays))
         parse_regime(self.regime)
-        overrides = {"duration_s": self.duration_s} | ({"rps": self.rps} if self.rps is not None else {})
-        return synthetic_workload(default_config(self.regime, **overrides), self.seed)
+        overrides = ({"duration_s": self.duration_s} if self.duration_s is not None else {}) | (
+            {"rps": self.rps} if self.rps is not None else {})
+        return synthetic_workload(default_config(self.regime, self.scenario, **overrides), self.seed)

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from helmgr.workload.chunk import RequestChunk
+from helmgr.workload.phases import Phase
 
 HOT_SET = 1000        # items in the hot set whose turnover is tracked
 TURNOVER_WINDOW_S = 10.0
@@ -24,16 +25,32 @@ def _top(counts: np.ndarray, k: int) -> np.ndarray:
     return np.argpartition(-counts, k - 1)[:k] if k else np.zeros(0, np.int64)
 
 
+def _phase_figures(phases: Sequence[Phase], per_phase: np.ndarray, discovery: np.ndarray) -> dict:
+    """Phases by kind: how many, their request rate and their discovery share."""
+    kinds = sorted({p.kind for p in phases})
+    span = {k: sum(p.end - p.start for p in phases if p.kind == k) for k in kinds}
+    count = {k: int(sum(per_phase[i] for i, p in enumerate(phases) if p.kind == k)) for k in kinds}
+    disc = {k: int(sum(discovery[i] for i, p in enumerate(phases) if p.kind == k)) for k in kinds}
+    return {
+        "phases": {k: sum(p.kind == k for p in phases) for k in kinds},
+        "phase_rps": {k: count[k] / span[k] if span[k] else 0.0 for k in kinds},
+        "phase_discovery_share": {k: disc[k] / count[k] if count[k] else 0.0 for k in kinds},
+    }
+
+
 def describe(chunks: Iterable[RequestChunk], duration_s: float, n_items: int,
-             on_chunk: Callable[[], None] | None = None) -> tuple[dict, StreamSeries]:
-    """Consume a stream once; return the JSON summary and the series behind its plots."""
+             on_chunk: Callable[[], None] | None = None, phases: Sequence[Phase] = ()) -> tuple[dict, StreamSeries]:
+    """Consume a stream once; return the JSON summary and the series behind its plots. With the
+    workload's `phases`, also their count, request rate and discovery share by kind."""
     n_bins = max(1, int(np.ceil(duration_s)))
     per_second = np.zeros(n_bins, np.int64)
     total_counts = np.zeros(n_items, np.int64)
     window = np.zeros(n_items, np.int64)
     prev_hot: np.ndarray | None = None
     turnover, turnover_t = [], []
-    users, prefix_sum, requests, burst_requests = [], 0, 0, 0
+    users, prefix_sum, requests, burst_requests, discovery_requests = [], 0, 0, 0, 0
+    phase_starts = np.array([p.start for p in phases])
+    per_phase, discovery_per_phase = np.zeros(len(phases), np.int64), np.zeros(len(phases), np.int64)
     window_end = TURNOVER_WINDOW_S
 
     def close_window(end: float):
@@ -60,6 +77,13 @@ def describe(chunks: Iterable[RequestChunk], duration_s: float, n_items: int,
         prefix_sum += int(chunk.prefix_len.sum())
         requests += len(chunk)
         burst_requests += int(chunk.burst.sum())
+        discovery = getattr(chunk, "discovery", None)
+        discovery = np.zeros(len(chunk), bool) if discovery is None else discovery
+        discovery_requests += int(discovery.sum())
+        if len(phases):
+            which = np.clip(np.searchsorted(phase_starts, chunk.t, side="right") - 1, 0, len(phases) - 1)
+            per_phase += np.bincount(which, minlength=len(phases))
+            discovery_per_phase += np.bincount(which[discovery], minlength=len(phases))
     if window_end - TURNOVER_WINDOW_S < duration_s and window.any():
         close_window(min(window_end, duration_s))
     all_users = np.concatenate(users) if users else np.zeros(0, np.int64)
@@ -79,5 +103,8 @@ def describe(chunks: Iterable[RequestChunk], duration_s: float, n_items: int,
         "top1pct_item_share": float(seen[:top].sum() / seen.sum()) if len(seen) else 0.0,
         "hot_set_turnover_per_min": float(np.mean(turnover) * 60.0 / TURNOVER_WINDOW_S) if turnover else 0.0,
         "burst_requests": burst_requests,
+        "discovery_share": discovery_requests / requests if requests else 0.0,
     }
+    if len(phases):
+        summary |= _phase_figures(phases, per_phase, discovery_per_phase)
     return summary, StreamSeries(per_second, np.array(turnover), np.array(turnover_t))

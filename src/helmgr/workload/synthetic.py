@@ -1,11 +1,17 @@
-"""The synthetic generator (SPEC 3): the embedded default workload, in three regimes.
+"""The synthetic generator (SPEC 3): the embedded default workload, in five regimes.
 
 - steady: stationary session arrivals and popularity;
-- trend:  popularity drift (the items behind each rank rotate, so the hot set turns over) and a
-          slow ramp of traffic;
-- burst:  steady traffic plus spikes of x3-x5 for seconds to tens of seconds, made of mostly new
-          sessions (cold KV) whose candidates lean on a trending item set.
-Regimes combine with '+', e.g. `trend+burst`.
+- trend:  a compressed day whose traffic mix moves: the share of discovery traffic (new,
+          short-lived sessions on a rising trending set) alternates between a low `feed` plateau
+          and a high `discovery` one, while the total rate follows a diurnal curve;
+- burst:  steady traffic plus trending events of x1.5-x3 for 20-90 s, made of mostly new
+          sessions (cold KV) whose candidates lean on the event's trending set;
+- flash:  the first version's bursts, flash crowds of x3-x5 for seconds (a robustness option);
+- drift:  the first version's trend, popularity drift (the items behind each rank rotate, so the
+          hot set turns over) and a slow ramp of traffic.
+Regimes combine with '+', e.g. `trend+burst`. `default_config(regime, scenario)` gives a
+scenario's defaults: `v2` (the default) or `v1`, the first version's, where `trend` and `burst`
+name `drift` and `flash`.
 """
 from __future__ import annotations
 
@@ -16,30 +22,42 @@ import numpy as np
 from helmgr.core.errors import HelmInputError
 from helmgr.core.validate import NON_NEGATIVE, POSITIVE, Range, number
 from helmgr.core.validate import seed as seed_check
-from helmgr.workload.arrivals import BurstSource, Population, SessionShape, SessionSource, burst_schedule
+from helmgr.workload.arrivals import (BurstSource, NewUsers, Population, SessionShape, SessionSource, ShapedSource,
+                                      burst_schedule)
 from helmgr.workload.candidates import SyntheticCandidates
 from helmgr.workload.history import SyntheticHistory
+from helmgr.workload.phases import Plateaus, carve, whole
 from helmgr.workload.popularity import ItemSpace
-from helmgr.workload.stream import Trending, Workload
+from helmgr.workload.stream import TrendEvent, Trending, Workload, burst_events
 from helmgr.workload.users import SyntheticUsers
 
-REGIMES = ("steady", "trend", "burst")
+REGIMES = ("steady", "trend", "burst", "flash", "drift")
+VERSIONS = (("burst", "flash"), ("trend", "drift"))     # two versions of one regime: never combined
+SCENARIOS = ("v1", "v2")
+V1_NAMES = {"trend": "drift", "burst": "flash"}
 
 
 def parse_regime(name: str) -> frozenset[str]:
     """'steady' -> {}, 'trend+burst' -> {'trend', 'burst'}; anything else is a named error."""
     parts = [p.strip() for p in name.split("+")]
     if not name or any(p not in REGIMES for p in parts) or ("steady" in parts and len(parts) > 1):
-        raise HelmInputError(f"unknown workload {name!r} (known: {', '.join(REGIMES)}, or trend+burst)")
+        raise HelmInputError(f"unknown workload {name!r} (known: {', '.join(REGIMES)}, "
+                             "or a combination such as trend+burst)")
+    if len(set(parts)) < len(parts):
+        raise HelmInputError(f"workload {name!r} names a regime twice")
+    for a, b in VERSIONS:
+        if a in parts and b in parts:
+            raise HelmInputError(f"workload {name!r}: {b!r} is the first version of {a!r}; combine either "
+                                 "with the other regimes, not both")
     return frozenset(p for p in parts if p != "steady")
 
 
 @dataclass(frozen=True, slots=True)
 class SyntheticConfig:
-    """Knobs of the synthetic generator. Defaults describe the default scenario (docs/workloads.md)."""
+    """Knobs of the synthetic generator. Defaults describe the default scenario, v2 (docs/workloads.md)."""
 
     regime: str = "steady"
-    duration_s: float = 120.0
+    duration_s: float = 360.0            # several trend phases or bursts
     rps: float = 2400.0                  # base request rate, whole cluster (docs/tradeoff.md)
     n_users: int = 1_000_000
     n_items: int = 1_000_000
@@ -53,32 +71,112 @@ class SyntheticConfig:
     len_median: float = 1000.0           # history length: lognormal median ...
     len_sigma: float = 0.7               # ... and sigma
     len_cap: int = 8192                  # ... capped at the model's max sequence length
-    session: SessionShape = SessionShape(mean_requests=12.0, think_s=3.0, new_tokens=4.0)
-    drift_per_s: float = 30.0            # trend: item ranks rotated per second
-    ramp: float = 0.5                    # trend: traffic grows by this share over the run
-    burst_every_s: float = 40.0          # burst: mean gap between bursts
-    burst_len_s: tuple[float, float] = (2.0, 6.0)
-    burst_mult: tuple[float, float] = (3.0, 5.0)
-    burst_new_share: float = 0.9         # burst: share of burst sessions from new users
+    session: SessionShape = SessionShape(mean_requests=12.0, think_s=3.0, new_tokens=4.0)   # feed sessions
+    # trend: plateaus of the discovery share of the request rate, and a diurnal total rate
+    trend_phase_s: float = 60.0          # each phase (feed, discovery, feed, ...), its leading ramp included
+    trend_ramp_s: float = 10.0           # linear ramp from the previous phase's share
+    trend_feed_share: float = 0.05       # discovery share in feed phases
+    trend_discovery_share: float = 0.6   # discovery share in discovery phases
+    diurnal: float = 0.4                 # rate x (1 + diurnal x sin(2 pi t / day - pi / 2)): trough at 0, peak mid-day
+    day_s: float | None = None           # None: the run is one day
+    trend_drift_per_s: float = 0.0       # trend: item ranks rotated per second (drift's popularity drift)
+    discovery_session: SessionShape = SessionShape(mean_requests=1.5, think_s=2.0, new_tokens=4.0)
+    discovery_new_share: float = 0.9     # share of discovery sessions from new users (cold KV)
+    discovery_trend_share: tuple[float, float] = (0.2, 0.5)   # candidates from the phase's trending set, start -> end
+    # burst: trending events
+    burst_every_s: float = 100.0         # mean gap between bursts (x U(0.5, 1.5))
+    burst_first_s: tuple[float, float] | None = (30.0, 60.0)  # the first burst's start; None: a gap like the others
+    burst_len_s: tuple[float, float] = (20.0, 90.0)
+    burst_mult: tuple[float, float] = (1.5, 3.0)
+    burst_new_share: float = 0.9         # burst and flash: share of burst sessions from new users
     burst_session: SessionShape = SessionShape(mean_requests=1.0, think_s=1.0, new_tokens=4.0)
+    # flash: the first version's bursts
+    flash_every_s: float = 40.0
+    flash_len_s: tuple[float, float] = (2.0, 6.0)
+    flash_mult: tuple[float, float] = (3.0, 5.0)
+    # drift: the first version's trend
+    drift_per_s: float = 30.0            # item ranks rotated per second
+    ramp: float = 0.5                    # traffic grows by this share over the run
     trending: Trending = field(default_factory=Trending)
+
+    @property
+    def day(self) -> float:
+        return self.duration_s if self.day_s is None else self.day_s
 
     def validate(self) -> "SyntheticConfig":
         """Every knob a finite number of its type and in range (core.validate), or a named error."""
         parse_regime(self.regime)
         for name, value in {"duration": self.duration_s, "rps": self.rps, "len-median": self.len_median,
-                            "think-s": self.session.think_s, "burst-every-s": self.burst_every_s}.items():
+                            "think-s": self.session.think_s, "burst-every-s": self.burst_every_s,
+                            "flash-every-s": self.flash_every_s, "trend-phase-s": self.trend_phase_s,
+                            "discovery-think-s": self.discovery_session.think_s, "day-s": self.day}.items():
             number(name, value, POSITIVE)
         for name, value in {"users": self.n_users, "items": self.n_items, "clusters": self.n_clusters,
                             "candidates": self.candidates, "len-cap": self.len_cap}.items():
             number(name, value, Range(1), integer=True)
-        for name in ("head_exponent", "tail_exponent", "activity_exponent", "len_sigma", "drift_per_s", "ramp"):
+        for name in ("head_exponent", "tail_exponent", "activity_exponent", "len_sigma", "drift_per_s", "ramp",
+                     "trend_drift_per_s"):
             number(name, getattr(self, name), NON_NEGATIVE)
-        for name in ("cand_head_share", "hist_head_share", "burst_new_share"):
+        number("trend_ramp_s", self.trend_ramp_s, Range(0.0, self.trend_phase_s))
+        for name in ("cand_head_share", "hist_head_share", "burst_new_share", "trend_feed_share",
+                     "trend_discovery_share", "diurnal", "discovery_new_share"):
             number(name, getattr(self, name), Range(0.0, 1.0))
+        for name in ("session", "discovery_session", "burst_session"):
+            number(f"{name}.mean_requests", getattr(self, name).mean_requests, Range(1.0))
+        self._ranges()
         if self.n_items < self.n_clusters:
             raise HelmInputError(f"items ({self.n_items}) must be at least clusters ({self.n_clusters})")
         return self
+
+    def _ranges(self) -> None:
+        pairs = {"burst_len_s": (self.burst_len_s, POSITIVE), "burst_mult": (self.burst_mult, Range(1.0)),
+                 "flash_len_s": (self.flash_len_s, POSITIVE), "flash_mult": (self.flash_mult, Range(1.0)),
+                 "discovery_trend_share": (self.discovery_trend_share, Range(0.0, 1.0))}
+        if self.burst_first_s is not None:
+            pairs["burst_first_s"] = (self.burst_first_s, NON_NEGATIVE)
+        for name, ((lo, hi), allowed) in pairs.items():
+            number(f"{name}[0]", lo, allowed)
+            number(f"{name}[1]", hi, allowed)
+            if lo > hi:
+                raise HelmInputError(f"{name} ({lo:g}, {hi:g}): the low end is above the high end")
+
+
+def _rate(cfg: SyntheticConfig, overlays: frozenset[str]):
+    """The total request rate of the regular traffic, per second, at times t."""
+    if "trend" in overlays:
+        return lambda t: cfg.rps * (1.0 + cfg.diurnal * np.sin(2.0 * np.pi * np.asarray(t) / cfg.day - np.pi / 2))
+    ramp = cfg.ramp if "drift" in overlays else 0.0
+    return lambda t: cfg.rps * (1.0 + ramp * np.asarray(t) / cfg.duration_s)
+
+
+def _spinup(shape: SessionShape) -> float:
+    return 5.0 * shape.mean_requests * shape.think_s
+
+
+def _trend(cfg: SyntheticConfig, rate, population: Population, new_users: NewUsers, seed: int):
+    """Trend's sources (feed and discovery), its phases, and a trending event per phase."""
+    mix = Plateaus(cfg.trend_phase_s, cfg.trend_ramp_s, (cfg.trend_feed_share, cfg.trend_discovery_share))
+    lo, hi = min(mix.levels), max(mix.levels)
+    feed_keep = (lambda t: (1.0 - mix.level(t)) / (1.0 - lo)) if lo < 1.0 else (lambda t: np.ones(np.shape(t)))
+    disc_keep = (lambda t: mix.level(t) / hi) if hi > 0.0 else (lambda t: np.ones(np.shape(t)))
+    sources = [
+        ShapedSource(lambda t: (1.0 - lo) * rate(t), feed_keep, cfg.session, population, _spinup(cfg.session),
+                     new_users, 0.0),
+        ShapedSource(lambda t: hi * rate(t), disc_keep, cfg.discovery_session, population,
+                     _spinup(cfg.discovery_session), new_users, cfg.discovery_new_share, lean="discovery"),
+    ]
+    phases = mix.phases(cfg.duration_s)
+    firsts = np.random.default_rng([seed, 3]).integers(0, cfg.n_items, len(phases))
+    events = [TrendEvent(p.start, p.end, int(first), "discovery", cfg.discovery_trend_share)
+              for p, first in zip(phases, firsts)]
+    return sources, phases, events
+
+
+BURST_KINDS = {
+    "burst": lambda cfg: dict(every_s=cfg.burst_every_s, len_s=cfg.burst_len_s, mult=cfg.burst_mult,
+                              first_s=cfg.burst_first_s, clip=True),
+    "flash": lambda cfg: dict(every_s=cfg.flash_every_s, len_s=cfg.flash_len_s, mult=cfg.flash_mult),
+}
 
 
 def synthetic_workload(config: SyntheticConfig = SyntheticConfig(), seed: int = 0) -> Workload:
@@ -91,23 +189,43 @@ def synthetic_workload(config: SyntheticConfig = SyntheticConfig(), seed: int = 
     history = SyntheticHistory(rng, space, users, cfg.hist_head_share, cfg.head_exponent, cfg.tail_exponent)
     candidates = SyntheticCandidates(rng, space, cfg.candidates, cfg.cand_head_share, cfg.head_exponent,
                                      cfg.tail_exponent)
-    ramp = cfg.ramp if "trend" in overlays else 0.0
-    rate = lambda t: cfg.rps * (1.0 + ramp * np.asarray(t) / cfg.duration_s)
+    rate = _rate(cfg, overlays)
     population = Population(cfg.n_users, cfg.activity_exponent)
-    spinup = 5.0 * cfg.session.mean_requests * cfg.session.think_s
-    sources = [SessionSource(rate, cfg.session, population, spinup)]
+    new_users = NewUsers(cfg.n_users)
+    if "trend" in overlays:
+        sources, phases, events = _trend(cfg, rate, population, new_users, seed)
+    else:
+        sources = [SessionSource(rate, cfg.session, population, _spinup(cfg.session))]
+        phases, events = whole(cfg.duration_s), []
+    kind = next((k for k in BURST_KINDS if k in overlays), None)      # at most one (parse_regime)
     bursts = []
-    if "burst" in overlays:
-        bursts = burst_schedule(np.random.default_rng([seed, 2]), cfg.duration_s, cfg.burst_every_s,
-                                cfg.burst_len_s, cfg.burst_mult, cfg.n_items)
-        sources.append(BurstSource(bursts, rate, cfg.burst_session, population, cfg.burst_new_share, cfg.n_users))
+    if kind is not None:
+        bursts = burst_schedule(np.random.default_rng([seed, 2]), cfg.duration_s, n_items=cfg.n_items,
+                                **BURST_KINDS[kind](cfg))
+        sources.append(BurstSource(bursts, rate, cfg.burst_session, population, cfg.burst_new_share, cfg.n_users,
+                                   new_users))
+    drift = cfg.drift_per_s if "drift" in overlays else cfg.trend_drift_per_s if "trend" in overlays else 0.0
     return Workload(
         name=cfg.regime, duration_s=cfg.duration_s, seed=seed, space=space, users=users, history=history,
-        candidates=candidates, sources=sources, bursts=bursts, trending=cfg.trending,
-        drift_per_s=cfg.drift_per_s if "trend" in overlays else 0.0,
+        candidates=candidates, sources=sources, bursts=bursts, trending=cfg.trending, drift_per_s=drift,
         prior=space.prior(cfg.cand_head_share, cfg.head_exponent, cfg.tail_exponent),
+        events=burst_events(bursts, cfg.trending.share) + events,
+        phases=carve(phases, [(b.start, b.end) for b in bursts]),
     )
 
 
-def default_config(regime: str = "steady", **overrides) -> SyntheticConfig:
-    return replace(SyntheticConfig(regime=regime), **overrides)
+def _v1(regime: str) -> SyntheticConfig:
+    """The first version's defaults: two-minute runs, `trend` and `burst` naming drift and flash."""
+    return SyntheticConfig(regime="+".join(V1_NAMES.get(p.strip(), p.strip()) for p in regime.split("+")),
+                           duration_s=120.0)
+
+
+SCENARIO_DEFAULTS = {"v1": _v1, "v2": lambda regime: SyntheticConfig(regime=regime)}
+
+
+def default_config(regime: str = "steady", scenario: str = "v2", **overrides) -> SyntheticConfig:
+    """A scenario's defaults for `regime`, with `overrides` (SyntheticConfig fields) on top. In
+    v1, `burst` is flash: tune its bursts with the flash_* fields."""
+    if scenario not in SCENARIO_DEFAULTS:
+        raise HelmInputError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+    return replace(SCENARIO_DEFAULTS[scenario](regime), **overrides)

@@ -11,7 +11,11 @@ since 1970 fit; past it a log's span is not a finite number of seconds).
 
 Scaling: `time_compression` divides time (by default the whole log is fitted into the run),
 `clone_users` K replays each user K times under new ids with jittered times, and the overlays
-`trend` and `burst` apply the synthetic regimes' drift and bursts to the real log.
+`trend` and `burst` apply the synthetic regimes' drift and bursts to the real log. The overlay
+`widen` (with K > 1) widens the catalogue with the clones: clone k reads every item i of its
+histories and candidates as i + k x n_items, so K clones of a log of n items ask for K x n items,
+each range with the log's popularity shape (a public log's catalogue fits in any EMB cache; K
+copies of it may not).
 """
 from __future__ import annotations
 
@@ -28,10 +32,12 @@ from helmgr.workload.candidates import PoolCandidates
 from helmgr.workload.chunk import RequestTable
 from helmgr.workload.history import TraceHistory
 from helmgr.workload.popularity import ItemSpace
+from helmgr.workload.phases import blocks, carve
 from helmgr.workload.stream import Trending, Workload
 
 FORMATS = ("inter", "sequences")
-OVERLAYS = ("trend", "burst")
+OVERLAYS = ("trend", "burst")       # the synthetic regimes, applied to the log
+WIDEN = "widen"                     # the clones get their own item ranges (--widen-catalogue)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +155,8 @@ class TraceUsers:
         self.history, self.n_logged = history, n_logged
 
     def cluster(self, users: np.ndarray) -> np.ndarray:
-        return np.zeros(len(users), np.int64)
+        """The user's item range: its clone in a widened catalogue, else 0 for everyone."""
+        return self.history.clone_of(users)
 
     def base_len(self, users: np.ndarray) -> np.ndarray:
         mid = self.history.lengths[self.history.base_of(users)] // 2
@@ -185,13 +192,16 @@ def trace_workload(path: str, fmt: str = "inter", duration_s: float = 120.0, see
     number("clone-users", clone_users, Range(1), integer=True)
     if time_compression is not None:
         number("time-compression", time_compression, POSITIVE)
-    bad = [o for o in overlays if o not in OVERLAYS]
+    bad = [o for o in overlays if o not in OVERLAYS + (WIDEN,)]
     if bad:
-        raise HelmInputError(f"unknown overlay {bad[0]!r} (known: {', '.join(OVERLAYS)})")
+        raise HelmInputError(f"unknown overlay {bad[0]!r} (known: {', '.join(OVERLAYS + (WIDEN,))})")
+    ranges = clone_users if WIDEN in overlays else 1     # item ranges: one per clone, or one shared
+    if WIDEN in overlays and clone_users < 2:
+        raise HelmInputError("--widen-catalogue needs --clone-users K > 1 (clone k takes item ids i + k x items)")
     log = read_trace(path, fmt, seed)
     order = np.lexsort((np.arange(len(log.user)), log.time, log.user))
     seq_offsets = np.r_[0, np.cumsum(np.bincount(log.user, minlength=log.n_users))]
-    history = TraceHistory(log.item[order], seq_offsets)
+    history = TraceHistory(log.item[order], seq_offsets, ranges, log.n_items)
     t, u, k = _requests(log, order)
     t = t - log.time.min()
     span = float(t.max()) or 1.0
@@ -210,19 +220,23 @@ def trace_workload(path: str, fmt: str = "inter", duration_s: float = 120.0, see
     table = RequestTable.concat(parts)
     table = table.take(np.argsort(table.t, kind="stable"))
     n_logged = log.n_users * clone_users
-    space = ItemSpace(log.n_items, 1)
+    space = ItemSpace(log.n_items * ranges, ranges)      # drift rotates items inside each clone's range
     item_counts = np.bincount(log.item, minlength=log.n_items).astype(np.float64)
+    prior = np.tile(item_counts / item_counts.sum(), ranges) / ranges
     sources = [TraceSource(table)]
     bursts = []
     if "burst" in overlays:
         mean_rate = np.count_nonzero(table.t < duration_s) / duration_s
-        bursts = burst_schedule(np.random.default_rng([seed, 2]), duration_s, 30.0, (5.0, 20.0), (3.0, 5.0), log.n_items)
+        bursts = burst_schedule(np.random.default_rng([seed, 2]), duration_s, 30.0, (5.0, 20.0), (3.0, 5.0),
+                                space.n_items)
         sources.append(BurstSource(bursts, lambda t: np.full(np.shape(t), mean_rate),
                                    SessionShape(2.0, 1.0, 1.0), Population(n_logged, 0.0), 0.9, n_logged))
     return Workload(
         name=f"trace:{Path(path).name}" + "".join(f"+{o}" for o in overlays), duration_s=duration_s, seed=seed,
         space=space, users=TraceUsers(history, n_logged), history=history,
-        candidates=PoolCandidates(np.random.default_rng([seed, 5]), item_counts, candidates),
+        candidates=PoolCandidates(np.random.default_rng([seed, 5]), item_counts, candidates,
+                                  segment=log.n_items if ranges > 1 else 0),
         sources=sources, bursts=bursts, trending=Trending(items=max(10, min(2000, log.n_items // 20))),
-        drift_per_s=drift_per_s if "trend" in overlays else 0.0, prior=item_counts / item_counts.sum(),
+        drift_per_s=drift_per_s if "trend" in overlays else 0.0, prior=prior,
+        phases=carve(blocks(duration_s), [(b.start, b.end) for b in bursts]),
     )
