@@ -31,8 +31,8 @@ COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo
 @parallel_options
 @json_option
 @out_option
-def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
-                nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch,
+def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
+                nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine,
                 policies, routers, ratios, jobs, ray_address, as_json, out_dir):
     """Run every policy on the same workload and seed; P99, SLO and distance from the oracle.
 
@@ -51,10 +51,11 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     policy_names = names(policies, ALL + tuple(p for p in POLICIES if p not in ALL), "policies")
     router_names = names(routers, list(ROUTERS), "routers") if routers else [router]
     grid = ratio_grid(ratios)
-    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
+    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
+                         scenario)
     w = spec.build()                                     # validates the workload options up front
     cfgs = {rt: build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                             max_batch, seed) for rt in router_names}
+                             max_batch, seed, engine) for rt in router_names}
     with progress("comparing", None) as bar:
         def track(label: str, total: int):
             task = bar.add_task(f"{w.name} / {label}", total=total)

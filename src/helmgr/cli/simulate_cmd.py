@@ -12,6 +12,7 @@ from helmgr.core.profiles import available
 from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
 from helmgr.sim import SimConfig, parse_fault, simulate
+from helmgr.sim.config import ENGINES
 
 SHOWN = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
          "window_slo_satisfaction", "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "h2d_gb",
@@ -21,7 +22,7 @@ SHOWN = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_
 def sim_options(f):
     """Options that build the simulated cluster; shared by simulate, sweep and compare."""
     options = [
-        click.option("--nodes", type=click.IntRange(min=1), default=8, show_default=True, help="GPU nodes."),
+        click.option("--nodes", type=click.IntRange(min=1), default=None, help="GPU nodes [default: the scenario's, 8]."),
         click.option("--policy", type=click.Choice(sorted(POLICIES)), default="static", show_default=True,
                      help="Memory policy that sets each node's EMB:KV ratio."),
         click.option("--ratio", type=Finite(0.0, 1.0), default=0.5, show_default=True,
@@ -41,8 +42,11 @@ def sim_options(f):
                      help="Controller tick."),
         click.option("--refresh-s", type=POSITIVE, default=2.0, show_default=True,
                      help="EMB cache refresh interval."),
-        click.option("--max-batch", type=click.IntRange(1, 65536), default=1, show_default=True,
-                     help="Requests a node serves together when it frees up."),
+        click.option("--max-batch", type=click.IntRange(1, 65536), default=None,
+                     help="Requests a node takes together when it frees up [default: the scenario's, 8 (v2) or 1 (v1)]."),
+        click.option("--engine", type=click.Choice(ENGINES), default=None,
+                     help="Node model: serial (one request at a time, v1), batched, or pipelined (copies of the next "
+                          "batch during this one's compute) [default: the scenario's, pipelined (v2)]."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -50,10 +54,11 @@ def sim_options(f):
 
 
 def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                 max_batch, seed) -> SimConfig:
+                 max_batch, seed, engine: str = "serial") -> SimConfig:
     return SimConfig(nodes=nodes, policy=policy, ratio=ratio, router=router, hardware=hardware, model=model,
                      slo_ms=slo_ms, refill=refill, faults=tuple(parse_fault(f, nodes) for f in faults),
-                     tick_s=tick_ms / 1e3, refresh_s=refresh_s, max_batch=max_batch, seed=seed).validate()
+                     tick_s=tick_ms / 1e3, refresh_s=refresh_s, max_batch=max_batch, seed=seed,
+                     engine=engine).validate()
 
 
 @click.command("simulate")
@@ -61,12 +66,13 @@ def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, 
 @sim_options
 @json_option
 @out_option
-def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
+def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                  nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch,
-                 as_json, out_dir):
+                 engine, as_json, out_dir):
     """Simulate a cluster serving a workload; report latency, SLO, hit rates and H2D traffic.
 
-    With no options: the default scenario (8 x A100-80G, large HSTU, steady traffic, 120 s).
+    With no options: the default scenario v2 (8 x A100-80G, large HSTU, batches of up to 8 on two
+    engines, steady traffic, 360 s); `--scenario v1` the first version's.
 
     \b
     helmgr simulate --workload burst --ratio 0.7 --json
@@ -74,8 +80,9 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
     """
     check_out(out_dir)
     cfg = build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                       max_batch, seed)
-    w = build_workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
+                       max_batch, seed, engine)
+    w = build_workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
+                       scenario=scenario)
     with progress("simulating", w.duration_s) as bar:
         task = bar.add_task(f"simulating {w.name}", total=round(w.duration_s))
         result = simulate(cfg, w, on_progress=lambda t: bar.update(task, completed=round(t)))

@@ -26,8 +26,8 @@ COLUMNS = ("ratio", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfacti
 @parallel_options
 @json_option
 @out_option
-def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
-              nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch,
+def sweep_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
+              nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine,
               ratios, jobs, ray_address, as_json, out_dir):
     """Sweep the static EMB ratio: P99 and SLO attainment per ratio, and the best one.
 
@@ -38,8 +38,9 @@ def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression
     check_out(out_dir)
     grid = ratio_grid(ratios)
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                       max_batch, seed)
-    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
+                       max_batch, seed, engine)
+    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
+                         scenario)
     w = spec.build()                                    # validates the workload options up front
     jobs = jobs or os.cpu_count() or 1
     with progress("sweeping", len(grid)) as bar:

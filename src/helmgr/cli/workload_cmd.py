@@ -1,20 +1,29 @@
 """`helmgr workload`: generate a stream (synthetic or trace replay) and describe it."""
 from __future__ import annotations
 
+import functools
+
 import click
 
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, markdown_table, out_option, progress,
                                result_dir, stderr, stdout, table)
 from helmgr.cli.types import POSITIVE as positive, SEED, checked
-from helmgr.workload import FORMATS, OVERLAYS, WorkloadSpec, describe
+from helmgr.sim.config import scenario_cluster
+from helmgr.workload import FORMATS, OVERLAYS, SCENARIOS, WorkloadSpec, default_config, describe
+from helmgr.workload.spec import TRACE_DURATION_S
+from helmgr.workload.trace import WIDEN
 
 
 def workload_options(f):
     """Options that pick a workload; shared by every command that runs one."""
     options = [
+        click.option("--scenario", type=click.Choice(SCENARIOS), default="v2", show_default=True,
+                     help="Defaults of the workload and the cluster: v2, or v1 (the first version's: serial "
+                          "nodes, 120 s, trend = drift, burst = flash)."),
         click.option("--workload", "regime", default="steady", show_default=True,
-                     help="Synthetic regime: steady, trend, burst, or a combination such as trend+burst."),
-        click.option("--duration", type=positive, default=120.0, show_default=True, help="Simulated seconds."),
+                     help="Synthetic regime: steady, trend, burst, flash, drift, or a combination such as trend+burst."),
+        click.option("--duration", type=positive, default=None,
+                     help="Simulated seconds [default: the scenario's, 360 (v2) or 120 (v1, traces)]."),
         click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed."),
         click.option("--rps", type=positive, default=None, help="Base request rate of the synthetic workload [default: 2400]."),
         click.option("--trace", type=click.Path(dir_okay=False), default=None, help="Replay this log instead of the synthetic workload."),
@@ -26,29 +35,61 @@ def workload_options(f):
                      help="Replay each log user this many times under new ids, with jittered times."),
         click.option("--overlay", type=click.Choice(OVERLAYS), multiple=True,
                      help="Apply a regime to the log (repeatable): trend (popularity drift), burst (spikes of new sessions)."),
+        click.option("--widen-catalogue", is_flag=True,
+                     help="Give clone k of --clone-users K its own item ids (i + k x items): K x the catalogue."),
     ]
-    f = checked(f)                                  # --allow-large; the run's estimate is checked first
+    f = widened(scenario_defaults(checked(f)))      # --allow-large; the run's estimate is checked first
     for option in reversed(options):
         f = option(f)
     return f
 
 
+def scenario_defaults(f):
+    """Fill the options left unset from --scenario: --duration (the scenario's, or a trace's
+    default) and, on commands that build a cluster, --nodes, --max-batch and --engine."""
+    @functools.wraps(f)
+    def command(*args, **options):
+        scenario = options["scenario"]
+        if options.get("duration") is None:
+            options["duration"] = (TRACE_DURATION_S if options.get("trace") is not None
+                                   else default_config(options["regime"], scenario).duration_s)
+        for key, value in scenario_cluster(scenario).items():
+            if key in options and options[key] is None:
+                options[key] = value
+        return f(*args, **options)
+    return command
+
+
+def widened(f):
+    """Carry --widen-catalogue to the workload as the trace overlay `widen` (what the spec holds)."""
+    @functools.wraps(f)
+    def command(*args, widen_catalogue: bool, **options):
+        if widen_catalogue:
+            if options["trace"] is None or options["clone_users"] < 2:
+                raise click.UsageError("--widen-catalogue needs --trace and --clone-users K > 1 "
+                                       "(clone k takes item ids i + k x items)")
+            options["overlay"] = tuple(options["overlay"]) + (WIDEN,)
+        return f(*args, **options)
+    return command
+
+
 def workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users,
-                  overlay) -> WorkloadSpec:
+                  overlay, scenario: str = "v2") -> WorkloadSpec:
     """The workload options as a picklable spec (what worker processes build their stream from)."""
     return WorkloadSpec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users,
-                        tuple(overlay))
+                        tuple(overlay), scenario)
 
 
-def build_workload(*options):
-    return workload_spec(*options).build()
+def build_workload(*options, scenario: str = "v2"):
+    return workload_spec(*options, scenario=scenario).build()
 
 
 @click.command()
 @workload_options
 @json_option
 @out_option
-def workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay, as_json, out_dir):
+def workload(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay, as_json,
+             out_dir):
     """Generate a request stream and describe it: rates, users, prefixes, item skew, hot-set turnover.
 
     \b
@@ -56,10 +97,12 @@ def workload(regime, duration, seed, rps, trace, trace_format, time_compression,
     helmgr workload --trace ml-100k.inter --trace-format inter --clone-users 8 --out results/ml100k
     """
     check_out(out_dir)
-    w = build_workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
+    w = build_workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
+                       scenario=scenario)
     with progress("generating", None) as bar:
         task = bar.add_task("generating", total=int(-(-w.duration_s // 1.0)))
-        summary, series = describe(w.chunks(1.0), w.duration_s, w.n_items, on_chunk=lambda: bar.advance(task))
+        summary, series = describe(w.chunks(1.0), w.duration_s, w.n_items, on_chunk=lambda: bar.advance(task),
+                                   phases=w.phases)
     summary = {"workload": w.name, "seed": seed, "bursts": len(w.bursts)} | summary
     with result_dir(out_dir) as scratch:
         if scratch is not None:
