@@ -9,8 +9,12 @@ the runtime's candidates; on CPU with shorter histories) through `NodeRuntime`, 
 and for each one asks `CostModel.breakdown(...)` under the calibrated profile, with the KV hit
 and the rows fetched that the runtime saw. Without `--hardware` it calibrates (as `helmgr
 calibrate`, same sizes) while it serves: the calibration's steps take turns with chunks of
-requests, so that both see the same load on a shared machine. Each of `--passes` passes does
-all of it again on a fresh runtime; the figure to read is the median over passes.
+requests, so that both see the same load on a shared machine. Then it serves the workload's next
+requests in batches (`NodeRuntime.serve_batch`), FCFS, batches of 1, 2, 4 .. `--max-batch` taken in
+turn, and prices each with `predicted_batch` (what `Node.serve_batch` charges: the requests' miss
+paths on an idle link, the batch's lookups, `CostModel.batch_compute_s` on the calibrated
+batch-efficiency curve). Each of `--passes` passes does all of it again on a fresh runtime; the
+figures to read are the medians over passes.
 Needs only torch, numpy and the repo (no click, rich or numba). Prints figures; asserts nothing.
 """
 from __future__ import annotations
@@ -30,9 +34,9 @@ from helmgr.core.costs import CostModel
 from helmgr.core.errors import HelmInputError
 from helmgr.core.records import NodeConfig
 from helmgr.core.profiles import MIB, NodeProfile, load_hardware, load_model
-from helmgr.real.calibrate import DEVICE_DEFAULTS, CalibrateConfig, calibrate, check_device, total_steps
+from helmgr.real.calibrate import DEVICE_DEFAULTS, CalibrateConfig, batch_sizes, calibrate, check_device, total_steps
 from helmgr.real.calibrated_toml import check_out, model_path, write_profiles
-from helmgr.real.runtime import PAGE_MIB, NodeRuntime, predicted
+from helmgr.real.runtime import PAGE_MIB, NodeRuntime, RealRequest, predicted, predicted_batch
 from helmgr.workload import default_config, synthetic_workload
 
 LEN_MEDIAN = {"cpu": 200.0, "cuda": 1000.0}     # the workload's default is 1,000 (docs/workloads.md)
@@ -54,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--len-median", type=float, help="workload history length median [cpu 200, cuda 1000] ...")
     ap.add_argument("--len-cap", type=int, help="... and cap, also the longest calibrated [cpu 1024, cuda 4096]")
     ap.add_argument("--rps", type=float, default=25.0, help="request rate of the workload")
+    ap.add_argument("--max-batch", type=int, default=8, help="largest batch calibrated and served (1, 2, 4, ...)")
+    ap.add_argument("--batch-rounds", type=int, default=20,
+                    help="batched service: rounds of one batch of each size (0: none)")
     ap.add_argument("--repeats", type=int, default=7, help="calibration: runs per point")
     ap.add_argument("--passes", type=int, default=3,
                     help="calibrate (unless --hardware) then serve, this many times: a shared machine's load drifts")
@@ -71,8 +78,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def calibrate_config(args) -> CalibrateConfig:
-    return CalibrateConfig(args.device, "small", args.shrink, args.candidates, args.n_items, args.pool_mib,
-                           args.ratio, args.len_cap, args.repeats, seed=args.seed)
+    return CalibrateConfig(device=args.device, model="small", shrink=args.shrink, candidates=args.candidates,
+                           n_items=args.n_items, pool_mib=args.pool_mib, ratio=args.ratio, max_tokens=args.len_cap,
+                           max_batch=args.max_batch, repeats=args.repeats, seed=args.seed)
 
 
 def requests(args, model, n: int):
@@ -84,7 +92,7 @@ def requests(args, model, n: int):
     out = []
     for chunk in wl.chunks():
         for i in range(len(chunk)):
-            out.append((int(chunk.user[i]), int(chunk.prefix_len[i]), chunk.items(i), chunk.candidates(i)))
+            out.append(RealRequest(int(chunk.user[i]), int(chunk.prefix_len[i]), chunk.items(i), chunk.candidates(i)))
             if len(out) == n:
                 return wl.history, out
     return wl.history, out
@@ -101,7 +109,9 @@ def run_pass(args, device: torch.device) -> dict:
         hw, model = load_hardware("a100-80g"), cfg.model_profile      # hw: a placeholder until calibrated
     rt = NodeRuntime(NodeProfile(hw, model, PAGE_MIB), int(args.pool_mib * MIB), device, args.seed, args.n_items,
                      NodeConfig(ratio=args.ratio))
-    history, reqs = requests(args, model, args.warmup + args.requests)
+    sizes = batch_sizes(args.max_batch) if args.batch_rounds > 0 else []
+    history, reqs = requests(args, model, args.warmup + args.requests + args.batch_rounds * sum(sizes))
+    batched_reqs, reqs = reqs[args.warmup + args.requests:], reqs[:args.warmup + args.requests]
     pending, served = iter(enumerate(reqs)), []
 
     def serve(n: int) -> None:
@@ -126,11 +136,64 @@ def run_pass(args, device: torch.device) -> dict:
         if args.save is not None:
             write_profiles(cal, args.save)
     serve(len(reqs))
+    batches = serve_batches(rt, history, batched_reqs, sizes)
     rt.check_integrity()
     cost = CostModel.from_profile(NodeProfile(hw, model, PAGE_MIB))
     emb_fixed = cal.fits["emb_fixed_us"] * 1e-6 if cal else 0.0
     rows = [row(cost, prefix_len, s, emb_fixed) for prefix_len, s in served]
-    return summarize(args, hw, model, cal, rt, rows)
+    out = summarize(args, hw, model, cal, rt, rows)
+    out["batched"] = [batched_split([batch_row(cost, b, emb_fixed) for b in batches if len(b.services) == n], n)
+                      for n in sizes]
+    return out
+
+
+def serve_batches(rt: NodeRuntime, history, reqs: list[RealRequest], sizes: list[int]) -> list:
+    """`reqs` in order, in batches of each size in `sizes` taken in turn (so that a shared
+    machine's drift reaches every size alike)."""
+    out, at = [], 0
+    while sizes and at + sum(sizes) <= len(reqs):
+        for n in sizes:
+            out.append(rt.serve_batch(0.0, reqs[at:at + n], history))
+            at += n
+    return out
+
+
+def padding(batch) -> float:
+    """Attention (query, key) pairs the padded batch computes over those its requests need."""
+    n = len(batch.services)
+    tokens = [s.tokens for s in batch.services]
+    keys = [s.kv_tokens + t for s, t in zip(batch.services, tokens)]
+    cands = [len(s.scores) for s in batch.services]
+    need = sum(t * k + c * k for t, k, c in zip(tokens, keys, cands))
+    return n * max(keys) * (max(tokens) + max(cands)) / need
+
+
+def batch_row(cost: CostModel, batch, emb_fixed: float) -> dict:
+    """One batch's figures; the lookup's fixed cost, paid once per batch in the launch term, moves
+    back from the predicted compute to the predicted EMB when it is known."""
+    p = predicted_batch(cost, batch)
+    return {"requests": len(batch.services), "misses": sum(s.kv_tokens == 0 for s in batch.services),
+            "rows": p.rows, "measured_s": batch.service_s, "predicted_s": p.total_s, "emb_s": batch.emb_s,
+            "pred_emb_s": p.fetch_s + p.lookup_s + emb_fixed, "compute_s": batch.kv_s + batch.compute_s + batch.score_s,
+            "pred_compute_s": p.compute_s - emb_fixed, "padding": padding(batch)}
+
+
+def batched_split(rows: list[dict], size: int) -> dict:
+    """Per batch size: measured and predicted batch time and their ratio, the parts, and the same
+    ratio over the batches of KV hits only and over those mixing in a KV miss, with their padding."""
+    med = lambda key, rs=rows: statistics.median(r[key] for r in rs) if rs else float("nan")
+    m, p = [r["measured_s"] for r in rows], [r["predicted_s"] for r in rows]
+    for r in rows:
+        r["ratio"] = r["predicted_s"] / r["measured_s"]
+    kinds = {"hit_only": [r for r in rows if r["misses"] == 0], "mixed": [r for r in rows if r["misses"] > 0]}
+    return {"batch": size, "batches": len(rows), "rows_p50": med("rows"),
+            "measured_p50_ms": _pct(m, 50) * 1e3, "predicted_p50_ms": _pct(p, 50) * 1e3,
+            "ratio_of_medians": _pct(p, 50) / _pct(m, 50) if rows else float("nan"), "median_ratio": med("ratio"),
+            "measured_per_request_ms": _pct(m, 50) * 1e3 / size, "emb_ms": med("emb_s") * 1e3,
+            "pred_emb_ms": med("pred_emb_s") * 1e3, "compute_ms": med("compute_s") * 1e3,
+            "pred_compute_ms": med("pred_compute_s") * 1e3,
+            **{k: {"batches": len(rs), "median_ratio": med("ratio", rs), "padding_p50": med("padding", rs)}
+               for k, rs in kinds.items()}}
 
 
 def row(cost: CostModel, prefix_len: int, s, emb_fixed: float) -> dict:
@@ -152,8 +215,10 @@ def run(args) -> dict:
         torch.set_num_threads(args.threads)
     passes = [run_pass(args, device) for _ in range(args.passes)]
     ratios = [p["all"]["ratio_of_medians"] for p in passes]
+    batched = {b["batch"]: statistics.median(p["batched"][i]["ratio_of_medians"] for p in passes)
+               for i, b in enumerate(passes[0]["batched"])}
     return {"passes": passes, "p50_ratio_per_pass": ratios, "p50_ratio_median": statistics.median(ratios),
-            "median_ratio_per_pass": [p["all"]["median_ratio"] for p in passes]}
+            "median_ratio_per_pass": [p["all"]["median_ratio"] for p in passes], "batched_p50_ratio_median": batched}
 
 
 def _pct(values, q) -> float:
@@ -181,7 +246,8 @@ def summarize(args, hw, model, cal, rt, rows) -> dict:
            "emb_hit_rate": rt.stats.emb_hit_rate,
            "all": _split(rows, "all"), "kv_hit": _split(hits, "kv hit"), "kv_miss": _split(misses, "kv miss"),
            "profile": {k: getattr(hw, k) for k in ("hbm_bw_gbs", "pcie_bw_gbs", "pcie_latency_us", "peak_tflops",
-                                                   "compute_efficiency", "launch_us", "host_lookup_ns")}}
+                                                   "compute_efficiency", "launch_us", "host_lookup_ns",
+                                                   "batch_efficiency", "batch_half_rows")}}
     if args.device == "cuda":
         out["gpu"] = gpu_figures(hw, misses)
     return out
@@ -221,6 +287,18 @@ def report_pass(out: dict) -> None:
               f"{r['measured_p99_ms']:9.3f} {r['predicted_p99_ms']:9.3f} {r['ratio_of_medians']:9.3f} "
               f"{r['median_ratio']:9.3f}   {r['emb_ms']:7.3f}/{r['pred_emb_ms']:<8.3f} "
               f"{r['kv_compute_score_ms']:9.3f}/{r['pred_compute_ms']:<9.3f}")
+    if out["batched"]:
+        print(f"{'batch':>5} {'n':>4} {'rows p50':>8} {'meas p50':>9} {'pred p50':>9} {'p50 ratio':>9} "
+              f"{'med ratio':>9} "
+              f"{'ms/req':>7}   {'emb ms meas/pred':>16} {'compute ms meas/pred':>20}   "
+              f"{'hit-only n/ratio/pad':>20} {'mixed n/ratio/pad':>18}")
+    for r in out["batched"]:
+        kinds = "".join(f" {r[k]['batches']:5d} {r[k]['median_ratio']:6.3f} {r[k]['padding_p50']:5.2f}  "
+                        for k in ("hit_only", "mixed"))
+        print(f"{r['batch']:5d} {r['batches']:4d} {r['rows_p50']:8.0f} {r['measured_p50_ms']:9.3f} "
+              f"{r['predicted_p50_ms']:9.3f} {r['ratio_of_medians']:9.3f} {r['median_ratio']:9.3f} "
+              f"{r['measured_per_request_ms']:7.3f}   {r['emb_ms']:7.3f}/{r['pred_emb_ms']:<8.3f} "
+              f"{r['compute_ms']:9.3f}/{r['pred_compute_ms']:<9.3f} {kinds}")
     if "gpu" in out:
         g = out["gpu"]
         print(f"GPU ({g['preset'] or 'no matching preset'}): EMB gather {g['emb_gather_gbs']:.1f} GB/s "
@@ -237,6 +315,9 @@ def report(out: dict) -> None:
         print("(predicted compute includes the EMB lookup's fixed cost: a loaded profile does not split it out)")
     print(f"predicted / measured p50, per pass: {', '.join(f'{r:.3f}' for r in out['p50_ratio_per_pass'])}; "
           f"median {out['p50_ratio_median']:.3f}")
+    if out["batched_p50_ratio_median"]:
+        print("batched, predicted / measured p50 batch time, median over passes: " +
+              ", ".join(f"b={b} {r:.3f}" for b, r in out["batched_p50_ratio_median"].items()))
 
 
 def main(argv=None) -> int:

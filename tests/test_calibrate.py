@@ -10,9 +10,11 @@ import torch
 
 from helmgr.cli import main
 from helmgr.core.costs import CostModel
+from helmgr.core.errors import HelmInputError
 from helmgr.core.records import NodeConfig
 from helmgr.core.profiles import MIB, NodeProfile, load_hardware, load_model, node_profile
-from helmgr.real.calibrate import CalibrateConfig, compute_shapes, fit_affine, fit_compute, fit_profiles
+from helmgr.real.calibrate import (CalibrateConfig, batch_shapes, batch_sizes, compute_shapes, fit_affine, fit_compute,
+                                   fit_profiles)
 from helmgr.real.calibrated_toml import model_path
 from helmgr.real.measure import Measure
 from helmgr.real.runtime import PAGE_MIB, NodeRuntime
@@ -60,7 +62,7 @@ def test_fit_compute_recovers_achieved_flops_and_launch_overhead_from_cost_model
 
 
 CONSTANTS = dict(hbm_bw=2e9, pcie_bw=10e9, miss_fixed=300e-6, host_row=500e-9, achieved=6e9, fixed=1.5e-3,
-                 emb_fixed=200e-6, gemm_tflops=0.06)
+                 emb_fixed=200e-6, gemm_tflops=0.06, batch_efficiency=0.125, batch_half_rows=96.0)
 
 
 class FakeMeasure:
@@ -95,6 +97,18 @@ class FakeMeasure:
                            "s": self.c["fixed"] + f / self.c["achieved"], "score_s": 0.0})
         return points
 
+    def batches(self, shapes, sizes, cost, on_round):
+        """Each batch: the fixed cost once, its FLOPs at the curve's rate for its rows."""
+        on_round()
+        c, points = self.c, []
+        for p, cached, n, k in shapes:
+            for b in sizes:
+                rows, f = b * (p - cached + n + k), b * cost.request_flops(p - cached + n, cached, k)
+                rate = c["gemm_tflops"] * 1e12 * c["batch_efficiency"] * rows / (rows + c["batch_half_rows"])
+                points.append({"prefix_len": p, "cached": cached, "new_tokens": n, "candidates": k, "batch": b,
+                               "rows": rows, "flops": f, "s": c["fixed"] + f / rate})
+        return points
+
 
 def assert_constants(hw, model):
     approx = lambda v: pytest.approx(v, rel=1e-6)
@@ -102,6 +116,7 @@ def assert_constants(hw, model):
     assert hw.pcie_latency_us == approx(300.0) and hw.host_lookup_ns == approx(500.0)
     assert hw.peak_tflops == approx(0.06) and hw.flops == approx(6e9)
     assert hw.launch_us * model.launches == approx(1500.0 + 200.0)      # compute + lookup fixed costs
+    assert hw.batch_efficiency == approx(0.125) and hw.batch_half_rows == approx(96.0)
 
 
 def test_fit_profiles_recovers_every_constant_of_a_made_up_device():
@@ -111,12 +126,28 @@ def test_fit_profiles_recovers_every_constant_of_a_made_up_device():
     cost = CostModel.from_parts(load_hardware("a100-80g"), cfg.model_profile)
     hit, miss = m.emb()
     points = {"emb_hit": hit, "emb_miss": miss, "h2d": m.h2d(), "host_gather": m.host_gather(), "gemm": [m.gemm()],
-              "compute": m.compute(compute_shapes(cfg.max_tokens, cfg.candidates), cost, lambda: None)}
+              "compute": m.compute(compute_shapes(cfg.max_tokens, cfg.candidates), cost, lambda: None),
+              "batch": m.batches(batch_shapes(cfg.max_tokens, cfg.candidates), batch_sizes(8), cost, lambda: None)}
     hw, model, fits = fit_profiles(cfg, points, {"weights_gib": 1e-4})
     assert_constants(hw, model)
     assert fits["compute_fixed_us"] == pytest.approx(1500.0) and max(map(abs, fits["compute_fit_err"])) < 1e-9
+    assert max(map(abs, fits["batch_fit_err"])) < 1e-9
     # on CPU the pool the simulator sees is the runtime's
     assert NodeProfile(hw, model).pool_budget_bytes == pytest.approx(cfg.pool_mib * MIB, abs=1)
+
+
+def test_a_batch_faster_than_a_request_s_fixed_cost_is_named():
+    cfg = CalibrateConfig()
+    rt = SimpleNamespace(pool=SimpleNamespace(row_bytes=cfg.model_profile.row_bytes))
+    m = FakeMeasure(rt, 1, 0, 0)
+    cost = CostModel.from_parts(load_hardware("a100-80g"), cfg.model_profile)
+    hit, miss = m.emb()
+    points = {"emb_hit": hit, "emb_miss": miss, "h2d": m.h2d(), "host_gather": m.host_gather(), "gemm": [m.gemm()],
+              "compute": m.compute(compute_shapes(cfg.max_tokens, cfg.candidates), cost, lambda: None),
+              "batch": m.batches(batch_shapes(cfg.max_tokens, cfg.candidates), batch_sizes(8), cost, lambda: None)}
+    points["batch"][0]["s"] = 1e-3                       # under the 1.5 ms fixed cost
+    with pytest.raises(HelmInputError, match="calibration of batched compute: a batch took 500 us less than"):
+        fit_profiles(cfg, points, {"weights_gib": 1e-4})
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -168,6 +199,7 @@ def test_the_measurements_run_on_a_tiny_runtime():
     (["--model", "huge"], "unknown model profile 'huge'"),
     (["--n-items", "100"], "--n-items must be >= "),
     (["--ratio", "0.99"], "'--ratio': 0.99"),
+    (["--max-batch", "0"], "'--max-batch': 0"),
     (["--shrink", "3"], "--shrink 3: shrink factor must be >= 1 and divide"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, argv, needle):

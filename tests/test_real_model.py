@@ -99,6 +99,42 @@ def test_a_position_does_not_depend_on_later_ones():
     torch.testing.assert_close(model.prefill(x[:5])[0], model.prefill(x)[0][:5], atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("shapes", [
+    [(0, 7, 5), (10, 3, 4), (4, 1, 6), (20, 2, 2)],        # KV misses and hits, every size different
+    [(9, 4, 3), (9, 4, 3), (9, 4, 3)],                     # one shape: nothing padded
+    [(12, 2, 5)],                                          # a batch of one
+])
+def test_a_batch_gives_each_request_what_it_gets_alone(shapes):
+    """(cached, new, candidates) per request; extend_batch + score_batch against extend + score."""
+    model = make_model()
+    pasts, news, cands, alone = [], [], [], []
+    for i, (cached, new, c) in enumerate(shapes):
+        x, cand = tokens(model, cached + new, seed=10 + i), tokens(model, c, seed=50 + i)
+        past = model.prefill(x[:cached])[1] if cached else model.layout.empty()
+        _, full = model.extend(x[cached:], past)
+        pasts.append(past), news.append(x[cached:]), cands.append(cand)
+        alone.append((full, model.score(full, cand)))
+    kv = model.extend_batch(torch.cat(news), [len(x) for x in news], pasts)
+    scores = model.score_batch(kv, torch.cat(cands), [len(c) for c in cands])
+    assert kv.lengths == tuple(c + n for c, n, _ in shapes)
+    for b, (full, want) in enumerate(alone):
+        got = kv.request(b)
+        for layer in range(model.profile.layers):
+            torch.testing.assert_close(got.k[layer], full.k[layer], atol=ATOL, rtol=0)
+            torch.testing.assert_close(got.v[layer], full.v[layer], atol=ATOL, rtol=0)
+        torch.testing.assert_close(scores[b], want, atol=ATOL, rtol=0)
+
+
+def test_a_batch_with_miscounted_rows_is_a_named_value_error():
+    model = make_model()
+    past = model.prefill(tokens(model, 3))[1]
+    with pytest.raises(ValueError, match="needs as many row counts and their sum of rows"):
+        model.extend_batch(tokens(model, 4), [1, 2], [past, past])
+    kv = model.extend_batch(tokens(model, 3), [1, 2], [past, past])
+    with pytest.raises(ValueError, match="needs as many candidate counts"):
+        model.score_batch(kv, tokens(model, 5), [2, 2])
+
+
 def test_fp16_rows_from_the_emb_cache_are_accepted():
     model = make_model()
     x = tokens(model, 4)
@@ -131,3 +167,16 @@ def test_cached_prefix_equivalence_on_cuda():
     cpu = make_model()
     torch.testing.assert_close(model.score(kv, cand).cpu(), cpu.score(cpu.prefill(x.cpu())[1], cand.cpu()),
                                atol=ATOL, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_batch_on_cuda_gives_each_request_what_it_gets_alone():
+    model = make_model().cuda()
+    shapes = [(0, 6, 4), (9, 2, 4), (3, 1, 2)]                    # (cached, new, candidates)
+    xs = [tokens(model, c + n, seed=20 + i).cuda() for i, (c, n, _) in enumerate(shapes)]
+    cands = [tokens(model, k, seed=60 + i).cuda() for i, (_, _, k) in enumerate(shapes)]
+    pasts = [model.prefill(x[:c])[1] if c else model.layout.empty("cuda") for x, (c, _, _) in zip(xs, shapes)]
+    kv = model.extend_batch(torch.cat([x[c:] for x, (c, _, _) in zip(xs, shapes)]), [n for _, n, _ in shapes], pasts)
+    scores = model.score_batch(kv, torch.cat(cands), [k for _, _, k in shapes])
+    for x, cand, got in zip(xs, cands, scores):
+        torch.testing.assert_close(got, model.score(model.prefill(x)[1], cand), atol=ATOL, rtol=0)

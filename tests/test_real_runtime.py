@@ -4,7 +4,7 @@ import torch
 
 from helmgr.core.records import NodeConfig
 from helmgr.core.profiles import NodeProfile, load_hardware, load_model
-from helmgr.real.runtime import NodeRuntime, predicted, runtime_model
+from helmgr.real.runtime import NodeRuntime, RealRequest, predicted, runtime_model
 from helmgr.policy.policies import Scheduled
 
 torch.set_num_threads(1)
@@ -127,6 +127,34 @@ def test_the_prediction_is_the_cost_models_breakdown_of_what_was_seen():
     s = serve(rt, user=3, prefix_len=44, new=2, seed=6)
     expected = rt.cost.breakdown(44, 44, 2, CANDS, s.rows_fetched)
     assert rt.prediction(s, 44) == expected == predicted(rt.cost, s, 44)
+
+
+def request(user, prefix_len, new, seed):
+    return RealRequest(user, prefix_len, history(user, prefix_len, prefix_len + new), candidates(seed))
+
+
+def test_a_batch_serves_each_request_as_it_would_be_served_alone():
+    rt = runtime(budget_kib=512)
+    first = serve(rt, user=1, prefix_len=30, new=4, seed=1)          # user 1's prefix is cached
+    seeds = {1: 2, 3: 3, 4: 4}
+    batch = [request(1, 34, 3, seeds[1]), request(3, 20, 2, seeds[3]), request(4, 5, 1, seeds[4])]
+    served = rt.serve_batch(5.0, batch, history)
+    assert [s.kv_tokens for s in served.services] == [34, 0, 0]
+    assert [s.tokens for s in served.services] == [3, 22, 6]
+    assert [s.ids for s in served.services] == [3 + CANDS, 22 + CANDS, 6 + CANDS]
+    for r, s in zip(batch, served.services):
+        want = from_scratch(rt, r.user, r.prefix_len, len(r.new_ids), seeds[r.user])
+        torch.testing.assert_close(s.scores, want, atol=ATOL, rtol=0)
+        assert (s.start, s.end) == (5.0, 5.0 + served.service_s)
+        assert rt.kv.peek(r.user) == r.prefix_len + len(r.new_ids)
+    assert served.service_s >= served.emb_s + served.kv_s + served.compute_s + served.score_s > 0
+    assert served.rows_fetched <= sum(s.rows_fetched for s in served.services)
+    st = rt.stats
+    assert (st.requests, st.cold_requests, st.prefix_tokens, st.kv_hit_tokens) == (4, 3, 30 + 34 + 20 + 5, 34)
+    assert st.ids == first.ids + sum(s.ids for s in served.services)
+    assert st.misses == first.misses + sum(s.misses for s in served.services)
+    assert rt.emb.hits + st.misses == rt.emb.lookups
+    rt.check_integrity()
 
 
 def test_the_runtime_refuses_what_it_does_not_run():

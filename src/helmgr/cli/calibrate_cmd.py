@@ -28,16 +28,19 @@ from helmgr.core.extras import require
               help="EMB share of the pool.")
 @click.option("--max-tokens", type=click.IntRange(min=8), default=None,
               help="Longest history measured [default: cpu 1024, cuda 4096].")
+@click.option("--max-batch", type=click.IntRange(min=1, max=1024), default=8, show_default=True,
+              help="Largest batch measured for the batch-efficiency curve (batches of 1, 2, 4, ... up to it).")
 @click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True,
               help="Timed runs per point (median).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs first.")
 @click.option("--threads", type=click.IntRange(min=1, max=4096), default=1, show_default=True, help="torch CPU threads.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @json_option
-def calibrate_cmd(device, out_path, model, shrink, candidates, n_items, pool_mib, ratio, max_tokens, repeats, warmup,
-                  threads, seed, as_json):
-    """Measure EMB lookups, H2D copies, host gathers and request compute on this device, fit the
-    cost model's constants, and write a hardware profile (+ its model profile) for the simulator.
+def calibrate_cmd(device, out_path, model, shrink, candidates, n_items, pool_mib, ratio, max_tokens, max_batch,
+                  repeats, warmup, threads, seed, as_json):
+    """Measure EMB lookups, H2D copies, host gathers, request compute and batched compute on this
+    device, fit the cost model's constants (the batch-efficiency curve included), and write a
+    hardware profile (+ its model profile) for the simulator.
 
     \b
     helmgr calibrate --device cpu --out cpu.toml
@@ -51,8 +54,8 @@ def calibrate_cmd(device, out_path, model, shrink, candidates, n_items, pool_mib
 
     check_out(out_path)
     cfg = CalibrateConfig.for_device(device, model=model, shrink=shrink, candidates=candidates, n_items=n_items,
-                                     pool_mib=pool_mib, ratio=ratio, max_tokens=max_tokens, repeats=repeats,
-                                     warmup=warmup, seed=seed).validate()
+                                     pool_mib=pool_mib, ratio=ratio, max_tokens=max_tokens, max_batch=max_batch,
+                                     repeats=repeats, warmup=warmup, seed=seed).validate()
     torch.set_num_threads(threads)
     with progress("calibrate", None) as bar:
         task = bar.add_task(f"calibrate on {device}", total=total_steps(cfg))
@@ -63,5 +66,6 @@ def calibrate_cmd(device, out_path, model, shrink, candidates, n_items, pool_mib
         return
     stdout.print(table(f"{cal.hardware.name}: {cal.device_name}", {
         k: getattr(cal.hardware, k) for k in ("hbm_bw_gbs", "pcie_bw_gbs", "pcie_latency_us", "peak_tflops",
-                                              "compute_efficiency", "launch_us", "host_lookup_ns")}))
+                                              "compute_efficiency", "launch_us", "host_lookup_ns", "batch_efficiency",
+                                              "batch_half_rows")}))
     stderr.print(f"wrote {hw_path} and {model_path}:  helmgr simulate --hardware {hw_path} --model {model_path}")

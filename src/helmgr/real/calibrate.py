@@ -12,59 +12,34 @@ Measured (`helmgr.real.measure`), then fitted:
   candidates: KV + prefill/extend + scoring time vs the FLOPs `CostModel` counts for them ->
   achieved FLOP/s (= peak_tflops x compute_efficiency) and a fixed cost per request, which with
   the lookup's becomes `launch_us` x the model's launch count;
-- one large GEMM -> `peak_tflops` (so `compute_efficiency` = achieved / GEMM).
+- one large GEMM -> `peak_tflops` (so `compute_efficiency` = achieved / GEMM);
+- batches of 1, 2, 4 .. `max_batch` requests of one shape (a KV hit, a KV miss) served by
+  `NodeRuntime.serve_batch`: FLOP/s achieved once the per-request compute intercept is taken off,
+  vs the rows in flight -> the batch-efficiency curve, peak x `batch_efficiency` x rows / (rows +
+  `batch_half_rows`) (SPEC 2.5 v2).
 
-Every fit is least squares on relative error (each point weighted by 1 / its time), so short
-and long measurements count alike. Nothing here imports click or rich.
+Every fit (`real/fits.py`) is least squares on relative error (each point weighted by 1 / its
+time), so short and long measurements count alike. Nothing here imports click or rich.
 """
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, Iterator
 
-import numpy as np
 import torch
 
 from helmgr.core.errors import HelmInputError
 from helmgr.core.records import NodeConfig
 from helmgr.core.profiles import GIB, MIB, HardwareProfile, ModelProfile, NodeProfile, load_hardware
+from helmgr.real.fits import Fit, fit_affine, fit_batch_curve, fit_compute
 from helmgr.real.measure import Measure, Shape, sizes
 from helmgr.real.runtime import PAGE_MIB, NodeRuntime, runtime_model
 
 CPU_RESERVED_GIB = 0.0625          # a CPU has no HBM: a stand-in for what the context holds on a GPU
 CPU_ACTIVATIONS_GIB = 0.0625       # not measured on CPU (the runtime's pool is sized apart from it)
 FLOOR = 1e-3                       # the profile loader wants every constant > 0
-
-
-class Fit(NamedTuple):
-    """y = intercept + slope * x."""
-
-    intercept: float
-    slope: float
-
-
-def fit_affine(x, y) -> Fit:
-    """Least squares on relative error; if the intercept comes out negative, the line through
-    the origin instead (a fixed cost is never negative). A time that does not grow with x
-    (noise larger than the range measured) is an error, never a fitted number."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) < 2 or np.any(y <= 0):
-        raise ValueError(f"need >= 2 points with positive times, got {len(x)}")
-    w = 1.0 / y
-    (a, b), *_ = np.linalg.lstsq(np.stack([w, x * w], axis=1), np.ones_like(y), rcond=None)
-    if a < 0:
-        a, b = 0.0, float(np.sum(x * w) / np.sum((x * w) ** 2))
-    if not b > 0:
-        raise ValueError(f"time does not grow with size over the points measured (slope {b:.3g})")
-    return Fit(float(a), float(b))
-
-
-def fit_compute(flops, seconds, launches: int) -> tuple[float, float]:
-    """Seconds = flops / achieved + launches * launch_s, fitted: (achieved FLOP/s, launch_s)."""
-    fit = fit_affine(flops, seconds)
-    return 1.0 / fit.slope, fit.intercept / launches
 
 
 # CPU: the small preset shrunk so that a request takes milliseconds. CUDA: the small preset
@@ -85,6 +60,7 @@ class CalibrateConfig:
     pool_mib: float = 48.0            # the runtime's pool budget
     ratio: float = 0.3                # EMB share of the pool (the miss path scans every EMB slot)
     max_tokens: int = 1024            # longest history measured
+    max_batch: int = 8                # largest batch measured (batches of 1, 2, 4, ... up to it)
     repeats: int = 7
     warmup: int = 2
     seed: int = 0
@@ -98,7 +74,8 @@ class CalibrateConfig:
     def validate(self) -> "CalibrateConfig":
         check_device(self.device)
         checks = {"shrink": self.shrink, "candidates": self.candidates, "n-items": self.n_items,
-                  "pool-mib": self.pool_mib, "max-tokens": self.max_tokens, "repeats": self.repeats}
+                  "pool-mib": self.pool_mib, "max-tokens": self.max_tokens, "repeats": self.repeats,
+                  "max-batch": self.max_batch}
         for name, value in checks.items():
             if not value > 0:
                 raise HelmInputError(f"--{name} must be > 0, got {value}")
@@ -147,9 +124,23 @@ def compute_shapes(max_tokens: int, candidates: int) -> list[Shape]:
     return sorted(set(misses + hits + more))
 
 
+def batch_shapes(max_tokens: int, candidates: int) -> list[Shape]:
+    """The request shapes batched: a KV hit (4 new tokens after a cached prefix) and a KV miss
+    (the same history recomputed), at the second of the four history lengths `compute_shapes`
+    measures (256 of 1,024 on CPU, 1,024 of 4,096 on CUDA: near the bench workload's median)."""
+    n = sizes(max_tokens, 4, 2)[1]
+    return [(n, n, 4, candidates), (n, 0, 4, candidates)]
+
+
+def batch_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to `max_batch` (and `max_batch` itself)."""
+    return sorted({min(1 << i, max_batch) for i in range(max_batch.bit_length() + 1)})
+
+
 def total_steps(cfg: CalibrateConfig) -> int:
-    """Progress steps of `calibrate`: four measurements, then one per round of request shapes."""
-    return 4 + cfg.warmup + cfg.repeats
+    """Progress steps of `calibrate`: four measurements, then one per round of request shapes and
+    one per round of batches."""
+    return 4 + 2 * (cfg.warmup + cfg.repeats)
 
 
 def check_device(name: str) -> torch.device:
@@ -181,6 +172,18 @@ def _miss_path(hits: list[dict], misses: list[dict]) -> Fit:
         return fit_affine([h["ids"] for h in hits], extra)
 
 
+def _batch_curve(points: list[dict], fixed_s: float, peak: float) -> tuple[float, float, list[float]]:
+    """(e, h) of the batches' FLOP/s once the per-request fixed cost `fixed_s` is taken off each,
+    and each batch's FLOP/s."""
+    left = [p["s"] - fixed_s for p in points]
+    with _fitting("batched compute"):
+        if min(left) <= 0:
+            raise ValueError(f"a batch took {-min(left) * 1e6:.0f} us less than the fixed cost of a request")
+        rates = [p["flops"] / t for p, t in zip(points, left)]
+        e, h = fit_batch_curve([p["rows"] for p in points], rates, peak)
+    return e, h, rates
+
+
 def fit_profiles(cfg: CalibrateConfig, points: dict, memory: dict) -> tuple[HardwareProfile, ModelProfile, dict]:
     """The hardware and model profiles the points imply. `memory`: weights_gib, and on CUDA the
     device's total_gib, reserved_gib and activations_gib."""
@@ -193,6 +196,7 @@ def fit_profiles(cfg: CalibrateConfig, points: dict, memory: dict) -> tuple[Hard
                                          model.launches)
     compute_fixed = launch_s * model.launches
     peak = points["gemm"][0]["tflops"] * 1e12
+    batch_e, half_rows, rates = _batch_curve(points["batch"], compute_fixed, peak)
     activations = memory.get("activations_gib", CPU_ACTIVATIONS_GIB)
     model = replace(model, weights_gib=memory["weights_gib"], activations_gib=activations)
     reserved = memory.get("reserved_gib", CPU_RESERVED_GIB)
@@ -204,12 +208,15 @@ def fit_profiles(cfg: CalibrateConfig, points: dict, memory: dict) -> tuple[Hard
         peak_tflops=peak / 1e12, compute_efficiency=achieved / peak,
         launch_us=max((compute_fixed + emb.intercept) / model.launches * 1e6, FLOOR),
         host_lookup_ns=max((miss.slope - model.row_bytes * copy.slope) * 1e9, FLOOR), reserved_gib=reserved,
-        batch_efficiency=achieved / peak, batch_half_rows=0.0)
+        batch_efficiency=batch_e, batch_half_rows=half_rows)
     fits = {"emb_fixed_us": emb.intercept * 1e6, "compute_fixed_us": compute_fixed * 1e6,
             "achieved_tflops": achieved / 1e12, "launches": model.launches,
             "miss_fixed_us": miss.intercept * 1e6, "miss_per_row_ns": miss.slope * 1e9,
             "copy_latency_us": copy.intercept * 1e6, "host_gather_ns_per_row": host.slope * 1e9,
-            "compute_fit_err": [(compute_fixed + p["flops"] / achieved) / p["s"] - 1 for p in points["compute"]]}
+            "compute_fit_err": [(compute_fixed + p["flops"] / achieved) / p["s"] - 1 for p in points["compute"]],
+            "batch_gflops": [r / 1e9 for r in rates],
+            "batch_fit_err": [(compute_fixed + p["flops"] * (p["rows"] + half_rows) / (peak * batch_e * p["rows"]))
+                              / p["s"] - 1 for p in points["batch"]]}
     return hw, model, fits
 
 
@@ -244,6 +251,8 @@ def calibrate(cfg: CalibrateConfig, on_step: Callable[[str], None] = lambda name
     points["compute"] = m.compute(shapes, rt.cost, lambda: on_step("compute"))
     if device.type == "cuda":
         memory["activations_gib"] = max(torch.cuda.max_memory_allocated(device) - at_rest, MIB) / GIB
+    points["batch"] = m.batches(batch_shapes(cfg.max_tokens, cfg.candidates), batch_sizes(cfg.max_batch), rt.cost,
+                                lambda: on_step("batch"))
     hw, model, fits = fit_profiles(cfg, points, memory)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     return Calibration(cfg, hw, model, name, torch.get_num_threads(), time.strftime("%Y-%m-%d %H:%M:%S %Z"),

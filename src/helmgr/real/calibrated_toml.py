@@ -59,6 +59,25 @@ def _header(cal: Calibration, path: Path) -> list[str]:
     ]
 
 
+def _batch_note(cal: Calibration) -> str:
+    """How the batch-efficiency curve was measured, with every batch's rows and FLOP/s."""
+    points, f = cal.points["batch"], cal.fits
+    shapes = sorted({(p["prefix_len"], p["cached"], p["new_tokens"], p["candidates"]) for p in points},
+                    key=lambda s: -s[1])
+    named = ", ".join(f"KV {'hit' if c else 'miss'} ({n} history, {new} new, {k} candidates)"
+                      for n, c, new, k in shapes)
+    by_shape = ["  " + ("hit " if c else "miss") + ": " + ", ".join(
+        f"b={p['batch']} {p['rows']} rows {g:.2f}" for p, g in zip(points, f["batch_gflops"])
+        if (p["prefix_len"], p["cached"]) == (n, c)) for n, c, _, _ in shapes]
+    sizes = ", ".join(str(b) for b in sorted({p["batch"] for p in points}))
+    return (f"Batched service (SPEC 2.5 v2): batches of {sizes} requests of one shape,\n{named},\n"
+            "served by NodeRuntime.serve_batch (jagged rows, padded attention; KV read/write + extend + scoring).\n"
+            "FLOP/s = CostModel's FLOPs / (time - the per-request compute intercept, "
+            f"{f['compute_fixed_us']:.1f} us),\n"
+            "fitted to peak_tflops x batch_efficiency x rows / (rows + batch_half_rows) (least squares, relative\n"
+            "error; e <= 1, h >= 0). Measured GFLOP/s by batch size b:\n" + "\n".join(by_shape))
+
+
 def hardware_toml(cal: Calibration, path: Path) -> str:
     hw, f, p, cuda = cal.hardware, cal.fits, cal.points, cal.config.device == "cuda"
     ids = f"{p['emb_hit'][0]['ids']}..{p['emb_hit'][-1]['ids']}"
@@ -89,8 +108,10 @@ def hardware_toml(cal: Calibration, path: Path) -> str:
          f"pcie_bw. A bare host gather (index_select into staging): {f['host_gather_ns_per_row']:.0f} ns/row."),
         ("reserved_gib", hw.reserved_gib, "Device memory in use once the CUDA context exists (mem_get_info)."
          if cuda else "A stand-in: nothing is reserved on a CPU."),
-        ("batch_efficiency", hw.batch_efficiency, "Batched service: not measured; the per-request efficiency."),
-        ("batch_half_rows", hw.batch_half_rows, "Batched service: not measured; 0 = the same efficiency at every batch."),
+        ("batch_efficiency", hw.batch_efficiency, _batch_note(cal)),
+        ("batch_half_rows", hw.batch_half_rows,
+         "The same fit's half point: rows in flight (computed tokens + candidates) at which a batch\n"
+         "reaches half the plateau (0: the same FLOP/s at every batch)."),
     ]
     assert [r[0] for r in rows] == [x.name for x in fields(hw)]
     return _toml(["Calibrated hardware profile."] + _header(cal, path), rows)

@@ -9,13 +9,14 @@ working set does not clear either (flushing past L3 made every lookup pay DRAM a
 prediction 11 % high on this machine; flushing nothing, 14-32 % low) -- lookups draw
 fresh random ids every run (resident ones for a hit, absent ones for a miss), and request shapes
 are served round-robin over several users, which also spreads a slow spell of a shared machine
-over every shape instead of spoiling one.
+over every shape instead of spoiling one. Batches (`batches`) are b requests of one shape, each a
+different user's, served by `NodeRuntime.serve_batch`, the sizes and shapes taken in turn.
 """
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -23,10 +24,11 @@ import torch
 from helmgr.core.costs import CostModel
 from helmgr.core.errors import HelmInputError
 from helmgr.real.emb import EMPTY
-from helmgr.real.runtime import NodeRuntime
+from helmgr.real.runtime import NodeRuntime, RealRequest
 
 Shape = tuple[int, int, int, int]       # prefix_len, cached, new_tokens, candidates
 USERS_PER_SHAPE = 3
+BATCH_USERS = 1 << 30          # users of the batches start here, apart from the single requests' ones
 FLUSH_BYTES = {"cpu": 4 << 20, "cuda": 256 << 20}      # past a CPU core's L2 (not the L3); past a GPU's L2
 
 
@@ -114,36 +116,81 @@ class Measure:
         return {"n": n, "s": s, "tflops": 2 * n ** 3 / s / 1e12}
 
     # -- requests -------------------------------------------------------------------------
+    def _history(self, user: int, start: int, stop: int) -> np.ndarray:
+        """The synthetic history of `user`: consecutive item ids from a base of its own."""
+        base = (user % 997) * self._stride % max(1, self.rt.emb.n_items - self._stride)
+        return np.arange(base + start, base + stop)
+
+    def _room(self, shapes: list[Shape], users: int = 1) -> None:
+        """Refuse shapes whose `users` histories of the longest do not fit the KV cache together."""
+        self._stride = max(p + new + c for p, _, new, c in shapes)
+        longest, per_page = max(p + new for p, _, new, _ in shapes), self.rt.kv.tokens_per_page
+        if self.rt.pool.kv_pages < users * -(-longest // per_page):
+            raise HelmInputError(f"--pool-mib / --ratio: the KV cache holds {self.rt.pool.kv_pages * per_page} "
+                                 f"tokens, fewer than {users} x the {longest} of the longest history measured")
+
+    def _request(self, user: int, shape: Shape) -> RealRequest:
+        """`shape` as a request of `user`, its prefix put in the KV cache first on a hit (untimed)."""
+        prefix_len, cached, new, cands = shape
+        if cached and self.rt.kv.peek(user) < prefix_len:
+            self.rt.kv.put(user, *self._prefill(self._history(user, 0, prefix_len)))
+        ids = self._history(user, prefix_len, prefix_len + new + cands)
+        return RealRequest(user, prefix_len, ids[:new], ids[new:])
+
     def compute(self, shapes: list[Shape], cost: CostModel, on_round: Callable[[], None]) -> list[dict]:
         """Each shape served by `NodeRuntime.serve`, one request per shape per round; the KV,
         prefill/extend and scoring parts are timed (the EMB lookup is measured apart)."""
-        stride = max(p + new + c for p, _, new, c in shapes)
-        longest, room = max(p + new for p, _, new, _ in shapes), self.rt.pool.kv_pages * self.rt.kv.tokens_per_page
-        if room < longest:
-            raise HelmInputError(f"--pool-mib / --ratio: the KV cache holds {room} tokens, fewer than the "
-                                 f"{longest} of the longest history measured")
+        self._room(shapes)
         fresh = iter(range(1 << 40, 1 << 41))
         times: list[list[tuple[float, float]]] = [[] for _ in shapes]
         for r in range(self.warmup + self.repeats):
-            for k, (prefix_len, cached, new, cands) in enumerate(shapes):
-                user = (k * USERS_PER_SHAPE + r % USERS_PER_SHAPE) if cached else next(fresh)
-                base = (user % 997) * stride % max(1, self.rt.emb.n_items - stride)
-                history = lambda u, a, b, base=base: np.arange(base + a, base + b)
-                if cached and self.rt.kv.peek(user) < prefix_len:
-                    self.rt.kv.put(user, *self._prefill(history(user, 0, prefix_len)))
-                cand_ids = np.arange(base + prefix_len + new, base + prefix_len + new + cands)
+            for k, shape in enumerate(shapes):
+                req = self._request((k * USERS_PER_SHAPE + r % USERS_PER_SHAPE) if shape[1] else next(fresh), shape)
                 self.flush()
-                s = self.rt.serve(0.0, user, prefix_len, history(user, prefix_len, prefix_len + new), cand_ids, history)
-                assert s.kv_tokens == cached, (s.kv_tokens, cached)
+                s = self.rt.serve(0.0, *req, self._history)
+                assert s.kv_tokens == shape[1], (s.kv_tokens, shape)
                 times[k].append((s.kv_s + s.compute_s + s.score_s, s.score_s))
             on_round()
         out = []
         for (prefix_len, cached, new, cands), ts in zip(shapes, times):
             ts = ts[self.warmup:]
-            tokens = prefix_len - cached + new
             out.append({"prefix_len": prefix_len, "cached": cached, "new_tokens": new, "candidates": cands,
-                        "flops": cost.prefix_flops(tokens, cached) + cost.candidate_flops(cands, prefix_len + new),
+                        "flops": cost.request_flops(prefix_len - cached + new, cached, cands),
                         "s": statistics.median(t for t, _ in ts), "score_s": statistics.median(t for _, t in ts)})
+        return out
+
+    def batches(self, shapes: list[Shape], sizes: Sequence[int], cost: CostModel,
+                on_round: Callable[[], None]) -> list[dict]:
+        """Batches of b requests of one shape (b in `sizes`, each request a different user's)
+        served by `NodeRuntime.serve_batch`, every (shape, b) once per round; the KV, batched
+        extend and batched scoring parts are timed (the EMB lookup is measured apart). `rows`
+        and `flops` are the batch's as `Node.serve_batch` counts them."""
+        top = max(sizes)
+        self._room(shapes, top)
+        fresh = iter(range(1 << 41, 1 << 42))
+        runs = [(k, b) for k in range(len(shapes)) for b in sizes]
+        times: list[list[float]] = [[] for _ in runs]
+        for r in range(self.warmup + self.repeats):
+            for (k, b), ts in zip(runs, times):
+                first = BATCH_USERS + (k * USERS_PER_SHAPE + r % USERS_PER_SHAPE) * top
+                users = range(first, first + b) if shapes[k][1] else [next(fresh) for _ in range(b)]
+                for u in users:                # most recent first, so that the prefills below evict none of them
+                    if self.rt.kv.peek(u):
+                        self.rt.kv.get(u)
+                batch = [self._request(u, shapes[k]) for u in users]
+                self.flush()
+                served = self.rt.serve_batch(0.0, batch, self._history)
+                assert [s.kv_tokens for s in served.services] == [shapes[k][1]] * b
+                ts.append(served.kv_s + served.compute_s + served.score_s)
+            on_round()
+        out = []
+        for (k, b), ts in zip(runs, times):
+            prefix_len, cached, new, cands = shapes[k]
+            tokens = prefix_len - cached + new
+            flops = b * cost.request_flops(tokens, cached, cands)
+            out.append({"prefix_len": prefix_len, "cached": cached, "new_tokens": new, "candidates": cands,
+                        "batch": b, "rows": b * (tokens + cands), "flops": flops,
+                        "s": statistics.median(ts[self.warmup:])})
         return out
 
     def _prefill(self, ids: np.ndarray):

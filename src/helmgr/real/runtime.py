@@ -4,7 +4,9 @@
 the paged KV cache, look up the rows of the positions to compute and of the candidates in the
 device EMB cache (misses gathered from the host table), run the model over the computed
 positions only (`extend` after a hit, the whole history on a miss), store the prefix again and
-score the candidates. Its `ratio`, `resize`, `stats` (a `NodeStats`), `cost`, `config` and
+score the candidates. `serve_batch` does the same for a batch the way `Node.serve_batch` models
+it: one lookup, one batched forward and one batched scoring for all its requests (jagged rows,
+padded attention: `real/model.py`). Its `ratio`, `resize`, `stats` (a `NodeStats`), `cost`, `config` and
 `check_integrity` are the simulated node's, so memory policies, the controller and routers plug
 in unchanged. The wall clock is passed in; on CUDA each part ends with a synchronize so that
 the parts it reports are the device's time, not the launch queue's.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -68,6 +70,32 @@ class RealService(NamedTuple):
     @property
     def service_s(self) -> float:
         return self.end - self.start
+
+
+class RealRequest(NamedTuple):
+    """One request of a batch: as `NodeRuntime.serve`'s arguments."""
+
+    user: int
+    prefix_len: int
+    new_ids: np.ndarray
+    cand_ids: np.ndarray
+
+
+class RealBatch(NamedTuple):
+    """A batch served for real: one `RealService` per request, in order (start and end are the
+    batch's, and so are its phase times: every request waited for all of them; its KV hit, ids,
+    misses, rows fetched and scores are its own), and the batch's measured phases."""
+
+    services: list[RealService]
+    emb_s: float            # the batch's one EMB lookup
+    kv_s: float             # its prefixes read out of the pool and written back
+    compute_s: float        # the batched extend
+    score_s: float          # the batched scoring
+    rows_fetched: int       # distinct rows the lookup gathered from the host table
+
+    @property
+    def service_s(self) -> float:
+        return self.services[0].service_s
 
 
 class NodeRuntime:
@@ -144,9 +172,7 @@ class NodeRuntime:
         `new_ids` must be `history(user, prefix_len, prefix_len + len(new_ids))` (the workload's
         contract, as for `Node.serve`)."""
         t0 = self._now()
-        cached = min(self.kv.peek(user), prefix_len)
-        n_new = len(new_ids)
-        computed = new_ids if cached == prefix_len else history(user, cached, prefix_len + n_new)
+        cached, computed = self._plan(user, prefix_len, new_ids, history)
         tokens = len(computed)
         ids = torch.from_numpy(np.concatenate([computed, cand_ids]).astype(np.int64, copy=False))
         resident = self.emb.is_resident(ids)
@@ -168,6 +194,57 @@ class NodeRuntime:
         return RealService(now, now + (t5 - t0), cached, ids.numel(), ids.numel() - hits, 0, t1 - t0, recompute,
                            fetched, t1 - t0, (t2 - t1) + (t4 - t3), t3 - t2, t5 - t4, scores)
 
+    def _plan(self, user: int, prefix_len: int, new_ids: np.ndarray, history: History) -> tuple[int, np.ndarray]:
+        """The prefix positions the KV cache holds for `user`, and the item ids of the positions
+        to compute: the new tokens after a hit, the rest of the history and them otherwise."""
+        cached = min(self.kv.peek(user), prefix_len)
+        end = prefix_len + len(new_ids)
+        return cached, new_ids if cached == prefix_len else history(user, cached, end)
+
+    def serve_batch(self, now: float, batch: Sequence[RealRequest], history: History) -> RealBatch:
+        """Serve `batch` together (SPEC 2.5 v2): every request's computed positions and
+        candidates looked up at once, each request's cached prefix read, one `extend_batch` over
+        all of them, every prefix stored again, one `score_batch`. Each request ends when the batch
+        does; its scores equal what `serve` gives it alone."""
+        t0 = self._now()
+        plans = [self._plan(r.user, r.prefix_len, r.new_ids, history) for r in batch]
+        tokens = [len(c) for _, c in plans]
+        counts = [len(r.cand_ids) for r in batch]
+        ids = torch.from_numpy(np.concatenate([c for _, c in plans] + [r.cand_ids for r in batch]).astype(np.int64))
+        resident = self.emb.is_resident(ids)
+        rows, fetched = self.emb.lookup(ids)
+        t1 = self._now()
+        past = [self._cached_prefix(r.user, cached) for r, (cached, _) in zip(batch, plans)]
+        t2 = self._now()
+        full = self.model.extend_batch(rows[:sum(tokens)], tokens, past)
+        t3 = self._now()
+        for b, r in enumerate(batch):
+            self.kv.put(r.user, *full.request(b))
+        t4 = self._now()
+        scores = self.model.score_batch(full, rows[sum(tokens):], counts)
+        t5 = self._now()
+        per_request = zip(batch, plans, scores, self._segments(ids, resident, tokens, counts))
+        services, total = [], sum(tokens)
+        for r, (cached, _), sc, (n_ids, n_hits, token_hits, n_fetched) in per_request:
+            recompute = (t3 - t2) * (n_ids - len(sc)) / total if cached < r.prefix_len else 0.0
+            self._count(r.prefix_len, cached, n_ids, n_hits, n_ids - len(sc), token_hits, (t5 - t0) / len(batch),
+                        t1 - t0, recompute)
+            services.append(RealService(now, now + (t5 - t0), cached, n_ids, n_ids - n_hits, 0, t1 - t0, recompute,
+                                        n_fetched, t1 - t0, (t2 - t1) + (t4 - t3), t3 - t2, t5 - t4, sc))
+        return RealBatch(services, t1 - t0, (t2 - t1) + (t4 - t3), t3 - t2, t5 - t4, fetched)
+
+    @staticmethod
+    def _segments(ids: torch.Tensor, resident: torch.Tensor, tokens: list[int], counts: list[int]):
+        """Per request of a batch whose `ids` are every request's computed positions, then every
+        request's candidates: (ids, resident ids, resident computed positions, distinct absent ids)."""
+        n = sum(tokens)
+        tok_ids, cand_ids = ids[:n].split(tokens), ids[n:].split(counts)
+        tok_res, cand_res = resident[:n].split(tokens), resident[n:].split(counts)
+        for ti, ci, tr, cr in zip(tok_ids, cand_ids, tok_res, cand_res):
+            absent = torch.cat([ti[~tr.cpu()], ci[~cr.cpu()]])
+            hits = int(tr.sum()) + int(cr.sum())
+            yield len(ti) + len(ci), hits, int(tr.sum()), int(torch.unique(absent).numel())
+
     def _count(self, prefix_len: int, cached: int, ids: int, hits: int, tokens: int, token_hits: int,
                busy_s: float, emb_s: float, recompute_s: float) -> None:
         s = self.stats
@@ -186,3 +263,32 @@ def predicted(cost: CostModel, service: RealService, prefix_len: int) -> Service
     fetched that the runtime saw when it served it."""
     new_tokens = service.tokens - (prefix_len - service.kv_tokens)
     return cost.breakdown(prefix_len, service.kv_tokens, new_tokens, len(service.scores), service.rows_fetched)
+
+
+class BatchPrediction(NamedTuple):
+    """The cost model's service of a batch on an idle node, as `Node.serve_batch` prices it."""
+
+    fetch_s: float          # the requests' host gathers one after another, their copies in order on the link
+    lookup_s: float         # the batch's resident-row reads
+    compute_s: float        # `CostModel.batch_compute_s`: the curve's rate for the batch's rows, launches once
+    rows: int               # computed positions + candidates of the batch
+    flops: float
+
+    @property
+    def total_s(self) -> float:
+        return self.fetch_s + self.lookup_s + self.compute_s
+
+
+def predicted_batch(cost: CostModel, batch: RealBatch) -> BatchPrediction:
+    """What the simulator's batched node predicts for a batch the runtime served, with each
+    request's KV hit and rows fetched as the runtime saw them (`Node.serve_batch`, idle link)."""
+    gathers = link = ready = 0.0
+    flops, rows = 0.0, 0
+    for s in batch.services:
+        gathers += cost.host_s(s.rows_fetched)
+        if s.rows_fetched:
+            link = max(gathers, link) + cost.transfer_s(s.rows_fetched * cost.row_bytes)
+        ready = max(ready, gathers, link)
+        flops += cost.request_flops(s.tokens, s.kv_tokens, len(s.scores))
+        rows += s.ids                   # computed positions + candidates: every row is looked up
+    return BatchPrediction(ready, cost.lookup_s(rows), cost.batch_compute_s(flops, rows), rows, flops)

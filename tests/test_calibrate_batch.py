@@ -1,0 +1,117 @@
+"""The batch-efficiency curve: its fit, its measurement, its profile fields, and the batched
+prediction the bench compares with the runtime."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helmgr.cli import main
+from helmgr.core.costs import CostModel
+from helmgr.core.profiles import NodeProfile, load_hardware
+from helmgr.core.records import NodeConfig
+from helmgr.real.calibrate import CalibrateConfig, batch_shapes, batch_sizes
+from helmgr.real.fits import fit_batch_curve
+from helmgr.real.measure import Measure
+from helmgr.real.runtime import PAGE_MIB, NodeRuntime, predicted_batch
+
+torch.set_num_threads(1)
+
+ROWS = [68, 136, 272, 544, 324, 648, 1296, 2592]     # a KV hit and a KV miss, batches of 1, 2, 4, 8
+PEAK = 2e11
+
+
+def curve(e, h, rows=ROWS, peak=PEAK):
+    return [peak * e * r / (r + h) for r in rows]
+
+
+# -- the fit, on made-up numbers ------------------------------------------------------------
+@pytest.mark.parametrize("e,h", [(0.4, 300.0), (0.07, 15.0), (1.0, 2000.0), (0.25, 0.0)])
+def test_the_fit_recovers_a_curve_exactly(e, h):
+    got_e, got_h = fit_batch_curve(ROWS, curve(e, h), PEAK)
+    assert got_e == pytest.approx(e, rel=1e-9) and got_h == pytest.approx(h, rel=1e-9, abs=1e-6)
+
+
+def test_flat_or_falling_flops_fit_a_flat_curve():
+    e, h = fit_batch_curve(ROWS, [3e10] * len(ROWS), PEAK)
+    assert e == pytest.approx(0.15, rel=1e-12) and h == pytest.approx(0.0, abs=1e-9)
+    falling = [4e10, 3.9e10, 3.6e10, 3.2e10]             # FLOP/s that drop as batches grow: h would be < 0
+    e, h = fit_batch_curve(ROWS[:4], falling, PEAK)
+    # flat, 1 / FLOP/s = a with least relative error: a = sum(F) / sum(F^2), so e = sum(F^2) / sum(F) / peak
+    assert h == 0.0 and e == pytest.approx(sum(f * f for f in falling) / sum(falling) / PEAK, rel=1e-12)
+
+
+def test_flops_above_the_peak_fit_a_curve_that_stops_at_it():
+    """Points on e = 1.5 (no plateau below the peak over the rows measured): e is held at 1 and
+    the half point fitted to them on that edge."""
+    e, h = fit_batch_curve(ROWS, curve(1.5, 500.0), PEAK)
+    assert e == 1.0 and h > 0
+    # the same points fitted with e = 1 by hand: 1/F = (1 + h/rows) / peak, least relative error in h
+    z = [1 / f for f in curve(1.5, 500.0)]
+    x = [1 / r for r in ROWS]
+    a = 1 / PEAK
+    want = sum(xi / zi * (1 - a / zi) for xi, zi in zip(x, z)) / sum((xi / zi) ** 2 for xi, zi in zip(x, z)) / a
+    assert h == pytest.approx(want, rel=1e-9)
+
+
+def test_the_fit_refuses_what_it_cannot_fit():
+    with pytest.raises(ValueError, match="need >= 2 batches"):
+        fit_batch_curve([68], [1e9], PEAK)
+    with pytest.raises(ValueError, match="need >= 2 batches"):
+        fit_batch_curve([68, 136], [1e9, 0.0], PEAK)
+
+
+def test_the_batches_measured():
+    assert batch_sizes(8) == [1, 2, 4, 8] and batch_sizes(6) == [1, 2, 4, 6] and batch_sizes(1) == [1]
+    assert batch_shapes(1024, 64) == [(256, 256, 4, 64), (256, 0, 4, 64)]
+    assert batch_shapes(4096, 512) == [(1024, 1024, 4, 512), (1024, 0, 4, 512)]
+
+
+# -- the batched prediction, by hand ---------------------------------------------------------
+def test_the_batched_prediction_is_what_the_simulated_node_charges():
+    cost = CostModel(row_bytes=100, kv_bytes_per_token=1, hbm_bw=1e4, pcie_bw=1e3, pcie_latency_s=0.5,
+                     host_lookup_s=0.1, flops=1e6, layers=1, linear_flops=10, attention_flops=1,
+                     launch_overhead_s=2.0, batch_flops=1e3, batch_half_rows=10.0)
+    req = lambda fetched, tokens, cached, cands: SimpleNamespace(
+        rows_fetched=fetched, tokens=tokens, kv_tokens=cached, scores=[0.0] * cands, ids=tokens + cands)
+    batch = SimpleNamespace(services=[req(2, 3, 0, 2), req(0, 1, 4, 1), req(1, 1, 2, 1)])
+    p = predicted_batch(cost, batch)
+    # gathers 0.2 s, 0, 0.1 s one after another; copies queue on the link: 0.2 + (0.5 + 200 / 1e3) = 0.9,
+    # then max(0.3, 0.9) + 0.5 + 0.1 = 1.5
+    assert p.fetch_s == pytest.approx(1.5)
+    # FLOPs: (30 + 6) + (20 + 8), (10 + 5) + (10 + 6), (10 + 3) + (10 + 4) = 122 over 9 rows
+    assert (p.rows, p.flops) == (9, 122.0)
+    assert p.lookup_s == pytest.approx(9 * 100 / 1e4)
+    assert p.compute_s == pytest.approx(122 / (1e3 * 9 / 19) + 2.0)
+    assert p.total_s == pytest.approx(1.5 + 0.09 + 122 * 19 / 9e3 + 2.0)
+
+
+# -- on the real path ------------------------------------------------------------------------
+def test_batches_are_measured_on_a_tiny_runtime():
+    cfg = CalibrateConfig(n_items=20000, pool_mib=8, max_tokens=64, candidates=8)
+    rt = NodeRuntime(NodeProfile(load_hardware("a100-80g"), cfg.model_profile, PAGE_MIB), 8 << 20, "cpu", 0,
+                     cfg.n_items, NodeConfig(ratio=0.3))
+    rounds = []
+    shapes = batch_shapes(64, 8)
+    points = Measure(rt, repeats=2, warmup=1, seed=0).batches(shapes, [1, 2, 4], rt.cost, lambda: rounds.append(1))
+    assert len(rounds) == 3 and shapes == [(16, 16, 4, 8), (16, 0, 4, 8)]
+    assert [(p["cached"], p["batch"], p["rows"]) for p in points] == [
+        (16, 1, 12), (16, 2, 24), (16, 4, 48), (0, 1, 28), (0, 2, 56), (0, 4, 112)]
+    one_hit = rt.cost.request_flops(4, 16, 8)
+    assert [p["flops"] for p in points[:3]] == [one_hit, 2 * one_hit, 4 * one_hit]
+    assert all(p["s"] > 0 for p in points)
+    rt.check_integrity()
+
+
+def test_a_small_cpu_calibration_writes_finite_batch_fields(capsys, tmp_path):
+    out = tmp_path / "cpu.toml"
+    code = main(["calibrate", "--device", "cpu", "--out", str(out), "--n-items", "20000", "--pool-mib", "8",
+                 "--max-tokens", "256", "--candidates", "16", "--max-batch", "4", "--repeats", "2", "--warmup", "1"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    hw = load_hardware(str(out))
+    assert 0 < hw.batch_efficiency <= 1 and 0 <= hw.batch_half_rows and math.isfinite(hw.batch_half_rows)
+    text = out.read_text()
+    assert "batches of 1, 2, 4 requests of one shape" in text and "not measured" not in text
+    assert "NodeRuntime.serve_batch" in text and "  hit : b=1 20 rows" in text and "  miss: b=1 84 rows" in text
+    assert "b=4 336 rows" in text
