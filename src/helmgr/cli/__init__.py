@@ -13,6 +13,7 @@ from helmgr.cli.bench_cmd import bench_cmd
 from helmgr.cli.calibrate_cmd import calibrate_cmd
 from helmgr.cli.compare_cmd import compare_cmd
 from helmgr.cli.profile_cmd import profile
+from helmgr.cli.scenario_cmd import scenario_cmd
 from helmgr.cli.serve_cmd import loadgen_cmd, serve_cmd
 from helmgr.cli.simulate_cmd import simulate_cmd
 from helmgr.cli.sweep_cmd import sweep_cmd
@@ -30,6 +31,7 @@ def cli() -> None:
 cli.add_command(simulate_cmd)
 cli.add_command(compare_cmd)
 cli.add_command(sweep_cmd)
+cli.add_command(scenario_cmd)
 cli.add_command(workload)
 cli.add_command(profile)
 cli.add_command(bench_cmd)

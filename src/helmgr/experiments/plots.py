@@ -204,3 +204,33 @@ def plot_router_p99(p99: dict, title: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_scenario(result: dict, out: Path) -> list[str]:
+    """Per regime: P99 against the static ratio for the whole run and for each phase kind (one line
+    per seed), the SLO, and the stress phases' violation share at the base's best split (S4)."""
+    pngs = []
+    for regime, r in result["regimes"].items():
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        colors = {}
+        for seed, props in r["seeds"].items():
+            x = props["ratios"]
+            lines = {"whole run": props["p99_ms"]} | props.get("p99_ms_by_kind", {})
+            first = seed == next(iter(r["seeds"]))
+            for label, y in lines.items():
+                c = colors.setdefault(label, f"C{len(colors)}")
+                ax.plot(x, y, marker="o", ms=3, color=c, alpha=0.8, label=label if first else None)
+        if result.get("slo_ms"):
+            ax.axhline(result["slo_ms"], color="tab:red", ls="--", lw=1, label="SLO")
+        s4 = r["summary"].get("S4")
+        note = "" if s4 is None else ("; stress phases violated at the base's best split: "
+                                      + ", ".join("-" if v is None else f"{v:.0%}" for v in s4["values"].values()))
+        ax.set_yscale("log")
+        _decorate(ax, "EMB ratio r (static)", "P99 (ms)", f"{regime}: P99 by phase kind{note}")
+        ax.title.set_fontsize(9)
+        name = f"scenario-{regime}.png"
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        pngs.append(name)
+    return pngs

@@ -1,0 +1,119 @@
+"""`helmgr scenario --check`: S1-S5 of SPEC 3 on a scenario's regimes and seeds."""
+from __future__ import annotations
+
+import os
+
+import click
+from rich.table import Table
+
+from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
+from helmgr.cli.simulate_cmd import build_config, sim_options
+from helmgr.cli.types import POSITIVE, names, parallel_options, ratio_grid
+from helmgr.core.errors import HelmInputError
+from helmgr.experiments.scenario import S5_MEASURES, scenario_check
+from helmgr.sim.config import scenario_cluster
+from helmgr.workload import REGIMES, SCENARIOS, WorkloadSpec, default_config
+
+PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HelmInputError(f"--seeds {text!r} is not a comma list of integers") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise HelmInputError(f"--seeds {text!r}: give one or more seeds >= 0")
+    return seeds
+
+
+@click.command("scenario")
+@click.option("--check", is_flag=True, required=True, help="Run the scenario check (the command's one action).")
+@click.option("--scenario", type=click.Choice(SCENARIOS), default="v2", show_default=True)
+@click.option("--workloads", default="steady,burst,trend", show_default=True,
+              help="Comma list of regimes to check (S1 only for one without phases of two kinds).")
+@click.option("--seeds", default="1,2,3", show_default=True, help="Comma list of workload seeds.")
+@click.option("--duration", type=POSITIVE, default=None, help="Simulated seconds [default: the scenario's].")
+@click.option("--rps", type=POSITIVE, default=None, help="Base request rate [default: the scenario's].")
+@sim_options
+@click.option("--ratios", default="0.1:0.9:0.1", show_default=True, help="Static ratios: start:stop:step or a list.")
+@click.option("--s5", type=click.Choice(S5_MEASURES), default="whole", show_default=True,
+              help="S5 as SPEC 3 defines it (the whole run's P99 and windows), or per phase kind (the worst kind's "
+                   "P99 at the single best ratio over its own best; docs/tradeoff.md says why).")
+@parallel_options
+@json_option
+@out_option
+def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy, ratio, router, hardware, model,
+                 slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, ratios, s5, jobs, ray_address, as_json,
+                 out_dir):
+    """Does the scenario pose the question? S1-S5 (SPEC 3) per regime and seed, from static sweeps
+    cut by the workload's phases; pass/fail, plots with --out.
+
+    \b
+    helmgr scenario --check --workloads burst,trend --seeds 1,2,3 --out results/scenario
+    helmgr scenario --check --scenario v1 --workloads burst --seeds 1 --json
+    """
+    check_out(out_dir)
+    regimes = names(workloads, REGIMES, "workloads")
+    seed_list = _seeds(seeds)
+    grid = ratio_grid(ratios)
+    if len(grid) < 2:
+        raise HelmInputError(f"--ratios {ratios!r}: the check needs at least two ratios")
+    cluster = scenario_cluster(scenario)
+    nodes, max_batch, engine = (nodes or cluster["nodes"], max_batch or cluster["max_batch"],
+                                engine or cluster["engine"])
+    cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
+                       max_batch, 0, engine)
+    specs = [WorkloadSpec(r, duration or default_config(r, scenario).duration_s, s, rps, scenario=scenario)
+             for r in regimes for s in seed_list]
+    specs[0].build()                                   # validates the workload options up front
+    with progress("checking", len(specs) * len(grid)) as bar:
+        task = bar.add_task(f"scenario {scenario}: {len(specs)} workloads x {len(grid)} ratios",
+                            total=len(specs) * len(grid))
+        result = scenario_check(specs, cfg, grid, jobs or os.cpu_count() or 1, ray_address,
+                                lambda: bar.advance(task), s5)
+    result = {"scenario": scenario, "nodes": nodes, "engine": engine, "max_batch": max_batch, "router": router,
+              "hardware": hardware, "model": model, "rps": rps or default_config("steady", scenario).rps,
+              "duration_s": specs[0].duration_s} | result
+    first = next(iter(result["regimes"].values()))
+    result["slo_ms"] = next(iter(first["seeds"].values()))["slo_ms"]
+    with result_dir(out_dir) as scratch:
+        if scratch is not None:
+            from helmgr.experiments.plots import plot_scenario
+            (scratch / "scenario.json").write_text(json_text(result))
+            pngs = plot_scenario(result, scratch)
+            (scratch / "scenario.md").write_text(_markdown(result, pngs))
+    if as_json:
+        emit_json(result)
+        return
+    for regime, r in result["regimes"].items():
+        t = Table(title=f"scenario {scenario} / {regime}: " + ("PASS" if all(p["pass"] for p in r["summary"].values())
+                                                              else "FAIL"))
+        t.add_column("property")
+        for s in r["seeds"]:
+            t.add_column(f"seed {s}", justify="right")
+        t.add_column("threshold", justify="right")
+        t.add_column("pass")
+        for name, p in r["summary"].items():
+            t.add_row(name, *(_fmt(v) for v in p["values"].values()), _fmt(p["threshold"]), "yes" if p["pass"] else "no")
+        stdout.print(t)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def _markdown(result: dict, pngs: list[str]) -> str:
+    lines = [f"# Scenario check: {result['scenario']}", "",
+             f"{result['nodes']} nodes, engine {result['engine']} (batches of up to {result['max_batch']}), "
+             f"{result['router']} routing, {result['hardware']} + {result['model']}, {result['rps']:g} req/s, "
+             f"{result['duration_s']:g} s; ratios {', '.join(f'{r:g}' for r in result['ratios'])}.", ""]
+    for regime, r in result["regimes"].items():
+        seeds = list(r["seeds"])
+        lines += [f"## {regime}", "", "| property | " + " | ".join(f"seed {s}" for s in seeds) + " | threshold | pass |",
+                  "|---|" + "---:|" * len(seeds) + "---:|---|"]
+        for name, p in r["summary"].items():
+            lines.append(f"| {name} | " + " | ".join(_fmt(v) for v in p["values"].values())
+                         + f" | {_fmt(p['threshold'])} | {'yes' if p['pass'] else 'no'} |")
+        lines.append("")
+    return "\n".join(lines + [f"![{p}]({p})" for p in pngs]) + "\n"
