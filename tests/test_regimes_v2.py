@@ -50,19 +50,23 @@ def test_v1_streams_are_the_first_versions_bit_for_bit(regime, duration, seed):
 
 @pytest.mark.parametrize("name, v1", [("flash", ("burst", 30.0, 3)), ("drift", ("trend", 30.0, 1))])
 def test_flash_and_drift_are_the_first_versions_burst_and_trend(name, v1):
+    """Under v2's defaults but v1's rate and catalogue, flash and drift are v1's burst and trend."""
     regime, duration, seed = v1
-    assert digest(synthetic_workload(default_config(name, duration_s=duration), seed)) == V1_DIGESTS[v1]
+    cfg = default_config(name, duration_s=duration, rps=2400.0, n_items=1_000_000)
+    assert digest(synthetic_workload(cfg, seed)) == V1_DIGESTS[v1]
 
 
 def test_scenario_presets():
     assert SCENARIOS == ("v1", "v2")
     assert REGIMES == ("steady", "trend", "burst", "flash", "drift")
     v1 = default_config("trend+burst", scenario="v1")
-    assert v1 == SyntheticConfig(regime="drift+flash", duration_s=120.0)
+    assert v1 == SyntheticConfig(regime="drift+flash", duration_s=120.0, rps=2400.0, n_items=1_000_000)
     assert (v1.rps, v1.flash_every_s, v1.flash_len_s, v1.flash_mult, v1.drift_per_s, v1.ramp) == (
         2400.0, 40.0, (2.0, 6.0), (3.0, 5.0), 30.0, 0.5)
     v2 = default_config("burst")
-    assert v2 == SyntheticConfig(regime="burst") and (v2.duration_s, v2.rps) == (360.0, 2400.0)
+    assert v2 == SyntheticConfig(regime="burst") and (v2.duration_s, v2.rps, v2.n_items) == (360.0, 1300.0, 2_000_000)
+    trend = default_config("trend")
+    assert (trend.rps, trend.trend_phase_s) == (2200.0, 120.0)
     assert default_config("burst", scenario="v1", rps=10.0).rps == 10.0
     with pytest.raises(HelmInputError, match=r"unknown scenario 'v3' \(known: v1, v2\)"):
         default_config("steady", scenario="v3")
@@ -140,7 +144,8 @@ def test_burst_rate_is_mult_times_the_base():
 
 @pytest.fixture(scope="module")
 def trend():
-    w = synthetic_workload(default_config("trend", **(SMALL | dict(rps=2400.0, candidates=4))), seed=1)
+    knobs = SMALL | dict(rps=2400.0, candidates=4, trend_phase_s=60.0)
+    w = synthetic_workload(default_config("trend", **knobs), seed=1)
     return (w, *arrays(w, "t", "user", "discovery", "burst"))
 
 
@@ -185,7 +190,7 @@ def test_discovery_candidates_lean_on_their_phase_set():
 
 
 def test_the_hot_set_turns_over_across_discovery_phases():
-    w = synthetic_workload(default_config("trend", **SMALL), seed=1)
+    w = synthetic_workload(default_config("trend", **(SMALL | dict(trend_phase_s=60.0))), seed=1)
     counts = np.zeros((6, w.n_items), np.int64)
     for c in w.chunks():
         rows = np.repeat(np.minimum((c.t // 60).astype(int), 5), np.diff(c.cand_offsets))

@@ -62,6 +62,7 @@ def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy
     cluster = scenario_cluster(scenario)
     nodes, max_batch, engine = (nodes or cluster["nodes"], max_batch or cluster["max_batch"],
                                 engine or cluster["engine"])
+    slo_ms = slo_ms if slo_ms is not None else cluster.get("slo_ms")
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, 0, engine)
     specs = [WorkloadSpec(r, duration or default_config(r, scenario).duration_s, s, rps, scenario=scenario)

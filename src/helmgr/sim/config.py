@@ -61,7 +61,7 @@ ENGINES = ("serial", "batched", "pipelined")
 # The cluster side of each scenario (the workload side: workload.default_config). v1: the first
 # version's one-at-a-time serial node; v2: batches on the batch-efficiency curve, two engines.
 SCENARIO_CLUSTER = {"v1": dict(nodes=8, engine="serial", max_batch=1),
-                    "v2": dict(nodes=8, engine="pipelined", max_batch=8)}
+                    "v2": dict(nodes=8, engine="pipelined", max_batch=8, slo_ms=20.0)}
 
 
 def scenario_cluster(scenario: str) -> dict:
