@@ -3,7 +3,7 @@
     python benchmarks/bench_sim.py [--nodes 8,32,128] [--routers least-loaded,helm] [--duration 10] [--json]
 
 The same figures as `helmgr bench --sim` (experiments.bench.sim_bench): the default scenario's
-per-node load (300 req/s per node) at each size, `simulate` end to end on one core (chunks are
+per-node load (v2: 162.5 req/s per node) at each size, `simulate` end to end on one core (chunks are
 drawn as the run consumes them), each run at most --max-requests requests long; then the split of
 wall time by phase from an instrumented run of the same configuration, and memory per node.
 Prints figures; asserts nothing.

@@ -113,7 +113,7 @@ def controller_bench(policy_path=None, steps: int = 20000, seed: int = 1, cold_m
 # -- the simulator's own speed (SPEC 4, Speed) -------------------------------------------------
 SIM_PHASES = ("generation", "setup", "routing", "node_model", "emb_refresh", "windows_policy", "summary",
               "event_loop")
-RPS_PER_NODE = 300.0                      # the default scenario's per-node load (2,400 req/s on 8 nodes)
+RPS_PER_NODE = 162.5                      # the default scenario's per-node load (v2: 1,300 req/s on 8 nodes)
 
 
 class PhaseClock:
@@ -212,24 +212,26 @@ def _phase_run(cfg, make_workload) -> dict:
 
 def sim_bench(sizes=(8, 32, 128), routers=("least-loaded", "helm"), duration_s: float = 10.0,
               max_requests: int = 150_000, seed: int = 1, on_done=None) -> dict:
-    """Simulated requests per wall-second of the default (steady) scenario at each cluster size,
-    300 req/s per node, one row per router x size: `simulate` end to end on one core (chunk
+    """Simulated requests per wall-second of the default (steady, v2) scenario at each cluster size,
+    162.5 req/s per node on the v2 node model, one row per router x size: `simulate` end to end on one core (chunk
     generation included, as the run draws them; building the workload's tables not), then an
     instrumented run of the same configuration for the split by phase and the memory per node.
-    Each size runs min(duration_s, max_requests / (300 x nodes)) simulated seconds, so 128 nodes
+    Each size runs min(duration_s, max_requests / (162.5 x nodes)) simulated seconds, so 128 nodes
     stays a few seconds long."""
     from helmgr.sim import SimConfig, simulate
+    from helmgr.sim.config import scenario_cluster
     from helmgr.workload import default_config, synthetic_workload
+    v2 = scenario_cluster("v2")
 
     def workload(nodes: int, seconds: float):
         return synthetic_workload(default_config("steady", rps=RPS_PER_NODE * nodes, duration_s=seconds), seed)
     for rt in routers:                                   # compile / load the kernels outside the timings
-        simulate(SimConfig(nodes=2, router=rt, seed=seed), workload(2, 1.0))
+        simulate(SimConfig(**(v2 | dict(nodes=2, router=rt, seed=seed))), workload(2, 1.0))
     rows = []
     for nodes in sizes:
         seconds = min(duration_s, max_requests / (RPS_PER_NODE * nodes))
         for rt in routers:
-            cfg = SimConfig(nodes=nodes, router=rt, seed=seed)
+            cfg = SimConfig(**(v2 | dict(nodes=nodes, router=rt, seed=seed)))
             s = simulate(cfg, workload(nodes, seconds)).summary
             row = {"nodes": nodes, "router": rt, "duration_s": seconds, "requests": s["requests"],
                    "wall_s": s["wall_s"], "req_per_s": s["requests"] / s["wall_s"],
