@@ -12,7 +12,10 @@ GRID = [0.1, 0.5, 0.9]
 
 @pytest.fixture(scope="module")
 def oracle():
-    w = synthetic_workload(default_config("steady", rps=700, duration_s=6, n_users=50_000), 0)
+    # a load whose windows drain before the next one starts: a replay holds its ratio until the window's
+    # requests are served, the real run moves to the next window's r* (at 700 req/s on the v2 defaults a
+    # window's tail was still queued then, and the realized P99 differed from the replay's)
+    w = synthetic_workload(default_config("steady", rps=300, duration_s=6, n_users=50_000), 0)
     return run_oracle(SimConfig(nodes=2, warmup_s=0), w, GRID, jobs=1)
 
 
@@ -30,13 +33,13 @@ def test_each_window_gets_the_lowest_p99_of_its_grid(oracle):
 
 def test_oracle_summary_and_its_own_distance(oracle):
     s = oracle.summary
-    assert s["policy"] == "oracle" and s["oracle_distance"] == 0.0
+    assert s["policy"] == "oracle-greedy" and s["greedy_oracle_distance"] == 0.0
     assert s["completed"] == s["requests"]
     assert min(GRID) <= s["mean_ratio"] <= max(GRID)
 
 
 def test_parallel_replays_agree_with_serial(oracle):
-    w = synthetic_workload(default_config("steady", rps=700, duration_s=6, n_users=50_000), 0)
+    w = synthetic_workload(default_config("steady", rps=300, duration_s=6, n_users=50_000), 0)
     par = run_oracle(SimConfig(nodes=2, warmup_s=0), w, GRID, jobs=2)
     np.testing.assert_array_equal(par.grid_p99, oracle.grid_p99)
     np.testing.assert_array_equal(par.r_star, oracle.r_star)

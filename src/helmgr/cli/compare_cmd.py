@@ -1,5 +1,5 @@
 """`helmgr compare`: every memory policy (and router) on the same workload and seed, side by side,
-with the offline oracle's r* to measure each policy's distance from it."""
+with the phase oracle's r* to measure each policy's distance from it, band distance and regret."""
 from __future__ import annotations
 
 import os
@@ -13,12 +13,12 @@ from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out
 from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.types import names, parallel_options, ratio_grid
 from helmgr.cli.workload_cmd import workload_options, workload_spec
-from helmgr.experiments.compare import ALL, compare
+from helmgr.experiments.compare import ALL, OFFLINE, compare
 from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
 
 COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "mean_ratio",
-           "oracle_distance", "held_oracle_distance", "burst_violation_share", "wall_s")
+           "oracle_distance", "band_distance", "regret", "held_oracle_distance", "burst_violation_share", "wall_s")
 
 
 @click.command("compare")
@@ -36,10 +36,14 @@ def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time
                 policies, routers, ratios, jobs, ray_address, as_json, out_dir):
     """Run every policy on the same workload and seed; P99, SLO and distance from the oracle.
 
-    static-best is the grid ratio with the lowest P99 (a sweep of this run, in hindsight); the
-    oracle picks the best cluster-wide ratio per 1-s window by replaying it at every grid ratio
-    from its own state (r*). held r* is, per window, the best of the sweep's held ratios; each
-    policy's mean |r - r*| and |r - held r*| are reported.
+    static-best is the grid ratio with the lowest P99 (a sweep of this run, in hindsight). The
+    oracle (the phase oracle) cuts the run into blocks (the workload's phases, at most 10 s
+    each), replays each block at every grid ratio from its own state, fits each block's log P99
+    by a convex curve and follows the fit's argmin r*. Each policy's oracle distance
+    (mean |r - r*| per 1-s window), band distance (from the ratios within 2 % of the fit's
+    minimum) and regret (P99 / the oracle's - 1) are reported, and its mean |r - held r*|,
+    held r* being per window the best of the sweep's held ratios. oracle-greedy (by name, not
+    by default) is the first version's per-window oracle.
 
     \b
     helmgr compare --workload burst --out results/compare-burst
@@ -48,7 +52,8 @@ def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time
     """
     check_out(out_dir)
     wall = time.perf_counter()
-    policy_names = names(policies, ALL + tuple(p for p in POLICIES if p not in ALL), "policies")
+    known = ALL + tuple(p for p in (*OFFLINE, *POLICIES) if p not in ALL)
+    policy_names = names(policies, known, "policies")
     router_names = names(routers, list(ROUTERS), "routers") if routers else [router]
     grid = ratio_grid(ratios)
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
@@ -61,10 +66,11 @@ def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time
             task = bar.add_task(f"{w.name} / {label}", total=total)
             return lambda k=1: bar.advance(task, k)
         c = compare(spec, cfgs, policy_names, grid, jobs or os.cpu_count() or 1, track, ray_address)
-    rows, timelines, r_star, held_r_star = c.rows, c.timelines, c.r_star, c.held_r_star
+    rows, timelines, r_star = c.rows, c.timelines, c.r_star
     result = {"workload": w.name, "nodes": nodes, "seed": seed, "grid": grid, "wall_s": time.perf_counter() - wall,
-              "r_star": None if r_star is None else [float(x) for x in r_star],
-              "held_r_star": None if held_r_star is None else [float(x) for x in held_r_star], "results": rows}
+              "r_star": _floats(r_star), "held_r_star": _floats(c.held_r_star),
+              "greedy_r_star": _floats(c.greedy_r_star),
+              "oracle_blocks": {rt: o.block_table() for rt, o in c.oracles.items()} or None, "results": rows}
     with result_dir(out_dir) as scratch:
         if scratch is not None:
             from helmgr.experiments.plots import plot_compare
@@ -82,6 +88,10 @@ def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time
         stdout.print(t)
 
 
+def _floats(x) -> list[float] | None:
+    return None if x is None else [float(v) for v in x]
+
+
 def _fmt(v) -> str:
     if v is None:
         return "—"
@@ -91,8 +101,11 @@ def _fmt(v) -> str:
 def _markdown(result: dict) -> str:
     lines = [f"# Compare: {result['workload']}, {result['nodes']} nodes, seed {result['seed']}", "",
              f"Wall time {result['wall_s']:.0f} s; grid {result['grid'][0]:g}..{result['grid'][-1]:g} "
-             f"({len(result['grid'])} ratios). Oracle distance: mean |r - r*| per 1-s window, r the mean of "
-             "the nodes' ratios, r* cluster-wide.", "",
+             f"({len(result['grid'])} ratios). The oracle is the phase oracle: r* per block (the workload's "
+             "phases, at most 10 s each) from a convex fit of log P99 of the block replayed at every grid "
+             "ratio. Oracle distance: mean |r - r*| per 1-s window, r the mean of the nodes' ratios, r* "
+             "cluster-wide; band distance: from r to the ratios within 2 % of the fit's minimum; regret: "
+             "P99 / the oracle's - 1.", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in COLUMNS) + " |" for r in result["results"]]
     return "\n".join(lines) + "\n\n![P99 and SLO](compare_p99_slo.png)\n![ratios](compare_ratios.png)\n" \

@@ -1,14 +1,16 @@
 """Every policy (and router) on one workload and seed, side by side: static-best from a sweep of
-the same run, the oracle's r*, and each policy's distance from it."""
+the same run, the phase oracle's r* (`oracle`) and each policy's distance from it, band
+distance and regret; the first version's per-window oracle runs by name as `oracle-greedy`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
 from helmgr.experiments.oracle import run_oracle
 from helmgr.experiments.parallel import run_all
+from helmgr.experiments.phase_oracle import PhaseOracleResult, figures, held, oracle_blocks, run_phase_oracle
 from helmgr.experiments.sweep import held_r_star, run_point, static_best, sweep_tasks
 from helmgr.policy import POLICIES
 from helmgr.sim import SimConfig, simulate
@@ -16,6 +18,7 @@ from helmgr.sim.metrics import Series, oracle_distance
 from helmgr.workload import WorkloadSpec
 
 ALL = ("static", "static-best", "independent", "adaptive", "latency-driven", "oracle")
+OFFLINE = ("static-best", "oracle", "oracle-greedy")     # hindsight baselines: not policies a run can follow
 
 # track(label, total) -> advance(k): a progress bar's task; advance moves it k steps
 Track = Callable[[str, int], Callable[[int], None]]
@@ -25,8 +28,10 @@ Track = Callable[[str, int], Callable[[int], None]]
 class Comparison:
     rows: list[dict]
     timelines: dict                     # (policy, router) -> Series, None for static-best
-    r_star: np.ndarray | None = None
+    r_star: np.ndarray | None = None    # the phase oracle's, per window (of the last router)
     held_r_star: np.ndarray | None = None
+    greedy_r_star: np.ndarray | None = None
+    oracles: dict = field(default_factory=dict)   # router -> PhaseOracleResult
 
 
 def _run(args: tuple[WorkloadSpec, SimConfig]) -> tuple[dict, Series]:
@@ -47,9 +52,10 @@ def _quiet(label: str, total: int) -> Callable[[int], None]:
 
 def compare(spec: WorkloadSpec, cfgs: dict[str, SimConfig], names: list[str], grid: list[float], jobs: int = 1,
             track: Track = _quiet, ray_address: str | None = None) -> Comparison:
-    """Run `names` (policies, plus "static-best" and "oracle") under each router of `cfgs`: the
-    policy runs and the static-best sweeps in one batch of independent runs (experiments.parallel:
-    `jobs` processes, or Ray at `ray_address`), then the oracle, whose windows run in order."""
+    """Run `names` (policies, plus "static-best", "oracle" and "oracle-greedy") under each router
+    of `cfgs`: the policy runs and the static-best sweeps in one batch of independent runs
+    (experiments.parallel: `jobs` processes, or Ray at `ray_address`), then the oracles, whose
+    blocks (windows) run in order."""
     out = Comparison([], {})
     pairs = [(rt, n) for rt in cfgs for n in names if n in POLICIES]      # every router x policy
     tasks = [(False, spec, replace(cfgs[rt], policy=n)) for rt, n in pairs]
@@ -74,34 +80,56 @@ def compare(spec: WorkloadSpec, cfgs: dict[str, SimConfig], names: list[str], gr
             out.rows.append(static_best([{key: v for key, v in r.items() if key != "window_p99_ms"} for r in rows]))
             out.timelines[("static-best", rt)] = None
         if "oracle" in names:
-            _oracle(out, spec, cfg, grid, jobs, track, ray_address)
+            _phase_oracle(out, spec, cfg, grid, jobs, track, ray_address)
+        if "oracle-greedy" in names:
+            _greedy(out, spec, cfg, grid, jobs, track, ray_address)
     add_distances(out)
     return out
 
 
-def _oracle(out: Comparison, spec: WorkloadSpec, cfg: SimConfig, grid, jobs: int, track: Track,
-            ray_address: str | None) -> None:
-    w = spec.build()
-    step = track(f"{cfg.router}: oracle", int(-(-w.duration_s // 1)))
-    seen = [0]
+def _progress(track: Track, label: str, total: int) -> Callable[[int], None]:
+    """on_progress(k) (k steps done so far) moving a bar by the steps since the last call."""
+    step, seen = track(label, total), [0]
 
-    def windows_done(k: int) -> None:
+    def done(k: int) -> None:
         step(k - seen[0])
         seen[0] = k
-    o = run_oracle(cfg, w, grid, jobs, on_progress=windows_done, ray_address=ray_address)
+    return done
+
+
+def _phase_oracle(out: Comparison, spec: WorkloadSpec, cfg: SimConfig, grid, jobs: int, track: Track,
+                  ray_address: str | None) -> None:
+    w = spec.build()
+    done = _progress(track, f"{cfg.router}: oracle blocks", len(oracle_blocks(w.phases)))
+    o = run_phase_oracle(cfg, w, grid, jobs, on_progress=done, ray_address=ray_address)
     out.rows.append(o.summary)
     out.timelines[("oracle", cfg.router)] = o.series
-    out.r_star = o.r_star
+    out.oracles[cfg.router] = o
+    out.r_star = o.per_window()[0]
+
+
+def _greedy(out: Comparison, spec: WorkloadSpec, cfg: SimConfig, grid, jobs: int, track: Track,
+            ray_address: str | None) -> None:
+    w = spec.build()
+    done = _progress(track, f"{cfg.router}: oracle-greedy", int(-(-w.duration_s // 1)))
+    o = run_oracle(cfg, w, grid, jobs, on_progress=done, ray_address=ray_address)
+    out.rows.append(o.summary)
+    out.timelines[("oracle-greedy", cfg.router)] = o.series
+    out.greedy_r_star = o.r_star
 
 
 def add_distances(c: Comparison) -> None:
-    """Each row's mean |r - r*| (`oracle_distance`) and |r - held r*| (`held_oracle_distance`)."""
-    for key, ref in (("oracle_distance", c.r_star), ("held_oracle_distance", c.held_r_star)):
-        if ref is None:
-            continue
-        for row in c.rows:
-            series = c.timelines.get((row["policy"], row["router"]))
-            if series is None:                           # static-best: one ratio held throughout
-                row[key] = float(np.abs(row["ratio"] - ref).mean())
-            elif not (key == "oracle_distance" and row["policy"] == "oracle"):
-                row[key] = oracle_distance(series.timeline, row["nodes"], row["duration_s"], ref)
+    """Each row's figures against the phase oracle of its router (`oracle_distance`,
+    `band_distance`, `regret`), and its mean |r - r*| per window against the held r*
+    (`held_oracle_distance`) and the greedy oracle's (`greedy_oracle_distance`)."""
+    for row in c.rows:
+        series = c.timelines.get((row["policy"], row["router"]))
+        timeline = held(row["ratio"], row["nodes"]) if series is None else series.timeline  # static-best: held
+        oracle: PhaseOracleResult | None = c.oracles.get(row["router"])
+        if oracle is not None:
+            row.update(figures(timeline, row["nodes"], row["duration_s"], oracle, row["p99_ms"]))
+        for key, ref, own in (("held_oracle_distance", c.held_r_star, None),
+                              ("greedy_oracle_distance", c.greedy_r_star, "oracle-greedy")):
+            if ref is None:
+                continue
+            row[key] = 0.0 if row["policy"] == own else oracle_distance(timeline, row["nodes"], row["duration_s"], ref)

@@ -1,5 +1,7 @@
-"""The offline oracle (SPEC 5): for every window, the cluster-wide EMB ratio that gives that
-window's requests the lowest P99, found in hindsight.
+"""`oracle-greedy`, the first version's offline oracle (SPEC 5): for every window, the
+cluster-wide EMB ratio that gives that window's requests the lowest P99, found in hindsight.
+It chases noise (a window's P99 rests on a few dozen requests); the oracle of version 2 is the
+phase oracle (experiments.phase_oracle), which shares `replay_p99` with it.
 
 At the start of each 1-s window the cluster is forked once per ratio of a grid; each fork sets
 every node to its ratio, takes the window's arrivals and runs until they have all completed
@@ -35,14 +37,16 @@ class OracleResult:
     cluster: Cluster
 
 
-def replay_p99(cluster: Cluster, chunk, ratio: float, window_start: float) -> float:
-    """P99 (s) of `chunk`'s requests when the window runs at `ratio` from `cluster`'s state."""
+def replay_p99(cluster: Cluster, chunks, ratio: float, window_start: float) -> float:
+    """P99 (s) of the requests of `chunks` (a sequence, fed in order) when they run at `ratio`
+    from `cluster`'s state; inf if they are none."""
     c = cluster.fork()
     for i in range(len(c.nodes)):
         if c.up[i]:
             c.set_ratio(i, ratio)
     c.watch()
-    c.feed(chunk)
+    for chunk in chunks:
+        c.feed(chunk)
     c.run_until_served()
     arrival = np.asarray(c.rec.arrival)
     latency = np.asarray(c.rec.end) - arrival
@@ -52,7 +56,7 @@ def replay_p99(cluster: Cluster, chunk, ratio: float, window_start: float) -> fl
 
 def _replay(state: tuple, ratio: float) -> float:
     cluster, chunk, start = state
-    return replay_p99(cluster, chunk, ratio, start)
+    return replay_p99(cluster, [chunk], ratio, start)
 
 
 def run_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs: int = 1, on_progress=None,
@@ -93,7 +97,7 @@ def run_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs: int 
     summary, series = summarize(cluster.rec, cluster.nodes + cluster.retired, workload.duration_s, slo_s,
                                 cfg.window_s, workload.bursts, wall, cluster.rerouted,
                                 min(cfg.warmup_s, 0.5 * workload.duration_s))
-    head = {"workload": workload.name, "nodes": cfg.nodes, "policy": "oracle", "router": cfg.router,
+    head = {"workload": workload.name, "nodes": cfg.nodes, "policy": "oracle-greedy", "router": cfg.router,
             "ratio": cfg.ratio, "seed": cfg.seed, "hardware": cfg.hardware, "model": cfg.model,
-            "duration_s": workload.duration_s, "oracle_grid": [float(r) for r in grid], "oracle_distance": 0.0}
+            "duration_s": workload.duration_s, "oracle_grid": [float(r) for r in grid], "greedy_oracle_distance": 0.0}
     return OracleResult(head | summary, series, np.asarray(r_star), grid_arr, np.asarray(table), cluster)

@@ -1,0 +1,241 @@
+"""The phase oracle (SPEC 5, version 2): the offline-optimal ratio r* per block of the run.
+
+Blocks are the workload's phases (each burst, each stretch between bursts, each trend phase; a
+trace's 10-s blocks), each cut into equal blocks of at most `block_s` (10 s by default, so a
+steady run has blocks too; `block_s=None` keeps the phases whole). For each block in time order
+the real cluster is forked at the block's start, and every grid ratio replays the block from
+there: every up node set to that ratio, the block's arrivals fed, run until they are all served
+(later arrivals could not have delayed them: queues and the link are FIFO). The block's P99 per
+ratio is smoothed by `block_fit.fit_block` (a convex fit of log P99 by default), whose argmin
+(continuous, inside the grid's range) is r*_block. The real cluster then runs the block at
+r*_block with real transitions (a resize at the block's start, refill as configured): the
+*stitched* run, whose summary is the oracle's. The first block's replays, and the stitched run,
+start from a cluster built at their ratio, as a static run does (no resize from `cfg.ratio` at
+t=0). r* is one ratio for the whole cluster; a per-node policy is compared by the mean of its
+nodes' ratios (`metrics.window_ratios`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from helmgr.core.profiles import NodeProfile, node_profile
+from helmgr.core.errors import HelmInputError
+from helmgr.experiments.block_fit import FITS, BlockFit, fit_block
+from helmgr.experiments.oracle import replay_p99
+from helmgr.experiments.parallel import run_all
+from helmgr.policy.policies import Static
+from helmgr.routing.routers import make_router
+from helmgr.sim.cluster import Cluster
+from helmgr.sim.config import SimConfig
+from helmgr.sim.metrics import Series, summarize, window_ratios
+from helmgr.workload import Phase, Workload
+from helmgr.workload.chunk import RequestChunk
+
+BLOCK_S = 10.0
+
+
+@dataclass(frozen=True)
+class PhaseOracleResult:
+    summary: dict
+    series: Series
+    blocks: tuple[Phase, ...]
+    fits: tuple[BlockFit, ...]       # per block
+    grid: np.ndarray
+    grid_p99: np.ndarray             # blocks x grid: each replay's P99 (s), inf for an empty block
+    cluster: Cluster
+
+    @property
+    def r_star(self) -> np.ndarray:
+        """Per block."""
+        return np.array([f.r_star for f in self.fits])
+
+    def per_window(self, window_s: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(r*, band low, band high) of each window: those of the block holding its middle."""
+        duration = self.blocks[-1].end
+        n_win = max(1, int(np.ceil(duration / window_s - 1e-9)))
+        mid = (np.arange(n_win) + 0.5) * window_s
+        starts = np.array([b.start for b in self.blocks])
+        k = np.clip(np.searchsorted(starts, mid, side="right") - 1, 0, len(self.blocks) - 1)
+        lo = np.array([f.band_lo for f in self.fits])
+        hi = np.array([f.band_hi for f in self.fits])
+        return self.r_star[k], lo[k], hi[k]
+
+    def block_table(self) -> list[dict]:
+        """Per block, JSON-safe: its span and kind, r*, band and fit, each ratio's P99 (ms)."""
+        return [{"start": b.start, "end": b.end, "kind": b.kind, **f.to_dict(), "p99_ms": (p * 1e3).tolist()}
+                for b, f, p in zip(self.blocks, self.fits, self.grid_p99)]
+
+
+def oracle_blocks(phases: Sequence[Phase], block_s: float | None = BLOCK_S) -> tuple[Phase, ...]:
+    """`phases`, each cut into the fewest equal blocks of at most `block_s` (None: kept whole)."""
+    if block_s is None:
+        return tuple(phases)
+    out = []
+    for p in phases:
+        n = max(1, int(np.ceil((p.end - p.start) / block_s - 1e-9)))
+        edges = np.linspace(p.start, p.end, n + 1)
+        out += [Phase(float(a), float(b), p.kind) for a, b in zip(edges[:-1], edges[1:])]
+    return tuple(out)
+
+
+def rows(chunk: RequestChunk, a: int, b: int) -> RequestChunk:
+    """Requests a..b-1 of `chunk`, as a chunk of the same type."""
+    io, co = chunk.item_offsets, chunk.cand_offsets
+    flat = ("item_ids", "item_offsets", "cand_ids", "cand_offsets")
+    per_row = {f.name: getattr(chunk, f.name)[a:b] for f in dataclasses.fields(chunk) if f.name not in flat}
+    return type(chunk)(item_ids=chunk.item_ids[io[a]:io[b]], item_offsets=io[a:b + 1] - io[a],
+                       cand_ids=chunk.cand_ids[co[a]:co[b]], cand_offsets=co[a:b + 1] - co[a], **per_row)
+
+
+def block_arrivals(workload: Workload, blocks: Sequence[Phase]) -> Iterator[list[RequestChunk]]:
+    """Per block, its arrivals: the workload's 1-s chunks (the stream every run sees), cut at the
+    blocks' ends."""
+    chunks = workload.chunks(1.0)
+    rest = None
+    for b in blocks:
+        pieces = []
+        while True:
+            rest = next(chunks, None) if rest is None else rest
+            if rest is None:
+                break
+            cut = int(np.searchsorted(rest.t, b.end, side="left"))
+            if cut:
+                pieces.append(rows(rest, 0, cut) if cut < len(rest) else rest)
+            if cut < len(rest):
+                rest = rows(rest, cut, len(rest))
+                break
+            rest = None
+        yield pieces
+
+
+@dataclass(frozen=True)
+class Start:
+    """The run before it starts: the first block's replays start from a cluster built at their
+    ratio, as a static run is, and so does the stitched run (no resize from `cfg.ratio` at t=0)."""
+
+    cfg: SimConfig
+    workload: Workload
+    profile: NodeProfile
+
+    def build(self, ratio: float) -> Cluster:
+        cfg = dataclasses.replace(self.cfg, ratio=float(ratio))
+        cluster = Cluster(cfg, self.workload, self.profile, make_router(cfg.router), Static())
+        cluster.begin()
+        return cluster
+
+
+def _replay(state: tuple, ratio: float) -> float:
+    origin, pieces, start = state
+    cluster = origin.build(ratio) if isinstance(origin, Start) else origin
+    return replay_p99(cluster, pieces, ratio, start)
+
+
+def block_p99(origin: Cluster | Start, pieces: list, block: Phase, grid, jobs: int = 1,
+              ray_address: str | None = None) -> np.ndarray:
+    """The block's P99 (s) at every grid ratio, replayed from `origin` (inf: no arrivals)."""
+    if not pieces:
+        return np.full(len(grid), np.inf)
+    names = [f"oracle block {block.start:g}-{block.end:g} s ratio {r:g}" for r in grid]
+    return np.asarray(run_all(_replay, grid, jobs, ray_address, names, shared=(origin, pieces, block.start)))
+
+
+def run_phase_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs: int = 1,
+                     block_s: float | None = BLOCK_S, on_progress=None, ray_address: str | None = None,
+                     fit: str = "convex") -> PhaseOracleResult:
+    """The stitched run; each block's replays are independent runs (experiments.parallel: `jobs`
+    processes forked from the block's state, or Ray at `ray_address`). `on_progress(k)`: k blocks done."""
+    cfg = cfg.validate(workload.duration_s)
+    if fit not in FITS:
+        raise HelmInputError(f"unknown oracle fit {fit!r} (known: {', '.join(FITS)})")
+    start = Start(cfg, workload, node_profile(cfg.hardware, cfg.model))
+    wall = time.perf_counter()
+    blocks = oracle_blocks(workload.phases, block_s)
+    cluster, fits, table, current = None, [], [], cfg.ratio
+    for k, (b, pieces) in enumerate(zip(blocks, block_arrivals(workload, blocks))):
+        if cluster is not None:
+            cluster.advance(b.start)
+        p99 = block_p99(start if cluster is None else cluster, pieces, b, grid, jobs, ray_address)
+        fits.append(fit_block(grid, p99, current, fit))
+        table.append(p99)
+        current = fits[-1].r_star
+        if cluster is None:
+            cluster = start.build(current)
+        for i in range(len(cluster.nodes)):
+            if cluster.up[i]:
+                cluster.set_ratio(i, current)
+        for piece in pieces:
+            cluster.feed(piece)
+        if on_progress:
+            on_progress(k + 1)
+    cluster.finish()
+    return _result(start, cluster, blocks, fits, grid, table, time.perf_counter() - wall, block_s, fit)
+
+
+def _result(start: Start, cluster: Cluster, blocks, fits, grid, table, wall: float, block_s, fit: str):
+    cfg, workload, profile = start.cfg, start.workload, start.profile
+    slo_s = (cfg.slo_ms if cfg.slo_ms is not None else profile.model.slo_ms) * 1e-3
+    summary, series = summarize(cluster.rec, cluster.nodes + cluster.retired, workload.duration_s, slo_s,
+                                cfg.window_s, workload.bursts, wall, cluster.rerouted,
+                                min(cfg.warmup_s, 0.5 * workload.duration_s))
+    head = {"workload": workload.name, "nodes": cfg.nodes, "policy": "oracle", "router": cfg.router,
+            "ratio": fits[0].r_star, "seed": cfg.seed, "hardware": cfg.hardware, "model": cfg.model,
+            "duration_s": workload.duration_s, "oracle_grid": [float(r) for r in grid], "oracle_block_s": block_s,
+            "oracle_blocks": len(blocks), "oracle_fit": fit}
+    result = PhaseOracleResult(head | summary, series, blocks, tuple(fits), np.asarray(grid, float),
+                               np.asarray(table), cluster)
+    result.summary.update(figures(series.timeline, cfg.nodes, workload.duration_s, result, summary["p99_ms"]))
+    return result
+
+
+# -- per-policy figures against the phase oracle ------------------------------------------------
+def _ratios(timeline, n_nodes: int, duration: float, window_s: float) -> np.ndarray:
+    """`metrics.window_ratios` of the timeline with only the last change of a node at one instant
+    (window_ratios orders same-instant changes by value, not by when they happened, so a resize
+    at t=0 would lose to the initial ratio when it is the smaller)."""
+    last = {(t, node): ratio for t, node, ratio in timeline}
+    return window_ratios([(t, node, r) for (t, node), r in last.items()], n_nodes, duration, window_s)
+
+
+def oracle_distance(timeline, n_nodes: int, duration: float, oracle: PhaseOracleResult,
+                    window_s: float = 1.0) -> float:
+    """Mean over windows of |r - r*_block|, r the mean of the up nodes' ratios."""
+    r = _ratios(timeline, n_nodes, duration, window_s)
+    star, _, _ = oracle.per_window(window_s)
+    n = min(len(r), len(star))
+    return float(np.nanmean(np.abs(r[:n] - star[:n])))
+
+
+def band_distance(timeline, n_nodes: int, duration: float, oracle: PhaseOracleResult,
+                  window_s: float = 1.0) -> float:
+    """Mean over windows of the distance from r to its block's band (0 inside it)."""
+    r = _ratios(timeline, n_nodes, duration, window_s)
+    _, lo, hi = oracle.per_window(window_s)
+    n = min(len(r), len(lo))
+    r, lo, hi = r[:n], lo[:n], hi[:n]
+    return float(np.nanmean(np.maximum(np.maximum(lo - r, r - hi), 0.0)))
+
+
+def regret(p99_ms: float, oracle: PhaseOracleResult) -> float | None:
+    """P99 / the oracle's P99 - 1; None when either P99 is not a positive finite number."""
+    ref = oracle.summary["p99_ms"]
+    if not (np.isfinite(p99_ms) and np.isfinite(ref) and ref > 0):
+        return None
+    return float(p99_ms / ref - 1.0)
+
+
+def figures(timeline, n_nodes: int, duration: float, oracle: PhaseOracleResult, p99_ms: float,
+            window_s: float = 1.0) -> dict:
+    """`oracle_distance`, `band_distance` and `regret` of a run (its ratio timeline and P99)."""
+    return {"oracle_distance": oracle_distance(timeline, n_nodes, duration, oracle, window_s),
+            "band_distance": band_distance(timeline, n_nodes, duration, oracle, window_s),
+            "regret": regret(p99_ms, oracle)}
+
+
+def held(ratio: float, n_nodes: int) -> list:
+    """The timeline of a run that holds `ratio` on every node throughout (static-best's row)."""
+    return [(0.0, i, float(ratio)) for i in range(n_nodes)]
