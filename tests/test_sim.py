@@ -172,3 +172,10 @@ def test_overload_is_marked():
     assert not light["overloaded"] and light["backlog_s"] < 0.1 and 0 < light["peak_utilization"] < 1
     heavy = simulate(SimConfig(nodes=1, seed=1, warmup_s=2.0), small(duration_s=10.0, rps=3000.0)).summary
     assert heavy["overloaded"] and heavy["backlog_s"] > 1.0
+
+
+def test_window_ratios_take_the_last_of_same_instant_changes():
+    # node 0 starts at 0.8 and is resized to 0.3 at the same instant: 0.3 holds, whatever the values
+    timeline = [(0.0, 0, 0.8), (0.0, 0, 0.3), (1.0, 0, 0.6)]
+    from helmgr.sim.metrics import window_ratios
+    assert window_ratios(timeline, 1, 2.0) == pytest.approx([0.3, 0.6])

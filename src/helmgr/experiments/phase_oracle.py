@@ -193,18 +193,10 @@ def _result(start: Start, cluster: Cluster, blocks, fits, grid, table, wall: flo
 
 
 # -- per-policy figures against the phase oracle ------------------------------------------------
-def _ratios(timeline, n_nodes: int, duration: float, window_s: float) -> np.ndarray:
-    """`metrics.window_ratios` of the timeline with only the last change of a node at one instant
-    (window_ratios orders same-instant changes by value, not by when they happened, so a resize
-    at t=0 would lose to the initial ratio when it is the smaller)."""
-    last = {(t, node): ratio for t, node, ratio in timeline}
-    return window_ratios([(t, node, r) for (t, node), r in last.items()], n_nodes, duration, window_s)
-
-
 def oracle_distance(timeline, n_nodes: int, duration: float, oracle: PhaseOracleResult,
                     window_s: float = 1.0) -> float:
     """Mean over windows of |r - r*_block|, r the mean of the up nodes' ratios."""
-    r = _ratios(timeline, n_nodes, duration, window_s)
+    r = window_ratios(timeline, n_nodes, duration, window_s)
     star, _, _ = oracle.per_window(window_s)
     n = min(len(r), len(star))
     return float(np.nanmean(np.abs(r[:n] - star[:n])))
@@ -213,7 +205,7 @@ def oracle_distance(timeline, n_nodes: int, duration: float, oracle: PhaseOracle
 def band_distance(timeline, n_nodes: int, duration: float, oracle: PhaseOracleResult,
                   window_s: float = 1.0) -> float:
     """Mean over windows of the distance from r to its block's band (0 inside it)."""
-    r = _ratios(timeline, n_nodes, duration, window_s)
+    r = window_ratios(timeline, n_nodes, duration, window_s)
     _, lo, hi = oracle.per_window(window_s)
     n = min(len(r), len(lo))
     r, lo, hi = r[:n], lo[:n], hi[:n]

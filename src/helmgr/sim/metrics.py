@@ -224,7 +224,7 @@ def window_ratios(timeline, n_nodes: int, duration: float, window_s: float = 1.0
     total = np.zeros(len(samples))
     count = np.zeros(len(samples))
     for node in range(n_nodes):
-        pts = sorted((t, r) for t, n, r in timeline if n == node)
+        pts = sorted(((t, r) for t, n, r in timeline if n == node), key=lambda e: e[0])   # same instant: in order
         if not pts:
             continue
         times = np.array([t for t, _ in pts])
