@@ -101,3 +101,8 @@ class Request:
     def tokens(self) -> int:
         """Positions of context the request leaves behind: its prefix and its new actions."""
         return self.prefix_len + len(self.items)
+
+    @property
+    def batch_tokens(self) -> int:
+        """What the request holds of a batch's token budget: its context and its candidates."""
+        return self.prefix_len + len(self.items) + len(self.cands)

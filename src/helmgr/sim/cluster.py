@@ -205,9 +205,9 @@ class Cluster(Faults):
         slot, now, cfg = self.slots[n], self.now, self.cfg
         q = self.shared if cfg.central_queue else slot.queue
         if len(batch) < cfg.max_batch and q:
-            tokens = sum(r.tokens + len(r.cands) for r in batch)
-            while len(batch) < cfg.max_batch and q and tokens + q[0].tokens + len(q[0].cands) <= cfg.token_budget:
-                tokens += q[0].tokens + len(q[0].cands)
+            tokens = sum(r.batch_tokens for r in batch)
+            while len(batch) < cfg.max_batch and q and tokens + q[0].batch_tokens <= cfg.token_budget:
+                tokens += q[0].batch_tokens
                 batch.append(q.popleft())
         served, free_at = self.server.serve(slot.node, batch, now, slot.compute_free)
         if self.reporters is not None and not cfg.bypass_caches:

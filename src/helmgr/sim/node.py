@@ -162,7 +162,7 @@ class Node:
         cost = self.cost
         looks, readies = [], []
         t = ready = start
-        flops, rows = 0.0, 0
+        flops, rows = 0.0, 0          # rows in flight = rows looked up: computed tokens + candidates
         for req in batch:
             lk = self._lookup(req.user, req.prefix_len, req.items, req.cands, history)
             r = self._fetch(t, lk)
@@ -171,10 +171,9 @@ class Node:
             looks.append(lk)
             readies.append(r)
             flops += cost.request_flops(lk.tokens, lk.computed_from, len(req.cands))
-            rows += lk.tokens + len(req.cands)
+            rows += lk.ids
         launch = ready if ready > compute_free else compute_free
-        ids = sum(lk.ids for lk in looks)
-        compute = cost.lookup_s(ids) + cost.batch_compute_s(flops, rows)
+        compute = cost.lookup_s(rows) + cost.batch_compute_s(flops, rows)
         end = launch + compute
         rate = cost.batch_rate(rows)
         out = []
