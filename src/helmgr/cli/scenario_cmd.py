@@ -11,7 +11,7 @@ from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.types import POSITIVE, names, parallel_options, ratio_grid
 from helmgr.core.errors import HelmInputError
 from helmgr.experiments.scenario import S5_MEASURES, scenario_check
-from helmgr.sim.config import scenario_cluster
+from helmgr.cli.workload_cmd import scenario_defaults
 from helmgr.workload import REGIMES, SCENARIOS, WorkloadSpec, default_config
 
 PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
@@ -43,6 +43,7 @@ def _seeds(text: str) -> list[int]:
 @parallel_options
 @json_option
 @out_option
+@scenario_defaults
 def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy, ratio, router, hardware, model,
                  slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, ratios, s5, jobs, ray_address, as_json,
                  out_dir):
@@ -59,25 +60,20 @@ def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy
     grid = ratio_grid(ratios)
     if len(grid) < 2:
         raise HelmInputError(f"--ratios {ratios!r}: the check needs at least two ratios")
-    cluster = scenario_cluster(scenario)
-    nodes, max_batch, engine = (nodes or cluster["nodes"], max_batch or cluster["max_batch"],
-                                engine or cluster["engine"])
-    slo_ms = slo_ms if slo_ms is not None else cluster.get("slo_ms")
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, 0, engine)
-    specs = [WorkloadSpec(r, duration or default_config(r, scenario).duration_s, s, rps, scenario=scenario)
-             for r in regimes for s in seed_list]
-    specs[0].build()                                   # validates the workload options up front
+    specs = [WorkloadSpec(r, duration, s, rps, scenario=scenario) for r in regimes for s in seed_list]
+    first = specs[0].build()                           # validates the workload options up front
     with progress("checking", len(specs) * len(grid)) as bar:
         task = bar.add_task(f"scenario {scenario}: {len(specs)} workloads x {len(grid)} ratios",
                             total=len(specs) * len(grid))
         result = scenario_check(specs, cfg, grid, jobs or os.cpu_count() or 1, ray_address,
                                 lambda: bar.advance(task), s5)
     result = {"scenario": scenario, "nodes": nodes, "engine": engine, "max_batch": max_batch, "router": router,
-              "hardware": hardware, "model": model, "rps": rps or default_config("steady", scenario).rps,
-              "duration_s": specs[0].duration_s} | result
-    first = next(iter(result["regimes"].values()))
-    result["slo_ms"] = next(iter(first["seeds"].values()))["slo_ms"]
+              "hardware": hardware, "model": model, "rps": {r: rps or default_config(r, scenario).rps for r in regimes},
+              "duration_s": first.duration_s} | result
+    some = next(iter(result["regimes"].values()))
+    result["slo_ms"] = next(iter(some["seeds"].values()))["slo_ms"]
     with result_dir(out_dir) as scratch:
         if scratch is not None:
             from helmgr.experiments.plots import plot_scenario
@@ -107,7 +103,8 @@ def _fmt(v) -> str:
 def _markdown(result: dict, pngs: list[str]) -> str:
     lines = [f"# Scenario check: {result['scenario']}", "",
              f"{result['nodes']} nodes, engine {result['engine']} (batches of up to {result['max_batch']}), "
-             f"{result['router']} routing, {result['hardware']} + {result['model']}, {result['rps']:g} req/s, "
+             f"{result['router']} routing, {result['hardware']} + {result['model']}, base rate "
+             + ", ".join(f"{r} {v:g}" for r, v in result["rps"].items()) + " req/s, "
              f"{result['duration_s']:g} s; ratios {', '.join(f'{r:g}' for r in result['ratios'])}.", ""]
     for regime, r in result["regimes"].items():
         seeds = list(r["seeds"])

@@ -45,12 +45,13 @@ def workload_options(f):
 
 
 def scenario_defaults(f):
-    """Fill the options left unset from --scenario: --duration (the scenario's, or a trace's
-    default) and, on commands that build a cluster, --nodes, --max-batch and --engine."""
+    """Fill the options left unset from --scenario: on commands that pick one workload, --duration
+    (the scenario's, or a trace's default); on commands that build a cluster, the cluster fields
+    the scenario sets (--nodes, --max-batch, --engine, --slo-ms)."""
     @functools.wraps(f)
     def command(*args, **options):
         scenario = options["scenario"]
-        if options.get("duration") is None:
+        if "regime" in options and options.get("duration") is None:
             options["duration"] = (TRACE_DURATION_S if options.get("trace") is not None
                                    else default_config(options["regime"], scenario).duration_s)
         for key, value in scenario_cluster(scenario).items():
