@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from helmgr.sim import SimConfig, simulate
-from helmgr.sim.metrics import window_stats
+from helmgr.sim.metrics import rolling_peak, window_load, window_stats
 from helmgr.workload import WorkloadSpec
 
 BINS = np.geomspace(1e-5, 1e3, 4001)              # seconds; 0.46 % a bin
@@ -86,15 +86,12 @@ def phase_point(args: tuple[WorkloadSpec, SimConfig]) -> PhaseRun:
     win_start, p99, _, _ = window_stats(arrival, latency, cfg.window_s, w.duration_s)
     mid = win_start + cfg.window_s / 2
     window_phase = np.where(win_start >= warm - 1e-9, np.searchsorted(starts, mid, side="right") - 1, -1)
-    loads = np.asarray(rec.window_loads, float)
     load = np.full(len(win_start), np.nan)
-    if len(loads):
-        with np.errstate(invalid="ignore"):
-            per = np.nanmean(np.where(np.isfinite(loads), loads, np.nan), axis=1)
+    if len(rec.window_loads):
         # the window closing at t covers [t - span, t)
         k = np.round(np.asarray(rec.window_t) / cfg.window_s).astype(np.int64) - 1
         ok = (k >= 0) & (k < len(load))
-        load[k[ok]] = per[ok]
+        load[k[ok]] = window_load(rec.window_loads)[ok]
     slim = {k: v for k, v in summary.items() if not isinstance(v, (list, dict))}
     return PhaseRun(cfg.ratio, slim, [p.kind for p in phases], hists, window_phase, p99, load,
                     summary["slo_ms"] / 1e3)
@@ -187,19 +184,12 @@ def properties(runs: list[PhaseRun], s5: str = "whole") -> dict:
     return out
 
 
-def _peak(load: np.ndarray, mask: np.ndarray, span: int = 10) -> float:
-    """Peak of `span`-window means of `load` inside each contiguous run of `mask`."""
-    best = float("nan")
+def _peak(load: np.ndarray, mask: np.ndarray) -> float:
+    """The peak utilization (metrics.rolling_peak) inside each contiguous run of `mask`; the largest."""
     idx = np.flatnonzero(mask & np.isfinite(load))
     if not len(idx):
-        return best
-    groups = np.split(idx, np.flatnonzero(np.diff(idx) > 1) + 1)
-    for g in groups:
-        v = load[g]
-        k = min(span, len(v))
-        m = float(np.convolve(v, np.ones(k) / k, mode="valid").max())
-        best = m if not np.isfinite(best) else max(best, m)
-    return best
+        return float("nan")
+    return max(rolling_peak(load[g]) for g in np.split(idx, np.flatnonzero(np.diff(idx) > 1) + 1))
 
 
 def _window_share(run: PhaseRun, phases: np.ndarray) -> float:

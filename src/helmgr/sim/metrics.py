@@ -117,19 +117,31 @@ OVERLOAD_BACKLOG_S = 1.0         # ... and a run that ends more than a second of
 PEAK_SPAN_WINDOWS = 10           # peak utilization: the busiest 10 consecutive windows
 
 
+def window_load(loads) -> np.ndarray:
+    """Per recorded window (rows of `Recorder.window_loads`): the up nodes' mean busier-engine
+    share (NaN where no node was up)."""
+    loads = np.asarray(loads, float).reshape(len(loads), -1)
+    up = np.isfinite(loads)
+    mean = np.where(up, loads, 0.0).sum(axis=1) / np.maximum(up.sum(axis=1), 1)
+    return np.where(up.any(axis=1), mean, np.nan)
+
+
+def rolling_peak(values: np.ndarray, span: int = PEAK_SPAN_WINDOWS) -> float:
+    """The largest mean of `span` consecutive values (of all of them if fewer); NaN if none."""
+    if not len(values):
+        return NAN
+    k = min(span, len(values))
+    return float(np.convolve(values, np.ones(k) / k, mode="valid").max())
+
+
 def peak_load(window_t, loads, from_s: float = 0.0, span: int = PEAK_SPAN_WINDOWS) -> float:
     """The cluster's peak utilization: over every `span` consecutive windows ending after
     `from_s`, the up nodes' mean busier-engine share; the largest. NaN with no such window."""
-    loads, keep = np.asarray(loads, float), np.asarray(window_t, float) > from_s
+    keep = np.asarray(window_t, float) > from_s
     if not len(loads) or not keep.any():
         return NAN
-    up = np.isfinite(loads[keep])
-    per_window = np.where(up, loads[keep], 0.0).sum(axis=1) / np.maximum(up.sum(axis=1), 1)
-    per_window = per_window[up.any(axis=1)]
-    if not len(per_window):
-        return NAN
-    k = min(span, len(per_window))
-    return float(np.convolve(per_window, np.ones(k) / k, mode="valid").max())
+    per_window = window_load(loads)[keep]
+    return rolling_peak(per_window[np.isfinite(per_window)], span)
 
 
 _NO_REQUEST = "no request completed after the warm-up"
