@@ -119,15 +119,20 @@ def assert_constants(hw, model):
     assert hw.batch_efficiency == approx(0.125) and hw.batch_half_rows == approx(96.0)
 
 
-def test_fit_profiles_recovers_every_constant_of_a_made_up_device():
-    cfg = CalibrateConfig()
+def made_up_points(cfg: CalibrateConfig) -> dict:
+    """Every measurement of a calibration, from the made-up device of FakeMeasure."""
     rt = SimpleNamespace(pool=SimpleNamespace(row_bytes=cfg.model_profile.row_bytes))
     m = FakeMeasure(rt, 1, 0, 0)
     cost = CostModel.from_parts(load_hardware("a100-80g"), cfg.model_profile)
     hit, miss = m.emb()
-    points = {"emb_hit": hit, "emb_miss": miss, "h2d": m.h2d(), "host_gather": m.host_gather(), "gemm": [m.gemm()],
-              "compute": m.compute(compute_shapes(cfg.max_tokens, cfg.candidates), cost, lambda: None),
-              "batch": m.batches(batch_shapes(cfg.max_tokens, cfg.candidates), batch_sizes(8), cost, lambda: None)}
+    return {"emb_hit": hit, "emb_miss": miss, "h2d": m.h2d(), "host_gather": m.host_gather(), "gemm": [m.gemm()],
+            "compute": m.compute(compute_shapes(cfg.max_tokens, cfg.candidates), cost, lambda: None),
+            "batch": m.batches(batch_shapes(cfg.max_tokens, cfg.candidates), batch_sizes(8), cost, lambda: None)}
+
+
+def test_fit_profiles_recovers_every_constant_of_a_made_up_device():
+    cfg = CalibrateConfig()
+    points = made_up_points(cfg)
     hw, model, fits = fit_profiles(cfg, points, {"weights_gib": 1e-4})
     assert_constants(hw, model)
     assert fits["compute_fixed_us"] == pytest.approx(1500.0) and max(map(abs, fits["compute_fit_err"])) < 1e-9
@@ -138,13 +143,7 @@ def test_fit_profiles_recovers_every_constant_of_a_made_up_device():
 
 def test_a_batch_faster_than_a_request_s_fixed_cost_is_named():
     cfg = CalibrateConfig()
-    rt = SimpleNamespace(pool=SimpleNamespace(row_bytes=cfg.model_profile.row_bytes))
-    m = FakeMeasure(rt, 1, 0, 0)
-    cost = CostModel.from_parts(load_hardware("a100-80g"), cfg.model_profile)
-    hit, miss = m.emb()
-    points = {"emb_hit": hit, "emb_miss": miss, "h2d": m.h2d(), "host_gather": m.host_gather(), "gemm": [m.gemm()],
-              "compute": m.compute(compute_shapes(cfg.max_tokens, cfg.candidates), cost, lambda: None),
-              "batch": m.batches(batch_shapes(cfg.max_tokens, cfg.candidates), batch_sizes(8), cost, lambda: None)}
+    points = made_up_points(cfg)
     points["batch"][0]["s"] = 1e-3                       # under the 1.5 ms fixed cost
     with pytest.raises(HelmInputError, match="calibration of batched compute: a batch took 500 us less than"):
         fit_profiles(cfg, points, {"weights_gib": 1e-4})
