@@ -34,7 +34,7 @@ def sim_options(f):
         click.option("--model", default="large", show_default=True, callback=profile_checked("model"),
                      help=f"Model preset ({', '.join(sorted(available('model')))}) or profile TOML."),
         click.option("--slo-ms", type=POSITIVE, default=None,
-                     help="P99 latency target [default: the model preset's]."),
+                     help="P99 latency target [default: the scenario's, 20 (v2); v1: the model preset's]."),
         click.option("--refill", type=click.Choice(list(REFILL_MODES)), default="lazy", show_default=True,
                      help="How grown EMB capacity is filled: sync (blocks the node), lazy, background."),
         click.option("--fail-node", "faults", multiple=True, metavar="I@T1[:T2]",
