@@ -155,3 +155,12 @@ def test_history_one_user_equals_the_batch_path():
     flat = w.history.batch(users, starts, counts)
     expected = np.concatenate([w.history(int(u), int(a), int(a + k)) for u, a, k in zip(users, starts, counts)])
     np.testing.assert_array_equal(flat, expected)
+
+
+def test_poisson_times_when_the_grid_rounds_onto_its_end():
+    """arange(1.0, 1.3, 0.1)'s last step lands just past 1.3: a bin of negative width made the
+    Poisson draw fail (found by the fuzz test: compare --duration 1.3 --rps 1)."""
+    from helmgr.workload.arrivals import poisson_times
+    assert np.arange(1.0, 1.3, 0.1)[-1] >= 1.3
+    t = poisson_times(np.random.default_rng(0), lambda t: np.full(np.shape(t), 500.0), 1.0, 1.3)
+    assert 100 < len(t) < 200 and t.min() >= 1.0 and t.max() < 1.3 and np.all(np.diff(t) >= 0)

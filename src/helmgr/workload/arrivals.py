@@ -25,7 +25,8 @@ def poisson_times(rng: np.random.Generator, rate: Rate, t0: float, t1: float, dt
     """Sorted event times in [t0, t1) of a Poisson process with rate `rate(t)` (per second)."""
     if t1 <= t0:
         return np.zeros(0)
-    edges = np.append(np.arange(t0, t1, dt), t1)
+    edges = np.arange(t0, t1, dt)
+    edges = np.append(edges[edges < t1], t1)   # (rounding can put arange's last step at t1 or past it)
     widths = np.diff(edges)
     counts = rng.poisson(np.maximum(rate(edges[:-1] + widths / 2), 0.0) * widths)
     times = np.repeat(edges[:-1], counts) + rng.random(int(counts.sum())) * np.repeat(widths, counts)
