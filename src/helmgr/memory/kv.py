@@ -4,12 +4,301 @@ An entry is a user and the number of leading history positions whose K/V is cach
 `tail_first`, eviction trims whole pages off the tail of the least recently used user, so a
 partly evicted user keeps a usable shorter prefix. With a host tier, evicted K/V is kept in host
 memory (its own LRU) and can be onloaded over PCIe instead of recomputed.
+
+The LRU lives in three int64 arrays that compiled code (the simulator's engine) works on directly
+through the `kv_*` functions; `KVCache` is the Python face of the same arrays.
+
+- `meta[KV_META]`: the scalars, named by the indices below.
+- `tab[4, slots]`: an open-addressing hash table (linear probing, `slots` a power of two) whose
+  slots are also the nodes of the LRU's doubly linked list: rows KEY (the user; EMPTY, or TOMB
+  for a deleted one), TOK (cached tokens), PREV and NEXT (slots; -1: none). meta[HEAD] is the
+  least recently used slot, meta[TAIL] the most recently used.
+- `log[4, L]`: what happened that the Python side replays onto the parts that are not arrays
+  (the host tier, the ghost queue, `events`), in order, as rows (kind, user, a, b):
+  EVICT (user, tokens it had, tokens left) — the user's tokens go to the host tier and the ghost
+  queue, `(user, left)` to `events`; SPILL (user, tokens, 0) — to the host tier; EVENT (user,
+  tokens now cached, 0); GHOST_DROP (user, 0, 0) — out of the ghost queue. meta[LOGGING] is a mask
+  of LOG_EVENTS, LOG_SPILLS and LOG_GHOSTS saying which of those to record (0: nothing).
+
+Before an insert of a user that may be new, `kv_room` must hold (else `kv_reserve`); one insert
+or resize logs at most COUNT + 4 rows.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+from numba import njit
+
 from helmgr.memory.pool import SizeInfo
+
+# meta: least/most recently used slot, entries, bytes used, capacity, bytes per token, tokens per
+# page, tail-first flag, tokens evicted so far, tombstones, log rows used, what to log
+HEAD, TAIL, COUNT, USED, CAP_BYTES, BPT, TPP, TAIL_FIRST, EVICTED, TOMBS, LOG_N, LOGGING = range(12)
+KV_META = 12
+KEY, TOK, PREV, NEXT = 0, 1, 2, 3           # rows of tab
+EMPTY, TOMB = -1, -2                        # tab[KEY] of a free slot
+EVICT, SPILL, EVENT, GHOST_DROP = 1, 2, 3, 4   # log kinds
+LOG_EVENTS, LOG_SPILLS, LOG_GHOSTS = 1, 2, 4   # bits of meta[LOGGING]
+MIN_SLOTS = 16
+_MIX = -7046029254386353131                 # 0x9E3779B97F4A7C15 (Fibonacci hashing), as int64
+
+
+def kv_arrays(bytes_per_token: int, tokens_per_page: int, capacity_bytes: int = 0, tail_first: bool = False,
+              slots: int = MIN_SLOTS):
+    """A new, empty cache's (meta, tab, log)."""
+    if slots < MIN_SLOTS or slots & (slots - 1):
+        raise ValueError(f"slots must be a power of two >= {MIN_SLOTS}, got {slots}")
+    meta = np.zeros(KV_META, np.int64)
+    meta[HEAD] = meta[TAIL] = -1
+    meta[CAP_BYTES], meta[BPT], meta[TPP], meta[TAIL_FIRST] = capacity_bytes, bytes_per_token, tokens_per_page, tail_first
+    tab = np.full((4, slots), -1, np.int64)
+    tab[TOK] = 0
+    return meta, tab, np.zeros((4, slots // 2 + 4), np.int64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _home(tab, user):
+    h = user * _MIX
+    return (h ^ (h >> 32)) & (tab.shape[1] - 1)
+
+
+@njit(cache=True, nogil=True)
+def kv_find(meta, tab, user):
+    """The slot holding `user`, or -1."""
+    mask = tab.shape[1] - 1
+    s = _home(tab, user)
+    while True:
+        k = tab[KEY, s]
+        if k == user:
+            return s
+        if k == EMPTY:
+            return -1
+        s = (s + 1) & mask
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _unlink(meta, tab, s):
+    p, n = tab[PREV, s], tab[NEXT, s]
+    if p >= 0:
+        tab[NEXT, p] = n
+    else:
+        meta[HEAD] = n
+    if n >= 0:
+        tab[PREV, n] = p
+    else:
+        meta[TAIL] = p
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _link_tail(meta, tab, s):
+    t = meta[TAIL]
+    tab[PREV, s], tab[NEXT, s] = t, -1
+    if t >= 0:
+        tab[NEXT, t] = s
+    else:
+        meta[HEAD] = s
+    meta[TAIL] = s
+
+
+@njit(cache=True, nogil=True)
+def _claim(meta, tab, user):
+    """A slot for a user not in the table (the first tombstone on its probe path, else the empty
+    slot that ends it), keyed to `user`."""
+    mask = tab.shape[1] - 1
+    s = _home(tab, user)
+    while tab[KEY, s] >= 0:
+        s = (s + 1) & mask
+    if tab[KEY, s] == TOMB:
+        meta[TOMBS] -= 1
+    tab[KEY, s] = user
+    meta[COUNT] += 1
+    return s
+
+
+@njit(cache=True, nogil=True)
+def _delete(meta, tab, s):
+    """Free an unlinked slot: a tombstone, unless the next slot is empty (then it and the
+    tombstones just before it are empty again: no probe path runs through them)."""
+    mask = tab.shape[1] - 1
+    meta[COUNT] -= 1
+    tab[TOK, s] = 0
+    if tab[KEY, (s + 1) & mask] != EMPTY:
+        tab[KEY, s] = TOMB
+        meta[TOMBS] += 1
+        return
+    tab[KEY, s] = EMPTY
+    s = (s - 1) & mask
+    while tab[KEY, s] == TOMB:
+        tab[KEY, s] = EMPTY
+        meta[TOMBS] -= 1
+        s = (s - 1) & mask
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _log(meta, log, kind, user, a, b):
+    n = meta[LOG_N]
+    if n < log.shape[1]:
+        log[0, n], log[1, n], log[2, n], log[3, n] = kind, user, a, b
+    meta[LOG_N] = n + 1                     # past the end: the drain refuses it
+
+
+@njit(cache=True, nogil=True)
+def kv_lookup(meta, tab, user):
+    """Cached prefix tokens of `user` (0 on a miss); a hit becomes most recently used."""
+    s = kv_find(meta, tab, user)
+    if s < 0:
+        return 0
+    if s != meta[TAIL]:
+        _unlink(meta, tab, s)
+        _link_tail(meta, tab, s)
+    return tab[TOK, s]
+
+
+@njit(cache=True, nogil=True)
+def kv_peek(meta, tab, user):
+    """Cached prefix tokens of `user`, without touching the LRU order."""
+    s = kv_find(meta, tab, user)
+    return tab[TOK, s] if s >= 0 else 0
+
+
+@njit(cache=True, nogil=True)
+def _evict(meta, tab, log, need_bytes):
+    """Free at least `need_bytes`, least recently used first (whole pages off its tail with
+    tail-first)."""
+    bpt, tpp = meta[BPT], meta[TPP]
+    while need_bytes > 0 and meta[HEAD] >= 0:
+        s = meta[HEAD]
+        user, tokens = tab[KEY, s], tab[TOK, s]
+        drop = tokens
+        if meta[TAIL_FIRST]:
+            drop = min(tokens, (need_bytes + tpp * bpt - 1) // (tpp * bpt) * tpp)
+        if drop == tokens:
+            _unlink(meta, tab, s)
+            _delete(meta, tab, s)
+        else:
+            tab[TOK, s] = tokens - drop
+        if meta[LOGGING]:
+            _log(meta, log, EVICT, user, tokens, tokens - drop)
+        meta[USED] -= drop * bpt
+        need_bytes -= drop * bpt
+        meta[EVICTED] += drop
+
+
+@njit(cache=True, nogil=True)
+def _uncache(meta, tab, log, s, user, old):
+    """The end of an insert that caches nothing: the user's old slot (if any) freed."""
+    if s >= 0:
+        _delete(meta, tab, s)
+    if meta[LOGGING] & LOG_EVENTS and old:
+        _log(meta, log, EVENT, user, 0, 0)
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def kv_insert(meta, tab, log, user, tokens):
+    """Cache `tokens` prefix positions of `user` as most recently used, evicting others to fit.
+    Returns the tokens actually cached (fewer if the prefix alone does not fit). A new user needs
+    `kv_room`."""
+    bpt = meta[BPT]
+    s = kv_find(meta, tab, user)
+    old = 0
+    if s >= 0:
+        old = tab[TOK, s]
+        _unlink(meta, tab, s)
+        meta[USED] -= old * bpt
+    if meta[LOGGING] & LOG_GHOSTS:
+        _log(meta, log, GHOST_DROP, user, 0, 0)
+    fit = meta[CAP_BYTES] // bpt
+    if tokens > fit:
+        if not meta[TAIL_FIRST]:
+            if meta[LOGGING] & LOG_SPILLS:
+                if old > 0:
+                    _log(meta, log, SPILL, user, old, 0)
+                if tokens > 0:
+                    _log(meta, log, SPILL, user, tokens, 0)
+            return _uncache(meta, tab, log, s, user, old)
+        tokens = fit
+    if tokens <= 0:
+        return _uncache(meta, tab, log, s, user, old)
+    _evict(meta, tab, log, meta[USED] + tokens * bpt - meta[CAP_BYTES])
+    if s < 0:
+        s = _claim(meta, tab, user)
+    tab[TOK, s] = tokens
+    _link_tail(meta, tab, s)
+    meta[USED] += tokens * bpt
+    if meta[LOGGING] & LOG_EVENTS:
+        _log(meta, log, EVENT, user, tokens, 0)
+    return tokens
+
+
+@njit(cache=True, nogil=True)
+def kv_resize(meta, tab, log, capacity_bytes):
+    meta[CAP_BYTES] = capacity_bytes
+    _evict(meta, tab, log, meta[USED] - capacity_bytes)
+
+
+@njit(cache=True, nogil=True)
+def kv_room(meta, tab, log):
+    """Room in `tab` for one more user (load, tombstones included, at most 1/2 after it) and in
+    `log` for one more insert or resize."""
+    return (2 * (meta[COUNT] + meta[TOMBS] + 1) <= tab.shape[1]
+            and log.shape[1] - meta[LOG_N] >= meta[COUNT] + 4)
+
+
+@njit(cache=True, nogil=True)
+def kv_reserve(meta, tab, log):
+    """(tab, log) such that `kv_room` holds: `tab` rehashed (tombstones dropped, doubled until at
+    most a quarter full) and `log` grown (its rows kept) where needed; the arrays given, if they
+    already have room. The LRU order is kept."""
+    if not kv_room(meta, tab, log):
+        slots = tab.shape[1]
+        if 2 * (meta[COUNT] + meta[TOMBS] + 1) > slots:
+            while 4 * (meta[COUNT] + 1) > slots:
+                slots *= 2
+            tab = _rehash(meta, tab, slots)
+        want = max(slots // 2 + 4, meta[LOG_N] + meta[COUNT] + 4)
+        if log.shape[1] < want:
+            grown = np.zeros((4, want), np.int64)
+            grown[:, :log.shape[1]] = log
+            log = grown
+    return tab, log
+
+
+@njit(cache=True, nogil=True)
+def _rehash(meta, tab, slots):
+    new = np.full((4, slots), -1, np.int64)
+    new[TOK] = 0
+    s = meta[HEAD]
+    meta[HEAD] = meta[TAIL] = -1
+    meta[COUNT] = meta[TOMBS] = 0
+    while s >= 0:
+        t = _claim(meta, new, tab[KEY, s])
+        new[TOK, t] = tab[TOK, s]
+        _link_tail(meta, new, t)
+        s = tab[NEXT, s]
+    return new
+
+
+@njit(cache=True, nogil=True)
+def kv_order(meta, tab):
+    """The linked slots, least recently used first (stops after COUNT + 1, so a cycle shows)."""
+    out = np.empty(meta[COUNT] + 1, np.int64)
+    n, s = 0, meta[HEAD]
+    while s >= 0 and n < out.shape[0]:
+        out[n] = s
+        n += 1
+        s = tab[NEXT, s]
+    return out[:n]
+
+
+@njit(cache=True, nogil=True)
+def _findable(meta, tab):
+    """Every keyed slot is where a probe for its user ends."""
+    for s in range(tab.shape[1]):
+        if tab[KEY, s] >= 0 and kv_find(meta, tab, tab[KEY, s]) != s:
+            return False
+    return True
 
 
 class _LRUTokens:
@@ -50,26 +339,99 @@ class HostKVTier(_LRUTokens):
         return self.entries.get(user, 0)
 
 
-class KVCache(_LRUTokens):
+class KVCache:
+    """The cache over `meta`, `tab` and `log` (see the module's docstring), with the host tier,
+    the ghost queue and the `events` log kept in Python and updated from `log` after each call.
+
+    Compiled code may work on the same arrays between calls; it then hands them back with
+    `attach`, which replays what it logged."""
+
     def __init__(self, bytes_per_token: int, page_bytes: int, capacity_bytes: int = 0,
                  tail_first: bool = False, host_capacity_bytes: int = 0):
         if bytes_per_token <= 0 or page_bytes < bytes_per_token:
             raise ValueError(f"KV cache needs 0 < bytes_per_token <= page_bytes, got {bytes_per_token}, {page_bytes}")
-        super().__init__(bytes_per_token, capacity_bytes)
+        self.bytes_per_token = bytes_per_token
         self.tokens_per_page = page_bytes // bytes_per_token
-        self.tail_first = tail_first
+        self.meta, self.tab, self.log = kv_arrays(bytes_per_token, self.tokens_per_page, capacity_bytes, tail_first)
+        self._views()
         self.host = HostKVTier(bytes_per_token, host_capacity_bytes) if host_capacity_bytes > 0 else None
-        self.evicted_tokens = 0
         self.ghost: OrderedDict[int, int] | None = None   # recently evicted users (a shadow queue)
         self.ghost_bytes = 0
         self._ghost_used = 0
-        self.events: list[tuple[int, int]] | None = None   # (user, tokens now cached), when on
+        self._events: list[tuple[int, int]] | None = None
+        self._set_logging(LOG_SPILLS, self.host is not None)
+        self._inserts_left = self._room()
 
+    def _views(self) -> None:
+        self._meta_view = memoryview(self.meta)          # reads and writes a scalar 2x faster than numpy
+        self._log_rows = self.log.T                       # the log's rows (kind, user, a, b)
+
+    def __getstate__(self) -> dict:                      # views neither pickle nor copy as views
+        return {k: v for k, v in self.__dict__.items() if k not in ("_meta_view", "_log_rows")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._views()
+
+    # -- the scalars, from meta -------------------------------------------------------------
+    @property
+    def capacity_bytes(self) -> int:
+        return int(self.meta[CAP_BYTES])
+
+    @capacity_bytes.setter
+    def capacity_bytes(self, capacity_bytes: int) -> None:      # evicts nothing: `resize` does
+        self.meta[CAP_BYTES] = capacity_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        return int(self.meta[USED])
+
+    @property
+    def evicted_tokens(self) -> int:
+        return int(self.meta[EVICTED])
+
+    @evicted_tokens.setter
+    def evicted_tokens(self, tokens: int) -> None:
+        self.meta[EVICTED] = tokens
+
+    @property
+    def tail_first(self) -> bool:
+        return bool(self.meta[TAIL_FIRST])
+
+    @tail_first.setter
+    def tail_first(self, on: bool) -> None:
+        self.meta[TAIL_FIRST] = on
+
+    @property
+    def entries(self) -> OrderedDict[int, int]:
+        """user -> cached tokens, least recently used first (a copy)."""
+        order = kv_order(self.meta, self.tab)
+        return OrderedDict(zip(self.tab[KEY, order].tolist(), self.tab[TOK, order].tolist()))
+
+    @property
+    def events(self) -> list[tuple[int, int]] | None:
+        """(user, tokens now cached) per change, when on (a list); None: off."""
+        return self._events
+
+    @events.setter
+    def events(self, events: list[tuple[int, int]] | None) -> None:
+        self._events = events
+        self._set_logging(LOG_EVENTS, events is not None)
+
+    def _set_logging(self, bit: int, on: bool) -> None:
+        self.meta[LOGGING] = self.meta[LOGGING] | bit if on else self.meta[LOGGING] & ~bit
+        self._logging = bool(self.meta[LOGGING])
+
+    def size_info(self) -> SizeInfo:
+        return SizeInfo(self.capacity_bytes, self.used_bytes, int(self.meta[COUNT]))
+
+    # -- the cache --------------------------------------------------------------------------
     def track_ghosts(self, capacity_bytes: int) -> None:
         """Remember the last `capacity_bytes` of evicted prefixes (keys and lengths only), so a
         policy can count the hits a cache that much larger would have had (Cliffhanger's shadow
         queues)."""
         self.ghost, self.ghost_bytes, self._ghost_used = OrderedDict(), capacity_bytes, 0
+        self._set_logging(LOG_GHOSTS, True)
 
     def _ghost_put(self, user: int, tokens: int) -> None:
         g = self.ghost
@@ -81,78 +443,91 @@ class KVCache(_LRUTokens):
 
     def lookup(self, user: int) -> int:
         """Cached prefix tokens of `user` (0 on a miss); a hit becomes most recently used."""
-        tokens = self.entries.get(user)
-        if tokens is None:
-            return 0
-        self.entries.move_to_end(user)
-        return tokens
+        return kv_lookup(self.meta, self.tab, user)
 
     def peek(self, user: int) -> int:
         """Cached prefix tokens of `user`, without touching the LRU order."""
-        return self.entries.get(user, 0)
+        return kv_peek(self.meta, self.tab, user)
 
     def insert(self, user: int, tokens: int) -> int:
         """Cache `tokens` prefix positions of `user` as most recently used, evicting others to
         fit. Returns the tokens actually cached (fewer if the prefix alone does not fit)."""
-        bpt = self.bytes_per_token
-        old = self.entries.pop(user, 0)
-        self.used_bytes -= old * bpt
-        if self.ghost is not None and user in self.ghost:
-            self._ghost_used -= self.ghost.pop(user) * bpt
-        fit = self.capacity_bytes // bpt
-        if tokens > fit:
-            if not self.tail_first:
-                self._spill(user, old)
-                self._spill(user, tokens)
-                if self.events is not None and old:
-                    self.events.append((user, 0))
-                return 0
-            tokens = fit
-        if tokens <= 0:
-            if self.events is not None and old:
-                self.events.append((user, 0))
-            return 0
-        self._evict(self.used_bytes + tokens * bpt - self.capacity_bytes)
-        self.entries[user] = tokens
-        self.used_bytes += tokens * bpt
-        if self.events is not None:
-            self.events.append((user, tokens))
-        return tokens
+        if self._inserts_left <= 0:
+            self.attach(*kv_reserve(self.meta, self.tab, self.log))
+        self._inserts_left -= 1
+        cached = kv_insert(self.meta, self.tab, self.log, user, tokens)
+        if self._logging:
+            n = self._meta_view[LOG_N]
+            if n == 1 and cached and self._events is not None:   # the one row is this insert's event
+                self._meta_view[LOG_N] = 0
+                self._events.append((user, cached))
+            elif n:
+                self._drain()
+        return cached
 
     def resize(self, capacity_bytes: int) -> None:
-        self.capacity_bytes = capacity_bytes
-        self._evict(self.used_bytes - capacity_bytes)
-
-    def _evict(self, need_bytes: int) -> None:
-        """Free at least `need_bytes`, least recently used first."""
-        bpt = self.bytes_per_token
-        while need_bytes > 0 and self.entries:
-            user, tokens = next(iter(self.entries.items()))
-            drop = tokens
-            if self.tail_first:
-                pages = -(-need_bytes // (self.tokens_per_page * bpt))
-                drop = min(tokens, pages * self.tokens_per_page)
-            if drop == tokens:
-                del self.entries[user]
-            else:
-                self.entries[user] = tokens - drop
-            if self.events is not None:
-                self.events.append((user, tokens - drop))
-            self.used_bytes -= drop * bpt
-            need_bytes -= drop * bpt
-            self.evicted_tokens += drop
-            self._spill(user, tokens)
-            if self.ghost is not None:
-                self._ghost_put(user, tokens)
-
-    def _spill(self, user: int, tokens: int) -> None:
-        if self.host is not None and tokens > 0:
-            self.host.put(user, tokens)
+        kv_resize(self.meta, self.tab, self.log, capacity_bytes)
+        if self._logging and self._meta_view[LOG_N]:
+            self._drain()
 
     def host_lookup(self, user: int) -> int:
         return self.host.lookup(user) if self.host is not None else 0
 
+    # -- the arrays -------------------------------------------------------------------------
+    def attach(self, tab: np.ndarray, log: np.ndarray) -> None:
+        """Take back `tab` and `log` (as `kv_reserve` may have replaced them) after compiled code
+        worked on `meta` and them, and replay what it logged."""
+        self.tab, self.log = tab, log
+        self._views()
+        self._logging = bool(self.meta[LOGGING])
+        if self.meta[LOG_N]:
+            self._drain()
+        self._inserts_left = self._room()
+
+    def _room(self) -> int:
+        """Inserts that `kv_room` holds for from now on (each adds at most one key, and the log
+        is drained after each)."""
+        meta = self.meta
+        table = self.tab.shape[1] // 2 - int(meta[COUNT] + meta[TOMBS])
+        return min(table, self.log.shape[1] - int(meta[COUNT]) - 3)
+
+    def _drain(self) -> None:
+        """Replay the log onto the host tier, the ghost queue and `events`; empty it."""
+        n = self._meta_view[LOG_N]
+        if n > self.log.shape[1]:
+            raise RuntimeError(f"the KV log overflowed: {n} rows logged, {self.log.shape[1]} kept")
+        self._meta_view[LOG_N] = 0
+        events, host, ghost = self._events, self.host, self.ghost
+        for kind, user, a, b in self._log_rows[:n].tolist():
+            if kind == EVENT:
+                events.append((user, a))
+            elif kind == EVICT:
+                if events is not None:
+                    events.append((user, b))
+                if host is not None:
+                    host.put(user, a)
+                if ghost is not None:
+                    self._ghost_put(user, a)
+            elif kind == SPILL:
+                host.put(user, a)
+            elif kind == GHOST_DROP and user in ghost:
+                self._ghost_used -= ghost.pop(user) * self.bytes_per_token
+
     def check_integrity(self) -> None:
-        super().check_integrity()
+        meta, tab = self.meta, self.tab
+        order = kv_order(meta, tab)
+        keyed = np.flatnonzero(tab[KEY] >= 0)
+        assert len(order) == len(keyed) == meta[COUNT], (len(order), len(keyed), meta[COUNT])
+        assert np.array_equal(np.sort(order), keyed), "the LRU list and the keyed slots differ"
+        if len(order):
+            assert meta[TAIL] == order[-1] and tab[PREV, order[0]] == -1
+            assert np.array_equal(tab[PREV, order[1:]], order[:-1]), "PREV and NEXT disagree"
+        assert np.count_nonzero(tab[KEY] == TOMB) == meta[TOMBS]
+        assert 2 * (meta[COUNT] + meta[TOMBS]) <= tab.shape[1] and _findable(meta, tab)
+        tokens = tab[TOK, order]
+        total = int(tokens.sum()) * self.bytes_per_token
+        assert total == self.used_bytes, (total, self.used_bytes)
+        assert self.used_bytes <= self.capacity_bytes, (self.used_bytes, self.capacity_bytes)
+        assert np.all(tokens > 0)
         if self.host is not None:
             self.host.check_integrity()
