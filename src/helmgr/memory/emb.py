@@ -1,29 +1,42 @@
 """The embedding hot cache (SPEC 2.2): which item rows sit in HBM.
 
 Each row has a state (absent, resident, or wanted-but-unfilled) in one uint8 array indexed by
-item id: checking a request's hundreds of ids is one compiled pass over them (`_check`). Rows enter and leave at *refresh* (every refresh
-interval, from scores accumulated since the last one) and at *resize*. Between the two, the
-cache has a *wanted* set (the top `capacity` rows by score) and a *resident* subset of it:
-wanted rows that are not resident yet are "unfilled" and are filled by the node's refill mode,
-or by a miss that fetched them anyway.
+item id: checking a request's hundreds of ids is one compiled pass over them (`_check`). Rows
+enter and leave at *refresh* (every refresh interval, from the accesses recorded since the last
+one) and at *resize*. Between the two, the cache has a *wanted* set (the top `capacity` rows by
+score, ties to the lower row id) and a *resident* subset of it: wanted rows that are not resident
+yet are "unfilled" and are filled by the node's refill mode, or by a miss that fetched them anyway.
 
 Scores come from an eviction policy (`helmgr.memory.eviction`, shared with the device cache):
-decayed access frequency (LFU with aging, eagerly aged at each refresh) or last-access epoch
-(LRU); each refresh interval is one epoch. Uniform decay keeps the order of untouched rows:
-between refreshes, a sorted *frontier* of rows around the capacity edge is enough to resize
-without ranking everything again.
+decayed access frequency (LFU with aging) or last-access epoch (LRU); each refresh interval is
+one epoch. LFU ages lazily (an access weighs 1/decay more each epoch instead of every score
+shrinking), so a refresh raises the scores of the rows it saw and leaves every other score as it
+was: only those rows can cross the capacity edge. The cache keeps a *window*, every row whose
+score lies in a band of values around the edge, and how many rows are above it. A refresh adds
+its accesses in one compiled pass that also catches the rows crossing the window's bounds (a
+score only grows, so it crosses each at most once), then re-selects inside the window; a
+resize re-selects inside it too. Before the edge leaves the window (every few refreshes) one pass
+over the rows re-centres it. Work is proportional to the accesses and the window, not to the
+catalogue; LRU, whose every touched row jumps to the top, selects anew at each refresh.
 """
 from __future__ import annotations
 
-import numpy as np
-from numba import njit
+import math
 
-from helmgr.memory.eviction import keep_top, make_eviction
+import llvmlite.ir as llvm_ir
+import numpy as np
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from helmgr.memory.eviction import make_eviction
 from helmgr.memory.eviction import value_at_rank as eviction_value_at_rank
 from helmgr.memory.pool import SizeInfo
 
 
 ABSENT, RESIDENT, UNFILLED = 0, 1, 2
+_NO_ROWS = np.zeros(0, np.int64)
+_AHEAD = 64                      # accesses a random pass prefetches ahead
 
 
 @njit(cache=True, nogil=True)
@@ -79,27 +92,181 @@ def _check(state, ids):
     return hits, unfilled
 
 
+# -- the refresh's kernels ------------------------------------------------------------------
+@intrinsic
+def _prefetch(typingctx, array, index):
+    """Start loading `array[index]` into the cache (LLVM's prefetch: for a write, keep it close).
+    Between refreshes the scores are out of cache; a pass over random rows that asks for a row
+    some accesses ahead keeps many loads in flight instead of waiting on each (~3x here)."""
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        i8p, i32 = llvm_ir.IntType(8).as_pointer(), llvm_ir.IntType(32)
+        fnty = llvm_ir.FunctionType(llvm_ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(1), i32(3), i32(1)])   # write, keep, data
+        return context.get_dummy_value()
+    return types.void(array, index), codegen
+
+
+@njit(cache=True, nogil=True)
+def _add(acc, scores, state, shadow, weight, lo, hi):
+    """LFU's refresh in one pass over the accesses `acc`: each adds `weight` to its row's score
+    (float32, one access at a time). Scores only grow, so a row crosses an edge of the window
+    [lo, hi] at most once: rising above `hi` it is wanted; rising past `lo` it joins the window.
+    The `shadow` rows carry a flipped sign during the pass, which counts their accesses. Returns
+    (rows that rose above the window, rows that joined it, the shadow's accesses), or a shadow
+    count of -1, with nothing changed, if an id is outside the table. Branch-free: which side of
+    the window an access lands on is a coin toss the CPU cannot predict."""
+    n = len(scores)
+    for a in acc:
+        if a < 0 or a >= n:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), -1
+    for r in shadow:
+        scores[r] = -scores[r]
+    rose = np.empty(len(acc), np.int64)
+    joined = np.empty(len(acc), np.int64)
+    m = j = hits = 0
+    for i in range(len(acc)):
+        _prefetch(scores, acc[min(i + _AHEAD, len(acc) - 1)])
+        a = acc[i]
+        o = scores[a]
+        t = abs(o)
+        v = t + weight
+        scores[a] = math.copysign(v, o)
+        hits += np.signbit(o)
+        rose[m] = a                                # kept only if the access crossed (m moves on)
+        m += (t <= hi) & (v > hi)
+        joined[j] = a
+        j += (t < lo) & (v >= lo) & (v <= hi)
+    for r in shadow:
+        scores[r] = abs(scores[r])
+    for r in rose[:m]:
+        if state[r] == ABSENT:
+            state[r] = UNFILLED
+    return rose[:m], joined[:j], hits
+
+
+@njit(cache=True, nogil=True)
+def _cut(vals, rows, k):
+    """The key of the k-th best of `rows` (scores `vals`) by (score desc, row id asc): (score,
+    the highest row id kept among rows of that score); nothing is kept for k = 0."""
+    if k <= 0:
+        return np.float32(np.inf), np.int64(-1)
+    p = np.array([_radix_rank(vals.view(np.uint32), k - 1)], np.uint32).view(np.float32)[0]
+    above = tied = 0
+    for v in vals:
+        above += v > p
+        tied += v == p
+    need = k - above
+    if need == tied:
+        return p, np.int64(1) << 62
+    ties = rows[vals == p]
+    ties.sort()
+    return p, ties[need - 1]
+
+
+@njit(cache=True, nogil=True)
+def _settle(scores, state, window, joined, hi, k):
+    """Re-select inside the window: `window` and `joined` less the rows that rose above `hi`; its
+    best k rows are wanted, the rest are not. Returns (the window, rows newly wanted, wanted rows
+    dropped that were resident, the score of the k-th)."""
+    rows = np.empty(len(window) + len(joined), np.int64)
+    vals = np.empty(len(rows), np.float32)
+    j = 0
+    for part in (window, joined):
+        for i in range(len(part)):
+            _prefetch(scores, part[min(i + _AHEAD, len(part) - 1)])
+            r = part[i]
+            rows[j], vals[j] = r, scores[r]
+            j += np.int64(scores[r] <= hi)
+    rows, vals = rows[:j], vals[:j]
+    p, last = _cut(vals, rows, k)
+    added = np.empty(j, np.int64)
+    a = dropped = 0
+    for i in range(j):
+        _prefetch(state, rows[min(i + _AHEAD, j - 1)])
+        r = rows[i]
+        want = (vals[i] > p) | ((vals[i] == p) & (r <= last))
+        st = state[r]
+        if want != (st != ABSENT):                 # (rare: branch only on a change)
+            if want:
+                state[r] = UNFILLED
+                added[a] = r
+                a += 1
+            else:
+                dropped += st == RESIDENT
+                state[r] = ABSENT
+    return rows, added[:a], dropped, p
+
+
+@njit(cache=True, nogil=True)
+def _split(scores, state, lo, hi):
+    """Build the window [lo, hi]: rows above it are wanted, rows below it are not. Returns (rows
+    above, the window's rows, wanted rows dropped that were resident)."""
+    window = np.empty(len(scores), np.int64)       # (only the pages written are ever touched)
+    above = m = dropped = 0
+    for r in range(len(scores)):
+        v = scores[r]
+        if v > hi:
+            above += 1
+            if state[r] == ABSENT:
+                state[r] = UNFILLED
+        elif v >= lo:
+            window[m] = r
+            m += 1
+        elif state[r] != ABSENT:
+            if state[r] == RESIDENT:
+                dropped += 1
+            state[r] = ABSENT
+    return above, window[:m].copy(), dropped
+
+
+@njit(cache=True, nogil=True)
+def _absent_from(scores, state, rows, floor):
+    """`rows` that are absent with a score >= `floor`."""
+    out = np.empty(len(rows), np.int64)
+    m = 0
+    for r in rows:
+        if state[r] == ABSENT and scores[r] >= floor:
+            out[m] = r
+            m += 1
+    return out[:m]
+
+
 class EmbCache:
     def __init__(self, n_items: int, row_bytes: int, policy: str = "lfu", band_rows: int = 65536,
-                 decay: float = 0.99):
+                 decay: float = 0.99, state: np.ndarray | None = None):
+        """`state`: a caller's uint8 array of n_items (e.g. a row of a cluster-wide table) to hold
+        the rows' states in place of the cache's own; it is set to absent, and never replaced."""
         if n_items <= 0 or row_bytes <= 0:
             raise ValueError(f"EMB cache needs n_items > 0 and row_bytes > 0, got {n_items}, {row_bytes}")
+        if state is None:
+            state = np.zeros(n_items, np.uint8)
+        elif state.dtype != np.uint8 or state.shape != (n_items,):
+            raise ValueError(f"EMB state must be uint8 of shape ({n_items},), got {state.dtype} {state.shape}")
+        else:
+            state[:] = ABSENT
         self.n_items = n_items
         self.row_bytes = row_bytes
-        self.policy = make_eviction(policy, decay)    # eager aging: a refresh touches every row anyway
+        self.policy = make_eviction(policy, decay, lazy=True)   # untouched scores never change
         self.band_rows = max(1, band_rows)
         self.capacity_rows = 0
         self.scores = np.zeros(n_items, np.float32)
-        self.state = np.zeros(n_items, np.uint8)
+        self.state = state
         self.n_wanted = 0
-        self.n_resident = 0             # (also clears _maybe_unfilled: no wanted row is unfilled)
+        self.n_resident = 0
         self.epoch = 0
         self._pending: list[np.ndarray] = []
-        self._frontier: np.ndarray | None = None  # rows around the capacity edge, sorted
-        self._frontier_lo = 0                      # rank of _frontier[0]
+        self._flat = True                  # every score is 0 (nothing seen): the top c is rows 0 .. c-1
+        self._window: np.ndarray | None = None   # rows with a score in [_lo, _hi], any order ...
+        self._lo = self._hi = np.float32(np.inf)
+        self._above = 0                    # ... and how many rows are above it (all wanted)
         self._fill_queue: np.ndarray | None = np.zeros(0, np.int64)  # unfilled rows (hottest first once sorted)
         self._fill_pos = 0
         self._fill_sorted = True
+        self._as_warmed = False            # nothing has changed since `warm` (`warm_from` copies it)
         self.lookups = 0
         self.hits = 0
         self.unfilled_misses = 0
@@ -107,13 +274,14 @@ class EmbCache:
         self.access_log = None                     # callable(ids): the interval's accesses, in order
         self.shadow_rows = 0                       # > 0: count accesses to the rows just outside
         self.shadow_hits = 0                       # ... summed over refresh intervals
-        self._shadow = np.zeros(0, np.int64)
+        self._shadow = _NO_ROWS
 
     def track_shadow(self, rows: int) -> None:
         """Count, at every refresh, the accesses that went to the `rows` rows ranked just below
         the wanted set: the hits a cache that much larger would have had."""
         self.shadow_rows = rows
-        self._shadow = self._rows_below(self.state != ABSENT, self.n_wanted)
+        self._shadow = self._rows_below(self.n_wanted)
+        self._as_warmed = False
 
     @property
     def resident(self) -> np.ndarray:
@@ -129,17 +297,27 @@ class EmbCache:
 
         Returns (hits, misses on unfilled rows). A miss on a wanted-but-unfilled row brings the
         row over PCIe anyway, so it is admitted (this is the `lazy` refill)."""
-        n = len(ids)
-        if n == 0:
+        if len(ids) == 0:
             return 0, 0
-        self._pending.append(ids)
+        self.record(ids)
         hits, unfilled = _check(self.state, ids)
-        self.lookups += n
+        self.add_counts(len(ids), hits, unfilled)
+        return hits, unfilled
+
+    def record(self, ids: np.ndarray) -> None:
+        """Accesses to count at the next refresh, as `lookup` records them, for a caller that
+        checks residency on `state` itself. `ids` (in [0, n_items)) is kept, not copied."""
+        if len(ids):
+            self._pending.append(ids)
+            self._as_warmed = False
+
+    def add_counts(self, lookups: int, hits: int, unfilled: int) -> None:
+        """Counters of lookups checked outside (`_check`'s answers for `lookups` ids)."""
+        self.lookups += lookups
         self.hits += hits
         if unfilled:
             self._stale_count = True          # duplicates make the exact count a recount
             self.unfilled_misses += unfilled
-        return hits, unfilled
 
     @property
     def n_resident(self) -> int:
@@ -151,7 +329,6 @@ class EmbCache:
     def n_resident(self, value: int) -> None:
         self._n_resident = value
         self._stale_count = False
-        self._maybe_unfilled = value < self.n_wanted
 
     # -- filling --------------------------------------------------------------------------
     @property
@@ -160,14 +337,15 @@ class EmbCache:
 
     def next_unfilled(self, max_rows: int) -> np.ndarray:
         """Up to `max_rows` unfilled wanted rows, hottest first (not yet marked resident). Taking
-        them all needs no order; taking a few sorts the queue once."""
+        them all needs no order; taking a few sorts the queue once (ties: lower row id first)."""
         if self._fill_queue is None:
             self._fill_queue = np.flatnonzero(self.state == UNFILLED)
             self._fill_pos, self._fill_sorted = 0, False
         if not self._fill_sorted and max_rows < self.unfilled_rows:
             q = self._fill_queue[self._fill_pos:]
-            self._fill_queue = q[np.argsort(-self.scores[q], kind="stable")]
+            self._fill_queue = q[np.lexsort((q, -self.scores[q]))]
             self._fill_pos, self._fill_sorted = 0, True
+        self._as_warmed = False
         out = []
         taken = 0
         q = self._fill_queue
@@ -186,6 +364,7 @@ class EmbCache:
         self.state[rows] = RESIDENT
         self.n_resident = self.n_resident + len(rows)
         self.filled_rows += len(rows)
+        self._as_warmed = False
         return len(rows)
 
     # -- resize and refresh ---------------------------------------------------------------
@@ -193,47 +372,91 @@ class EmbCache:
         """Change capacity. Shrinking evicts the coldest wanted rows at once; growing marks the
         next hottest rows as wanted (unfilled until the refill mode or a miss brings them)."""
         new = min(capacity_bytes // self.row_bytes, self.n_items)
-        old, self.capacity_rows = self.n_wanted, new
-        if new == old:
+        self.capacity_rows = new
+        if new == self.n_wanted:
             return
-        if not self._frontier_covers(old, new):
-            self._build_frontier(new)
-        if not self._frontier_covers(old, new):   # a jump wider than the frontier: select anew
-            self._select(new)
+        self._as_warmed = False
+        if self._window is None or not self._above <= new <= self._above + len(self._window):
+            self._select(new)               # beyond the window: select anew
             return
-        f, lo = self._frontier, self._frontier_lo
-        if new < old:
-            drop = f[new - lo:old - lo]
-            resident = self.n_resident - int(np.count_nonzero(self.state[drop] == RESIDENT))
-            self.state[drop] = ABSENT
-            self.n_wanted = new
-            self.n_resident = resident
-        else:
-            add = f[old - lo:new - lo]
-            self.state[add] = UNFILLED
-            self.n_wanted = new
-            self._maybe_unfilled = True
-            if self._fill_queue is not None:       # else it is found (add included) when asked for
-                rest = self._fill_queue[self._fill_pos:]
-                self._fill_queue, self._fill_pos = np.concatenate([rest, add]), 0
-                self._fill_sorted = self._fill_sorted and len(rest) == 0   # frontier order is hot-first
+        self._window, add, dropped, _ = _settle(self.scores, self.state, self._window, _NO_ROWS,
+                                                self._hi, new - self._above)
+        self.n_wanted = new
+        self._n_resident -= dropped
+        if len(add) and self._fill_queue is not None:   # else it is found (add included) when asked for
+            rest = self._fill_queue[self._fill_pos:]
+            add = add[np.lexsort((add, -self.scores[add]))]
+            self._fill_queue, self._fill_pos = np.concatenate([rest, add]), 0
+            self._fill_sorted = self._fill_sorted and len(rest) == 0
 
     def refresh(self) -> None:
         """Fold the accesses since the last refresh into the scores and re-select: rows that fell
         out of the top `capacity` are evicted, rows that rose into it become unfilled."""
         self.epoch += 1
+        self._as_warmed = False
         if self._pending:
-            accesses = np.concatenate(self._pending)
+            accesses = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
             self._pending.clear()
             if self.access_log is not None:
                 self.access_log(accesses)
+            self._raise(accesses)
+        if self.shadow_rows:
+            self._shadow = self._rows_below(self.n_wanted)
+
+    def _raise(self, accesses: np.ndarray) -> None:
+        """Age, score the rows in `accesses` and re-select: inside the window while it holds the
+        capacity edge and the policy adds accesses to scores (LFU), else anew."""
+        c, policy = self.n_wanted, self.policy
+        rescales = policy.rescales
+        policy.age(self.scores)                    # (lazy: the next accesses weigh more)
+        if not policy.additive:
             counts = np.bincount(accesses, minlength=self.n_items)
-            if len(self._shadow):
-                self.shadow_hits += int(counts[self._shadow].sum())
-            self.policy.age(self.scores)
-            ids = np.flatnonzero(counts)
-            self.policy.touch(self.scores, ids, counts[ids].astype(np.float32), self.epoch)
-        self._select(self.capacity_rows)
+            self.shadow_hits += int(counts[self._shadow].sum())
+            rows = np.flatnonzero(counts)
+            self.scores[rows] = policy.priority(self.scores[rows], counts[rows].astype(np.float32), self.epoch)
+            self._flat = False
+            self._select(c)
+            return
+        rose, joined, shadow_hits = _add(accesses, self.scores, self.state, self._shadow,
+                                            np.float32(policy.weight), self._lo, self._hi)
+        if shadow_hits < 0:
+            raise IndexError(f"EMB access ids must be in [0, {self.n_items})")
+        self.shadow_hits += shadow_hits
+        self._above += len(rose)
+        self._flat = False
+        if self._window is None or policy.rescales != rescales or self._above > c:   # (every score moved,
+            self._select(c)                                                         # or the edge left)
+            return
+        self._window, _, dropped, edge = _settle(self.scores, self.state, self._window, joined,
+                                                 self._hi, c - self._above)
+        self._n_resident -= dropped
+        self._fill_queue = None                    # found when first asked for
+        near_top = self._hi < np.inf and c - self._above < 2 * len(rose)   # (len(rose): how far it moved)
+        if 0 < c < self.n_items and (near_top or len(self._window) > 4 * self._span(c)):
+            self._slide(c, edge)                   # before the next refresh pushes the edge out
+
+    def _slide(self, c: int, edge: np.float32) -> None:
+        """Re-centre the window on the capacity edge (score `edge`) in one pass over the rows, no
+        ranking: any bounds around the edge select exactly, so they are estimated from the window
+        itself. Below the edge its rows are every row in [lo, edge]: the new floor is the score
+        `band_rows` (and the shadow) below it. Above, the rows between the edge and the ceiling
+        tell how fast rank grows with score: the new ceiling is where that growth reaches
+        `_reach_up` ranks (at most twice the edge)."""
+        k = c - self._above
+        if k == 0:                                 # the edge is the window's ceiling: no estimate
+            self._select(c)
+            return
+        down = self.band_rows + self.shadow_rows
+        lo = self._lo
+        if len(self._window) - k > down:
+            lo, _ = _cut(self.scores[self._window], self._window, k + down)
+        ratio = float(self._hi) / float(edge) if edge > 0 else 2.0
+        hi = max(edge, np.float32(float(edge) * min(max(ratio, 1.0001) ** (self._reach_up(c) / k), 2.0)))
+        self._above, window, dropped = _split(self.scores, self.state, lo, hi)
+        self._window, _, dropped_in, _ = _settle(self.scores, self.state, window, _NO_ROWS, hi,
+                                                 c - self._above)
+        self._lo, self._hi = lo, hi
+        self._n_resident -= dropped + dropped_in
 
     def warm(self, scores: np.ndarray, per_refresh: float | None = None) -> None:
         """Start from known scores (e.g. yesterday's popularity) with the wanted set filled, the
@@ -242,50 +465,90 @@ class EmbCache:
         would settle at, so that the first refreshes neither forget nor overweight them."""
         if per_refresh is not None:
             scores = self.policy.settled(scores, per_refresh)
-        self.scores[:] = scores
+        scores = np.asarray(scores, np.float32)
+        if scores.shape != self.scores.shape or not np.all(np.isfinite(scores) & (scores >= 0)):
+            raise ValueError(f"EMB warm-start scores must be {self.n_items} finite scores >= 0")
+        self.scores[:] = scores + np.float32(0)   # (-0.0 -> +0.0: the selection reads sign bits)
+        self._flat = False
         self._pending.clear()
         self._select(self.capacity_rows)
         self.state[self.state == UNFILLED] = RESIDENT
         self.n_resident = self.n_wanted
         self._fill_queue, self._fill_pos = np.zeros(0, np.int64), 0
+        self._as_warmed = True
+
+    # what `warm` sets, beyond the scores and the state: `warm_from` copies these
+    _WARM_FIELDS = ("_flat", "n_wanted", "_n_resident", "_stale_count", "_window", "_lo", "_hi", "_above", "_shadow",
+                    "_fill_queue", "_fill_pos", "_fill_sorted")
+
+    def can_warm_from(self, other: "EmbCache") -> bool:
+        """Whether `warm_from(other)` applies: `other` was warmed and has changed in no way since,
+        and has this cache's size, capacity, window band, shadow and policy."""
+        same = ("n_items", "capacity_rows", "band_rows", "shadow_rows", "epoch")
+        return (other._as_warmed and all(getattr(self, f) == getattr(other, f) for f in same)
+                and type(self.policy) is type(other.policy) and vars(self.policy) == vars(other.policy))
+
+    def warm_from(self, other: "EmbCache") -> None:
+        """Start exactly as `other` started (it was warmed and has seen nothing since): the result
+        of warming this cache with the same scores, copied instead of selected again."""
+        if not self.can_warm_from(other):
+            raise ValueError("warm_from needs a cache of the same size, capacity and policy, just warmed")
+        self.scores[:] = other.scores
+        self.state[:] = other.state
+        self._pending.clear()
+        for f in self._WARM_FIELDS:
+            v = getattr(other, f)
+            setattr(self, f, v.copy() if isinstance(v, np.ndarray) else v)
+        self._as_warmed = True
 
     def _select(self, c: int) -> None:
         """Wanted <- the top c rows by (score desc, row id asc); evict the rest; rows newly
-        wanted are unfilled (`keep_top`). Eight vectorized passes over the rows, one partition
-        (two when shadow rows are tracked)."""
-        c = min(c, self.n_items)
-        want = keep_top(self.scores, c, value_at_rank)
-        if self.shadow_rows:
-            self._shadow = self._rows_below(want, c)
-        keep = want & (self.state == RESIDENT)
-        np.subtract(want.view(np.uint8) * np.uint8(UNFILLED), keep.view(np.uint8), out=self.state)
-        self.n_wanted = c
-        self.n_resident = int(np.count_nonzero(keep))
-        self._fill_queue = None                    # found when first asked for
-        self._frontier = None
-
-    def _rows_below(self, want: np.ndarray, c: int) -> np.ndarray:
-        """The `shadow_rows` rows ranked just below the top c."""
+        wanted are unfilled. Rebuilds the window around the capacity edge: the ranks from
+        `_reach_up(c)` above it to `band_rows` (and the shadow) below it, rows tied at either edge
+        included. Five passes over the rows, then the window's; before any score, one pass over
+        the states (the window is built at the first selection with scores)."""
         n = self.n_items
-        if c >= n:
-            return np.zeros(0, np.int64)
-        floor = value_at_rank(self.scores, min(c + self.shadow_rows, n) - 1)
-        return np.flatnonzero(~want & (self.scores >= floor))
+        c = min(c, n)
+        if self._flat:
+            st = self.state
+            self._n_resident -= int(np.count_nonzero(st[c:] == RESIDENT))
+            st[c:] = ABSENT
+            st[:c][st[:c] == ABSENT] = UNFILLED
+            self.n_wanted, self._window, self._fill_queue = c, None, None
+            self._lo = self._hi = np.float32(np.inf)
+            self._above = 0
+            return
+        top, bottom = c - self._reach_up(c), min(c + self.band_rows + self.shadow_rows, n) - 1
+        hi = value_at_rank(self.scores, top) if top > 0 else np.float32(np.inf)
+        lo = value_at_rank(self.scores, bottom)
+        self._above, window, dropped = _split(self.scores, self.state, lo, hi)
+        self._window, _, dropped_in, _ = _settle(self.scores, self.state, window, _NO_ROWS, hi,
+                                                 c - self._above)
+        self._lo, self._hi = lo, hi
+        self.n_wanted = c
+        self._n_resident -= dropped + dropped_in
+        self._fill_queue = None                    # found when first asked for
 
-    def _build_frontier(self, c: int) -> None:
-        """Sort the rows ranked about [c - band, c + band) by (score desc, row id asc); rows
-        tied at either edge are included, so the frontier's ranks start at `_frontier_lo`."""
-        n, s = self.n_items, self.scores
-        lo, hi = max(c - self.band_rows, 0), min(c + self.band_rows, n)
-        top = value_at_rank(self.scores, lo) if lo > 0 else np.inf
-        bottom = value_at_rank(self.scores, hi - 1)
-        band = np.flatnonzero((s <= top) & (s >= bottom))
-        self._frontier = band[np.argsort(-s[band], kind="stable")]
-        self._frontier_lo = int(np.count_nonzero(s > top)) if lo > 0 else 0
+    def _span(self, c: int) -> int:
+        """Rows a window rebuilt at capacity c holds (about)."""
+        return self._reach_up(c) + self.band_rows + self.shadow_rows
 
-    def _frontier_covers(self, a: int, b: int) -> bool:
-        f = self._frontier
-        return f is not None and self._frontier_lo <= min(a, b) and max(a, b) <= self._frontier_lo + len(f)
+    def _reach_up(self, c: int) -> int:
+        """Ranks above the edge a rebuilt window spans: each row a refresh raises over the window
+        moves the edge up one rank, so this sets how many refreshes the window lasts."""
+        return min(c, max(self.band_rows, c // 4))
+
+    def _rows_below(self, c: int) -> np.ndarray:
+        """The `shadow_rows` rows ranked just below the top c (and rows tied with the last)."""
+        n = self.n_items
+        if c >= n or not self.shadow_rows:
+            return _NO_ROWS
+        last = min(c + self.shadow_rows, n) - 1
+        if self._window is not None and self._above <= c and last < self._above + len(self._window):
+            floor, _ = _cut(self.scores[self._window], self._window, last - self._above + 1)
+            return _absent_from(self.scores, self.state, self._window, floor)
+        floor = value_at_rank(self.scores, last)
+        return np.flatnonzero((self.state == ABSENT) & (self.scores >= floor))
 
     # -- the questions every cache answers ------------------------------------------------
     def size_info(self) -> SizeInfo:

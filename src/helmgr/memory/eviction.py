@@ -9,10 +9,11 @@ highest priorities, ties to the lower index (`keep_top`, `top`); a cache that ad
 time lets it replace a resident entry only when it scores strictly higher (`admits`).
 
 LFU ages in one of two representations with the same order. Eager: every score is multiplied by
-`decay` when an epoch ends (O(entries); for a cache that touches every row at a refresh anyway).
-Lazy: the weight of a new access grows by 1/decay instead (O(batch)), and scores are rescaled
-when the weight gets large (`rescales` counts it). Under lazy aging scores only grow between
-rescales, which lets a cache keep its coldest entries aside between misses.
+`decay` when an epoch ends (O(entries)). Lazy: the weight of a new access grows by 1/decay
+instead (O(batch)), and scores are rescaled when the weight gets large (`rescales` counts it).
+Under lazy aging scores only grow between rescales, which lets a cache keep its coldest entries
+aside between misses (the device cache) or re-rank only the rows a refresh saw (the simulated
+one). Both caches age lazily; the tests hold them to eager aging as the reference.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class EvictionPolicy:
     itself lowers a priority."""
 
     name = ""
+    additive = False             # an access adds `weight` (a cache may add accesses one at a time)
     weight = 1.0                 # what one access adds now, relative to the stored scores
     rescales = 0                 # times the stored scores were rescaled (they never are here)
 
@@ -60,6 +62,7 @@ class LFU(EvictionPolicy):
     epoch e counts decay^(now - e). `decay` 1 is plain frequency."""
 
     name = "lfu"
+    additive = True
 
     def __init__(self, decay: float = 0.99, lazy: bool = False):
         if not 0.0 < decay <= 1.0:
