@@ -22,17 +22,20 @@ def main() -> None:
     ap.add_argument("--routers", default="least-loaded,helm", help="comma list of routers")
     ap.add_argument("--duration", type=float, default=10.0, help="simulated seconds per run (before the cap)")
     ap.add_argument("--max-requests", type=int, default=150_000, help="cap on one run's requests")
+    ap.add_argument("--sim-path", default="auto", help="comma list of per-request paths (auto, compiled, python)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args()
-    r = sim_bench([int(x) for x in args.nodes.split(",")], args.routers.split(","), args.duration, args.max_requests)
+    r = sim_bench([int(x) for x in args.nodes.split(",")], args.routers.split(","), args.duration, args.max_requests,
+                  paths=args.sim_path.split(","))
     if args.json:
         print(json.dumps(r, indent=2, allow_nan=False))
         return
-    print(f"{'nodes':>5} {'router':>13} {'sim s':>6} {'requests':>9} {'req/s':>8} {'MB/node':>7}  "
+    print(f"{'nodes':>5} {'router':>13} {'path':>8} {'sim s':>6} {'requests':>9} {'req/s':>8} {'ids/req':>7} "
+          f"{'MB/node':>7}  "
           + " ".join(f"{p[:10]:>10}" for p in r["phases"]) + "  (% of wall)")
     for row in r["rows"]:
-        print(f"{row['nodes']:5d} {row['router']:>13} {row['duration_s']:6.1f} {row['requests']:9,d} "
-              f"{row['req_per_s']:8,.0f} {row['setup_bytes_per_node'] / 2**20:7.1f}  "
+        print(f"{row['nodes']:5d} {row['router']:>13} {row['sim_path']:>8} {row['duration_s']:6.1f} {row['requests']:9,d} "
+              f"{row['req_per_s']:8,.0f} {row['ids_per_request']:7,.0f} {row['setup_bytes_per_node'] / 2**20:7.1f}  "
               + " ".join(f"{100 * row['phase_share'][p]:10.1f}" for p in r["phases"]))
 
 

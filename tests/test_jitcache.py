@@ -25,3 +25,18 @@ def test_cache_kept_while_sources_stay_and_cleared_when_one_changes(tmp_path):
     other.write_text("bytecode")
     clear_if_stale(str(pkg / "__init__.py"))
     assert other.exists()                                    # only numba's files go
+
+
+def test_cache_cleared_when_a_package_it_calls_into_changes(tmp_path):
+    pkg = _package(tmp_path)
+    other = tmp_path / "memory"
+    other.mkdir()
+    (other / "kv.py").write_text("def kv_insert(): return 1\n")
+    cached = pkg / "__pycache__" / "engine.step-10.py311.nbi"
+    clear_if_stale(str(pkg / "__init__.py"), "memory")
+    cached.write_text("index")
+    clear_if_stale(str(pkg / "__init__.py"), "memory")
+    assert cached.exists()
+    (other / "kv.py").write_text("def kv_insert(): return 2\n")   # compiled into pkg's functions
+    clear_if_stale(str(pkg / "__init__.py"), "memory")
+    assert not cached.exists()

@@ -8,6 +8,7 @@ from helmgr.cli.output import emit_json, json_option, progress, stdout
 from helmgr.cli.types import names, node_sizes
 from helmgr.core.errors import HelmInputError
 from helmgr.routing.routers import ROUTERS
+from helmgr.sim.config import SIM_PATHS
 
 
 @click.command("bench")
@@ -31,9 +32,11 @@ from helmgr.routing.routers import ROUTERS
               help="With --sim: simulated seconds per run, at most --max-requests requests (128 nodes: 3.9 s).")
 @click.option("--max-requests", type=click.IntRange(1000, 100_000_000), default=150_000, show_default=True,
               help="With --sim: cap on one run's requests (shortens the large clusters' runs).")
+@click.option("--sim-path", "sim_paths", default="auto", show_default=True,
+              help="With --sim: comma list of per-request paths to time (auto, compiled, python).")
 @json_option
 def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, cold_mb, sim, routers, duration,
-              max_requests, as_json):
+              max_requests, sim_paths, as_json):
     """Microseconds per routing decision (p50, p99, mean) at each cluster size, or with
     --controller per controller decision (p50, p99, p99.9).
 
@@ -52,7 +55,8 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
     if sim:
         if controller:
             raise HelmInputError("--sim and --controller are two benches; choose one")
-        return _sim(nodes or [8, 32, 128], names(routers, list(ROUTERS), "routers"), duration, max_requests, as_json)
+        return _sim(nodes or [8, 32, 128], names(routers, list(ROUTERS), "routers"), duration, max_requests,
+                    names(sim_paths, list(SIM_PATHS), "sim-path"), as_json)
     if controller:
         from helmgr.experiments.bench import controller_bench
         r = controller_bench(policy_path, decisions, cold_mb=cold_mb)
@@ -80,21 +84,22 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
     stdout.print(t)
 
 
-def _sim(sizes: list[int], routers: list[str], duration: float, max_requests: int, as_json: bool) -> None:
+def _sim(sizes: list[int], routers: list[str], duration: float, max_requests: int, paths: list[str],
+         as_json: bool) -> None:
     from helmgr.experiments.bench import sim_bench
     with progress("bench", None) as bar:
-        task = bar.add_task("simulator: runs", total=len(sizes) * len(routers))
-        r = sim_bench(sizes, routers, duration, max_requests, on_done=lambda: bar.advance(task))
+        task = bar.add_task("simulator: runs", total=len(sizes) * len(routers) * len(paths))
+        r = sim_bench(sizes, routers, duration, max_requests, on_done=lambda: bar.advance(task), paths=paths)
     if as_json:
         emit_json(r)
         return
     t = Table(title=f"simulated req/s, default scenario ({r['rps_per_node']:g} req/s per node), one core; "
                     "wall time by phase (%)")
-    cols = ("nodes", "router", "sim s", "requests", "req/s", "MB/node") + r["phases"]
+    cols = ("nodes", "router", "path", "sim s", "requests", "req/s", "ids/req", "MB/node") + r["phases"]
     for c in cols:
         t.add_column(c.replace("_", " "), justify="right")
     for row in r["rows"]:
-        t.add_row(str(row["nodes"]), row["router"], f"{row['duration_s']:.1f}", f"{row['requests']:,}",
-                  f"{row['req_per_s']:,.0f}", f"{row['setup_bytes_per_node'] / 2**20:.1f}",
+        t.add_row(str(row["nodes"]), row["router"], row["sim_path"], f"{row['duration_s']:.1f}", f"{row['requests']:,}",
+                  f"{row['req_per_s']:,.0f}", f"{row['ids_per_request']:,.0f}", f"{row['setup_bytes_per_node'] / 2**20:.1f}",
                   *(f"{100 * row['phase_share'][p]:.0f}" for p in r["phases"]))
     stdout.print(t)

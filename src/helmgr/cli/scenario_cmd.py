@@ -45,7 +45,7 @@ def _seeds(text: str) -> list[int]:
 @out_option
 @scenario_defaults
 def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy, ratio, router, hardware, model,
-                 slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, ratios, s5, jobs, ray_address, as_json,
+                 slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, ratios, s5, jobs, ray_address, as_json,
                  out_dir):
     """Does the scenario pose the question? S1-S5 (SPEC 3) per regime and seed, from static sweeps
     cut by the workload's phases; pass/fail, plots with --out.
@@ -61,7 +61,7 @@ def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy
     if len(grid) < 2:
         raise HelmInputError(f"--ratios {ratios!r}: the check needs at least two ratios")
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                       max_batch, 0, engine)
+                       max_batch, 0, engine, sim_path)
     specs = [WorkloadSpec(r, duration, s, rps, scenario=scenario) for r in regimes for s in seed_list]
     first = specs[0].build()                           # validates the workload options up front
     with progress("checking", len(specs) * len(grid)) as bar:

@@ -12,7 +12,7 @@ from helmgr.core.profiles import available
 from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
 from helmgr.sim import SimConfig, parse_fault, simulate
-from helmgr.sim.config import ENGINES
+from helmgr.sim.config import ENGINES, SIM_PATHS
 
 SHOWN = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
          "window_slo_satisfaction", "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "h2d_gb",
@@ -48,6 +48,9 @@ def sim_options(f):
         click.option("--engine", type=click.Choice(ENGINES), default=None,
                      help="Node model: serial (one request at a time, v1), batched, or pipelined (copies of the next "
                           "batch during this one's compute) [default: the scenario's, pipelined (v2)]."),
+        click.option("--sim-path", type=click.Choice(SIM_PATHS), default="auto", show_default=True,
+                     help="Per-request path: compiled, python, or auto (compiled where the configuration allows; "
+                          "the summary's sim_path says which ran). Both give the same results."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -55,11 +58,11 @@ def sim_options(f):
 
 
 def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                 max_batch, seed, engine: str = "serial") -> SimConfig:
+                 max_batch, seed, engine: str = "serial", sim_path: str = "auto") -> SimConfig:
     return SimConfig(nodes=nodes, policy=policy, ratio=ratio, router=router, hardware=hardware, model=model,
                      slo_ms=slo_ms, refill=refill, faults=tuple(parse_fault(f, nodes) for f in faults),
                      tick_s=tick_ms / 1e3, refresh_s=refresh_s, max_batch=max_batch, seed=seed,
-                     engine=engine).validate()
+                     engine=engine, path=sim_path).validate()
 
 
 @click.command("simulate")
@@ -69,7 +72,7 @@ def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, 
 @out_option
 def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                  nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch,
-                 engine, as_json, out_dir):
+                 engine, sim_path, as_json, out_dir):
     """Simulate a cluster serving a workload; report latency, SLO, hit rates and H2D traffic.
 
     With no options: the default scenario v2 (8 x A100-80G, large HSTU, batches of up to 8 on two
@@ -81,7 +84,7 @@ def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, tim
     """
     check_out(out_dir)
     cfg = build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                       max_batch, seed, engine)
+                       max_batch, seed, engine, sim_path)
     w = build_workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                        scenario=scenario)
     with progress("simulating", w.duration_s) as bar:

@@ -111,7 +111,7 @@ def controller_bench(policy_path=None, steps: int = 20000, seed: int = 1, cold_m
 
 
 # -- the simulator's own speed (SPEC 4, Speed) -------------------------------------------------
-SIM_PHASES = ("generation", "setup", "routing", "node_model", "emb_refresh", "windows_policy", "summary",
+SIM_PHASES = ("generation", "setup", "compiled", "routing", "node_model", "emb_refresh", "windows_policy", "summary",
               "event_loop")
 RPS_PER_NODE = 162.5                      # the default scenario's per-node load (v2: 1,300 req/s on 8 nodes)
 
@@ -154,9 +154,14 @@ class PhaseClock:
 
 def _instrument(clock: PhaseClock, cluster) -> None:
     """Time the cluster's phases through its collaborators' verbs (instance attributes: nothing
-    outside this run is touched). A method a future engine no longer calls counts as event loop."""
-    targets = {"routing": [(cluster.router, "route_request"), (cluster.router, "dispatched"),
-                           (cluster.router, "completed"), (cluster, "report")],
+    outside this run is touched; the compiled path's `step`, a module function, is wrapped by
+    `_phase_run` for the run's length). A method the compiled path no longer calls counts as
+    event loop."""
+    from helmgr.sim import engine
+    compiled = (cluster.cfg.path != "python" and engine.unsupported(cluster) is None
+                and engine.router_mode(cluster.router, cluster.index) != engine.EXTERNAL)   # routes inside `step`
+    targets = {"routing": [] if compiled else [(cluster.router, "route_request"), (cluster.router, "dispatched"),
+                                               (cluster.router, "completed"), (cluster, "report")],
                "node_model": [(cluster.server, "serve")],
                "emb_refresh": [(cluster, "refresh")] + [(s.node, "refill_step") for s in cluster.slots],
                "windows_policy": [(cluster, "window"), (cluster, "tick")]}
@@ -195,7 +200,13 @@ def _phase_run(cfg, make_workload) -> dict:
     tracemalloc.stop()
     t2 = time.perf_counter()
     _instrument(clock, cluster)
-    cluster.run()
+    from helmgr.sim import engine
+    step = engine.step
+    engine.step = clock.wrap("compiled", step)            # arrivals, routing and service, compiled
+    try:
+        cluster.run()
+    finally:
+        engine.step = step
     t3 = time.perf_counter()
     summarize(cluster.rec, cluster.nodes, w.duration_s, profile.model.slo_ms * 1e-3, cfg.window_s, w.bursts,
               t3 - t2, cluster.rerouted, min(cfg.warmup_s, 0.5 * w.duration_s))
@@ -211,7 +222,7 @@ def _phase_run(cfg, make_workload) -> dict:
 
 
 def sim_bench(sizes=(8, 32, 128), routers=("least-loaded", "helm"), duration_s: float = 10.0,
-              max_requests: int = 150_000, seed: int = 1, on_done=None) -> dict:
+              max_requests: int = 150_000, seed: int = 1, on_done=None, paths=("auto",)) -> dict:
     """Simulated requests per wall-second of the default (steady, v2) scenario at each cluster size,
     162.5 req/s per node on the v2 node model, one row per router x size: `simulate` end to end on one core (chunk
     generation included, as the run draws them; building the workload's tables not), then an
@@ -226,15 +237,19 @@ def sim_bench(sizes=(8, 32, 128), routers=("least-loaded", "helm"), duration_s: 
     def workload(nodes: int, seconds: float):
         return synthetic_workload(default_config("steady", rps=RPS_PER_NODE * nodes, duration_s=seconds), seed)
     for rt in routers:                                   # compile / load the kernels outside the timings
-        simulate(SimConfig(**(v2 | dict(nodes=2, router=rt, seed=seed))), workload(2, 1.0))
+        for path in paths:
+            simulate(SimConfig(**(v2 | dict(nodes=2, router=rt, seed=seed, path=path))), workload(2, 1.0))
     rows = []
     for nodes in sizes:
         seconds = min(duration_s, max_requests / (RPS_PER_NODE * nodes))
-        for rt in routers:
-            cfg = SimConfig(**(v2 | dict(nodes=nodes, router=rt, seed=seed)))
-            s = simulate(cfg, workload(nodes, seconds)).summary
+        for rt, path in ((rt, path) for rt in routers for path in paths):
+            cfg = SimConfig(**(v2 | dict(nodes=nodes, router=rt, seed=seed, path=path)))
+            r = simulate(cfg, workload(nodes, seconds))
+            s = r.summary
+            ids = sum(n.stats.ids for n in r.cluster.nodes)
             row = {"nodes": nodes, "router": rt, "duration_s": seconds, "requests": s["requests"],
-                   "wall_s": s["wall_s"], "req_per_s": s["requests"] / s["wall_s"],
+                   "wall_s": s["wall_s"], "req_per_s": s["requests"] / s["wall_s"], "sim_path": s["sim_path"],
+                   "ids_per_request": ids / max(s["requests"], 1), "ids_per_s": ids / s["wall_s"],
                    "p99_ms": s["p99_ms"] if np.isfinite(s["p99_ms"]) else None, "utilization": s["utilization"]}
             row |= {k: s[k] for k in ("engine",) if k in s}
             rows.append(row | _phase_run(cfg, lambda: workload(nodes, seconds)))

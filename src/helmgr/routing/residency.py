@@ -106,6 +106,11 @@ class ResidencyIndex:
             self.gaps += 1
         elif first <= held:                     # overlap: skip what was applied already
             events = events[held + 1 - first:]
+        self.apply_events(n, events)
+        self.kv_version[n] = last
+
+    def apply_events(self, n: int, events) -> None:
+        """Node n's KV events `(user, tokens now cached)`, in order, into `holders`."""
         holders = self.holders
         for user, tokens in events:
             if tokens:
@@ -116,7 +121,6 @@ class ResidencyIndex:
                 where.pop(n, None)
                 if not where:
                     del holders[user]
-        self.kv_version[n] = last
 
     def expect(self, node: int, user: int, tokens: int) -> None:
         """`node` holds (or, from the router at dispatch: will hold) `tokens` of `user`'s prefix."""

@@ -1,5 +1,9 @@
 """The cluster simulator (SPEC 4): a discrete-event loop over N nodes, a router and a memory policy."""
-from helmgr.sim.config import FaultSpec, SimConfig, parse_fault
-from helmgr.sim.run import SimResult, simulate
+from helmgr.core.jitcache import clear_if_stale
+
+clear_if_stale(__file__, "memory", "routing")    # the compiled path inlines their compiled code
+
+from helmgr.sim.config import FaultSpec, SimConfig, parse_fault  # noqa: E402
+from helmgr.sim.run import SimResult, simulate  # noqa: E402
 
 __all__ = ["SimConfig", "FaultSpec", "parse_fault", "SimResult", "simulate"]

@@ -21,6 +21,7 @@ from helmgr.policy.policies import MemoryPolicy
 from helmgr.routing.residency import ResidencyReporter
 from helmgr.routing.routers import Router
 from helmgr.sim.config import SimConfig
+from helmgr.sim.events import DEPART, DOWN, LAUNCH, REFILL, REFRESH, TICK, UP, WINDOW
 from helmgr.sim.faults import Faults
 from helmgr.sim.metrics import Recorder
 from helmgr.sim.node import Node
@@ -28,9 +29,6 @@ from helmgr.sim.service import BatchServer
 from helmgr.sim.windows import WindowBook
 from helmgr.workload import Workload
 
-# event kinds, in the order they run when due at the same time (arrivals run last); LAUNCH: a
-# pipelined node's batch starts computing, so the node takes its next batch
-DEPART, LAUNCH, REFILL, DOWN, UP, REFRESH, TICK, WINDOW = range(8)
 
 
 @dataclass(slots=True, eq=False)
@@ -80,8 +78,13 @@ class Cluster(Faults):
         self.stop_periodic = False               # set once the last arrival is in: ticks etc. stop
         self.next_rid = 0
         self.watch_from, self.watch_done = 1 << 62, 0
+        self.path, self.path_reason = None, None       # set by run: "compiled" or "python" (and why)
         for i, s in enumerate(self.slots):
             self.rec.ratio_change(0.0, i, s.node.ratio)
+
+    def queue_len(self, n: int) -> int:
+        """Requests waiting at node n (the compiled path replaces this with its own count)."""
+        return len(self.slots[n].queue)
 
     @property
     def nodes(self) -> list[Node]:
@@ -98,7 +101,12 @@ class Cluster(Faults):
     def _fresh_node(self, i: int) -> Node:
         node = Node(self.profile, self.workload.n_items, self.node_config, node_id=i)
         if self.workload.prior is not None:
-            node.emb.warm(self.workload.prior, per_refresh=self.ids_per_refresh)
+            warmed = getattr(self, "_warmed_emb", None)   # every node warms from the same prior:
+            if warmed is not None and node.emb.can_warm_from(warmed):   # copy the first one's start
+                node.emb.warm_from(warmed)
+            else:
+                node.emb.warm(self.workload.prior, per_refresh=self.ids_per_refresh)
+                self._warmed_emb = node.emb
         return node
 
     def push(self, t: float, kind: int, node: int = -1) -> None:
@@ -107,7 +115,23 @@ class Cluster(Faults):
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> None:
-        """The whole workload: begin, feed every chunk, finish."""
+        """The whole workload: begin, feed every chunk, finish — on the compiled path when the
+        configuration allows it (`cfg.path`: auto | compiled | python), `self.path` says which."""
+        from helmgr.sim import engine
+        why = engine.unsupported(self) if self.cfg.path != "python" else "asked for (--sim-path python)"
+        if why is None:
+            self.path, self.path_reason = "compiled", None
+            run = engine.CompiledRun(self)
+            inner = self.set_ratio
+            self.set_ratio = lambda i, ratio: run.set_ratio(i, ratio, inner)
+            try:
+                run.run()
+            finally:
+                del self.set_ratio
+            return
+        if self.cfg.path == "compiled":
+            raise HelmInputError(f"--sim-path compiled cannot run this configuration: {why}")
+        self.path, self.path_reason = "python", why
         self.begin()
         for chunk in self.workload.chunks(1.0):
             self.feed(chunk)
@@ -117,7 +141,8 @@ class Cluster(Faults):
 
     def begin(self) -> None:
         cfg = self.cfg
-        self.push(cfg.tick_s, TICK)
+        if type(self.policy).decide is not MemoryPolicy.decide or "decide" in vars(self.policy):
+            self.push(cfg.tick_s, TICK)          # (a policy that never decides needs no ticks)
         self.push(cfg.refresh_s, REFRESH)
         self.push(cfg.window_s, WINDOW)
         for f in cfg.faults:
@@ -255,9 +280,9 @@ class Cluster(Faults):
     def window(self) -> None:
         """Close a metrics window: record it, and show each up node's window to the policy."""
         now, span = self.now, self.cfg.window_s
-        queues, loads = [len(s.queue) for s in self.slots], []
+        queues, loads = [self.queue_len(i) for i in range(len(self.slots))], []
         for i, s in enumerate(self.slots):
-            w = self.windows.close(i, s.node, now, span, len(s.queue))
+            w = self.windows.close(i, s.node, now, span, queues[i])
             loads.append(max(w.busy_s, w.h2d_busy_s) / span if self.up[i] else float("nan"))
             if self.up[i]:
                 self.policy.observe(i, w, s.node)

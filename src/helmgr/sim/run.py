@@ -38,5 +38,6 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
                                 cfg.window_s, workload.bursts, wall, cluster.rerouted, min(cfg.warmup_s, 0.5 * workload.duration_s))
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": cfg.policy if policy is None else policy.name,
             "router": cfg.router if router is None else router.name, "ratio": cfg.ratio, "seed": cfg.seed,
-            "hardware": cfg.hardware, "model": model, "duration_s": workload.duration_s}
+            "hardware": cfg.hardware, "model": model, "duration_s": workload.duration_s,
+            "sim_path": cluster.path} | ({"sim_path_reason": cluster.path_reason} if cluster.path_reason else {})
     return SimResult(head | summary | cluster.policy.report(), series, cluster)

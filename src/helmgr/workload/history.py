@@ -54,6 +54,19 @@ class SyntheticHistory:
             return self.pool[base + start:base + stop]
         return self.pool[base - offset + (offset + np.arange(start, stop)) % self.per_cluster]
 
+    def locate(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Where each user's history lies, for compiled code: position p of user k is
+        `pool[start[k] + (offset[k] + p) % period[k]] + shift[k]` (`compiled_pool` is the pool)."""
+        users = np.asarray(users, np.int64)
+        offsets = (hash_uniform(users, self._salt) * self.span).astype(np.int64)
+        n = len(users)
+        return (self.users.cluster(users) * self.per_cluster, offsets, np.full(n, self.per_cluster, np.int64),
+                np.zeros(n, np.int64))
+
+    @property
+    def compiled_pool(self) -> np.ndarray:
+        return self.pool
+
     def batch(self, users: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         rows, pos = ragged_positions(starts, counts)
         offsets = (hash_uniform(users, self._salt) * self.span).astype(np.int64)
@@ -96,6 +109,16 @@ class TraceHistory:
         if self.clones > 1:
             out = out + (user // self.n_base) % self.clones * self.n_items
         return out
+
+    def locate(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`SyntheticHistory.locate`: a log user's sequence, read cyclically, in its clone's range."""
+        base = self.base_of(users)
+        shift = self.clone_of(users) * self.n_items if self.clones > 1 else np.zeros(len(base), np.int64)
+        return self.offsets[base], np.zeros(len(base), np.int64), np.maximum(self.lengths[base], 1), shift
+
+    @property
+    def compiled_pool(self) -> np.ndarray:
+        return self.items
 
     def batch(self, users: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         rows, pos = ragged_positions(starts, counts)

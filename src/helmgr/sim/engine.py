@@ -1,0 +1,330 @@
+"""The compiled per-request path of the cluster simulator (SPEC 4, Speed).
+
+`Cluster.run` hands the per-request work to this engine when the run's configuration is one it
+compiles (`unsupported` says why not, and the run then takes the Python path): arrival, routing
+(least-loaded, round-robin, prefix-aware and HELM in compiled code, `engine_routes.py` and
+`engine_helm.py`; any other router from Python, one call per arrival), batching, the node model
+of `sim/node.py` (`engine_node.py`: KV cache, EMB residency, the H2D link, the three service
+engines) and completion (`engine_loop.py`), over arrays of per-node and per-request fields
+(`engine_layout.py`).
+Python keeps everything at the boundaries: the controller ticks, EMB refreshes and metrics
+windows stay events of the cluster's own heap, and before one is handled the engine writes its
+counters back into the `Node` objects (`sync_out`), so policies, refreshes, the router's index
+and the summary see exactly what the Python path would show them.
+
+The arithmetic is the Python path's, operation for operation (the same float64 sums in the same
+order), so a run's summary is the same bit for bit on either path (tests/test_engine.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba.typed import List
+
+from helmgr.memory import kv as kvmod
+from helmgr.sim.engine_books import apply_events, books_in, books_out, next_draws
+from helmgr.sim.engine_layout import *  # noqa: F403
+from helmgr.sim.engine_loop import rebase, step
+from helmgr.sim.engine_node import build_bits
+from helmgr.sim.events import REFRESH, WINDOW
+
+
+def unsupported(cluster) -> str | None:
+    """Why this run cannot take the compiled path (None: it can)."""
+    cfg, wl = cluster.cfg, cluster.workload
+    if cfg.faults:
+        return "node faults"
+    if cfg.central_queue:
+        return "a central queue"
+    if cfg.bypass_caches:
+        return "bypassed caches"
+    if cfg.host_kv_gib > 0:
+        return "a host KV tier"
+    if cfg.refill == "background":
+        return "background refill"
+    if wl.n_items >= 1 << 31:
+        return f"{wl.n_items} items (the engine records row ids as int32)"
+    if not hasattr(wl.history, "locate"):
+        return f"a history ({type(wl.history).__name__}) without a compiled locator"
+    for s in cluster.slots:
+        node = s.node
+        if node.emb.shadow_rows or node.kv.ghost is not None or node.emb.access_log is not None \
+                or node.kv_log is not None:
+            return f"policy {cluster.policy.name!r} watches shadow entries or access logs"
+    return None
+
+
+ROUTER_VERBS = ("route", "route_request", "dispatched", "completed")
+INDEX_VERBS = ("apply_kv", "apply_events", "expect")
+
+
+def router_mode(router, index) -> int:
+    """How the engine routes: in compiled code for the routers it compiles (as they are: a router
+    or index whose verbs were replaced on the instance routes from Python), else from Python."""
+    from helmgr.routing.helm import Helm
+    from helmgr.routing.routers import LeastLoaded, PrefixAware, RoundRobin
+    if any(v in vars(router) for v in ROUTER_VERBS) or (index is not None and any(v in vars(index) for v in INDEX_VERBS)):
+        return EXTERNAL
+    if type(router) is LeastLoaded:
+        return LEAST_LOADED
+    if type(router) is RoundRobin:
+        return ROUND_ROBIN
+    if type(router) is PrefixAware and len(router.load) < 1 << 20:     # (engine_routes.PA_SHIFT)
+        return PREFIX_AWARE
+    if isinstance(router, Helm) and router.emb_term and type(router).route_request is Helm.route_request:
+        return HELM                     # (helm-kv / helm-load price misses at a numpy mean: Python)
+    return EXTERNAL
+
+
+class CompiledRun:
+    """One run of a `Cluster` on the compiled path (`Cluster.run` makes it)."""
+
+    def __init__(self, cluster):
+        self.c = c = cluster
+        cfg, nodes = c.cfg, c.nodes
+        n = cfg.nodes
+        self.mode = router_mode(c.router, c.index)
+        self.F = np.zeros((n, NF))
+        self.I = np.zeros((n, NI), np.int64)
+        G = self.G = np.zeros(NG, np.int64)
+        G[MODE], G[MAXB], G[BUDGET], G[ENG], G[NNODES] = (self.mode, cfg.max_batch, cfg.token_budget,
+                                                         ENGINE_CODES[cfg.engine], n)
+        if self.mode == ROUND_ROBIN:
+            G[TURN] = c.router.next
+        elif self.mode in (LEAST_LOADED, PREFIX_AWARE):
+            G[TURN] = c.router._turn
+        self.Q = List([np.zeros(64, np.int64) for _ in range(n)])
+        self.INF = np.zeros((n, INFLIGHT, cfg.max_batch + 1), np.int64)
+        self.INFF = np.zeros((n, INFLIGHT), np.int64)
+        cap = 1024
+        self.RI = List([np.zeros((cap, NRI), np.int64)])
+        self.RF = List([np.zeros((cap, NRF))])
+        self.FREE = List([np.arange(cap - 1, -1, -1, dtype=np.int64)])
+        G[NFREE] = cap
+        self.CLI = List([np.zeros((4096, NCLI), np.int64)])
+        self.CLF = List([np.zeros((4096, NCLF))])
+        self.HT = List([np.zeros(256)])
+        self.HK = List([np.zeros((256, 3), np.int64)])
+        self.DL = List([np.zeros((256, 2), np.int64)])
+        cost = nodes[0].cost
+        self.C = np.zeros(NC)
+        self.C[[HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF]] = (
+            cost.hbm_bw, cost.pcie_bw, cost.pcie_latency_s, cost.host_lookup_s, cost.flops, cost.launch_overhead_s,
+            cost.batch_flops, cost.batch_half_rows)
+        self.CI = np.array([cost.row_bytes, cost.layers, cost.linear_flops, cost.attention_flops], np.int64)
+        self.STATES = List([node.emb.state for node in nodes])
+        words = (c.workload.n_items + 63) // 64
+        self.RB, self.UB = np.zeros((n, words), np.uint64), np.zeros((n, words), np.uint64)
+        self.ACC = List([np.zeros(1 << 16, np.int32) for _ in range(n)])   # ids < 2**31: half the bytes
+        self.KVM = List([node.kv.meta for node in nodes])
+        self.KVT = List([node.kv.tab for node in nodes])
+        self.KVL = List([node.kv.log for node in nodes])
+        self.IDSI = List([np.zeros(0, np.int64)])
+        self.IDSC = List([np.zeros(0, np.int64)])
+        self.HP = np.ascontiguousarray(c.workload.history.compiled_pool, np.int64)
+        self.AT = np.zeros(0)
+        self.AI = np.zeros((0, NRI), np.int64)
+        self.chunk = None
+        self.H = books_in(c, self.mode, G, self.I)
+        if self.mode == HELM:             # reports from Python (after resizes) feed the compiled holders
+            c.index.apply_events = lambda n, events: apply_events(self.H, G, n, events)
+        for i in range(n):
+            self.sync_in(i)
+        c.queue_len = lambda i: int(self.I[i, QT] - self.I[i, QH])
+
+    def _args(self):
+        return (self.F, self.I, self.G, self.Q, self.INF, self.INFF, self.RI, self.RF, self.FREE, self.CLI, self.CLF,
+                self.HT, self.HK, self.C, self.CI, self.STATES, self.RB, self.UB, self.ACC, self.KVM, self.KVT, self.KVL, self.IDSI,
+                self.IDSC, self.HP, self.DL, self.H)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        c = self.c
+        c.begin()
+        for chunk in c.workload.chunks(1.0):
+            self.load(chunk)
+            self.drive()
+            if c.on_progress and len(chunk):
+                c.on_progress(min(float(chunk.t[-1]), c.workload.duration_s))
+        c.stop_periodic = True
+        self.G[FINISH] = 1
+        self.AT, self.AI = np.zeros(0), np.zeros((0, NRI), np.int64)
+        self.G[POS] = self.G[NARR] = 0
+        self.drive()
+        for i in range(c.cfg.nodes):
+            self.sync_out(i)
+        self.drain()
+        books_out(c, self.mode, self.H, self.G, self.I)
+        c.next_rid = int(self.G[RID])
+        c.rec.requests = c.next_rid
+
+    def load(self, chunk) -> None:
+        """The chunk's requests become the arrivals `step` walks."""
+        n = len(chunk)
+        ni, nc = rebase(self.I, self.G, self.Q, self.RI, self.IDSI, self.IDSC,
+                        chunk.item_ids.astype(np.int64, copy=False), chunk.cand_ids.astype(np.int64, copy=False))
+        AI = np.zeros((n, NRI), np.int64)
+        io, co = chunk.item_offsets, chunk.cand_offsets
+        AI[:, R_USER], AI[:, R_PREFIX] = chunk.user, chunk.prefix_len
+        AI[:, R_NITEMS], AI[:, R_NCANDS] = np.diff(io), np.diff(co)
+        AI[:, R_IOFF], AI[:, R_COFF] = io[:-1] + ni, co[:-1] + nc
+        AI[:, R_BURST] = chunk.burst
+        AI[:, R_H0], AI[:, R_HOFF], AI[:, R_HMOD], AI[:, R_HSHIFT] = self.c.workload.history.locate(chunk.user)
+        self.AT, self.AI, self.chunk = np.ascontiguousarray(chunk.t, np.float64), AI, chunk
+        self.G[POS], self.G[NARR] = 0, n
+
+    def drive(self) -> None:
+        """Step until the chunk's arrivals are in (or, finishing, every event is done)."""
+        c, heap, args = self.c, self.c.heap, self._args()
+        routed = -1
+        while True:
+            until = heap[0][0] if heap else np.inf
+            code = step(until, routed, *args, self.AT, self.AI)
+            routed = -1
+            if code == CHUNK_DONE:
+                return
+            self.report_kv()
+            if code == NEED_ROUTE:
+                routed = self.route_external()
+                continue
+            if code == NEED_DRAWS:
+                next_draws(c.router, self.H, self.G)
+                continue
+            if not heap:
+                return
+            from heapq import heappop
+            ev = heappop(heap)
+            self.boundary(ev)
+
+    def boundary(self, ev) -> None:
+        """Handle one event of the cluster's heap with the Node objects up to date."""
+        c, kind = self.c, ev[3]
+        if kind == REFRESH or kind == WINDOW:
+            for i in range(c.cfg.nodes):
+                self.sync_out(i)
+            if kind == WINDOW:
+                self.drain()
+                arrivals = c.windows.arrivals
+                for i, a in enumerate(self.I[:, ARR].tolist()):
+                    arrivals[i] += a
+                self.I[:, ARR] = 0
+            else:
+                for i, node in enumerate(c.nodes):
+                    k = int(self.I[i, ACCN])
+                    if k:
+                        node.emb.record(self.ACC[i][:k].copy())
+                    self.I[i, ACCN] = 0
+        c._handle(ev)
+        if kind == REFRESH:
+            for i in range(c.cfg.nodes):
+                self.sync_in(i)
+
+    def set_ratio(self, i: int, ratio: float, inner) -> None:
+        """Cluster.set_ratio with node i's objects up to date around it."""
+        self.sync_out(i)
+        inner(i, ratio)
+        self.sync_in(i)
+
+    # -- keeping the objects in sync ----------------------------------------------------------
+    def sync_out(self, i: int) -> None:
+        """The engine's state of node i into its objects (before Python code reads them)."""
+        node, F, I = self.c.slots[i].node, self.F[i], self.I[i]
+        s = node.stats
+        (s.requests, s.cold_requests, s.prefix_tokens, s.kv_hit_tokens, s.ids, s.misses, s.unfilled_misses,
+         s.token_ids, s.token_misses) = I[[REQS, COLD, PREFIX, KVHIT, IDS, MISSES, UNF, TOKIDS, TOKMISS]].tolist()
+        s.busy_s, s.emb_wait_s, s.recompute_s = F[[BUSY_S, WAIT_S, RECOMP_S]].tolist()
+        link = node.link
+        link.busy_until, link.busy_s = float(F[LBU]), float(F[LBS])
+        from helmgr.memory.link import EMB_MISS
+        link.bytes_by_cause[EMB_MISS] = int(I[LBYTES])
+        if I[ELOOK]:
+            node.emb.add_counts(int(I[ELOOK]), int(I[EHIT]), int(I[EUNF]))
+            I[ELOOK] = I[EHIT] = I[EUNF] = 0
+        node.kv.attach(self.KVT[i], self.KVL[i])      # (its log was replayed by report_kv)
+
+    def sync_in(self, i: int) -> None:
+        """Node i's objects into the engine (after Python code changed them)."""
+        node, F, I = self.c.slots[i].node, self.F[i], self.I[i]
+        from helmgr.memory.link import EMB_MISS
+        F[LBU], F[LBS], F[BLK] = node.link.busy_until, node.link.busy_s, node.blocked_until
+        I[LBYTES] = node.link.bytes_by_cause[EMB_MISS]
+        kv = node.kv
+        self.KVT[i], self.KVL[i] = kv.tab, kv.log
+        if self.STATES[i] is not node.emb.state:
+            self.STATES[i] = node.emb.state
+        build_bits(node.emb.state, self.RB[i], self.UB[i])
+
+    def drain(self) -> None:
+        """Completed requests into the recorder and the metrics windows."""
+        c, G = self.c, self.G
+        k = int(G[NCOMP])
+        if self.mode == EXTERNAL:
+            self._completed_to_router()
+        G[NCOMP] = G[RCUR] = 0
+        if not k:
+            return
+        cli, clf = self.CLI[0][:k], self.CLF[0][:k]
+        rec = c.rec
+        t, end = clf[:, C_T], clf[:, C_END]
+        rec.arrival.extend(t.tolist())
+        rec.end.extend(end.tolist())
+        node = cli[:, C_NODE]
+        rec.node.extend(node.tolist())
+        rec.burst.extend(cli[:, C_BURST].astype(bool).tolist())
+        rec.rerouted.extend([0] * k)
+        rec.prefix.extend(cli[:, C_PREFIX].tolist())
+        rec.start.extend(clf[:, C_START].tolist())
+        rec.ids.extend(cli[:, C_IDS].tolist())
+        rec.misses.extend(cli[:, C_MISSES].tolist())
+        rec.kv_tokens.extend(cli[:, C_KV].tolist())
+        rec.unfilled.extend(cli[:, C_UNF].tolist())
+        lat = (end - t).tolist()
+        fetch, recomp = clf[:, C_FETCH].tolist(), clf[:, C_RECOMP].tolist()
+        w = c.windows
+        for j, n in enumerate(node.tolist()):
+            w.latency[n].append(lat[j])
+            w.parts[n].append((fetch[j], recomp[j]))
+
+    # -- routing from Python --------------------------------------------------------------------
+    def _completed_to_router(self) -> None:
+        G = self.G
+        a, b = int(G[RCUR]), int(G[NCOMP])
+        if b > a:
+            done = self.c.router.completed
+            for n, t in zip(self.CLI[0][a:b, C_NODE].tolist(), self.CLF[0][a:b, C_END].tolist()):
+                done(n, t)
+            G[RCUR] = b
+
+    def route_external(self) -> int:
+        """Route the arrival `step` stopped at, with the router's view brought up to date."""
+        self._completed_to_router()
+        c, ch, i = self.c, self.chunk, int(self.G[POS])
+        io, co = ch.item_offsets, ch.cand_offsets
+        user, prefix, t = int(ch.user[i]), int(ch.prefix_len[i]), float(ch.t[i])
+        items, cands = ch.item_ids[io[i]:io[i + 1]], ch.cand_ids[co[i]:co[i + 1]]
+        c.now = t
+        n = c.router.route_request(t, user, prefix, items, cands)
+        c.router.dispatched(n, user, prefix + len(items))
+        return n
+
+    def report_kv(self) -> None:
+        """The KV events of the batches started since the last call, to the router's index, one
+        report per start in start order (what Cluster.start's report does)."""
+        d = int(self.G[NDL])
+        if not d:
+            return
+        c = self.c
+        taken = [0] * c.cfg.nodes
+        from helmgr.routing.residency import KVBatch
+        for n, k in self.DL[0][:d].tolist():
+            log, a = self.KVL[n], taken[n]
+            rows = log[:, a:a + k]                  # (kind, user, a, b): an insert's event, an eviction's
+            now = np.where(rows[0] == kvmod.EVENT, rows[2], rows[3])
+            events = list(zip(rows[1].tolist(), now.tolist()))
+            rep = c.reporters[n]
+            c.index.apply_kv(KVBatch(n, rep.kv_version + 1, events))
+            rep.kv_version += k
+            taken[n] = a + k
+        for n, a in enumerate(taken):
+            if a:
+                self.KVM[n][kvmod.LOG_N] = 0
+        self.G[NDL] = 0

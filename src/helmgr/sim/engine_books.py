@@ -1,0 +1,117 @@
+"""The routers' books between their Python objects and the engine's arrays (sim/engine.py): read
+in when a compiled run starts (`books_in`), written back when it ends (`books_out`), so the
+router and its index are left as the Python path leaves them."""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+import numpy as np
+from numba.typed import List
+
+from helmgr.memory import kv as kvmod
+from helmgr.sim.engine_helm import _expect, _forget
+from helmgr.sim.engine_layout import *  # noqa: F403
+from helmgr.sim.engine_layout import _grow1, _grow_rows
+from helmgr.sim.engine_routes import PA_SHIFT, _prefix_dispatched
+
+
+def books_in(c, mode: int, G: np.ndarray, I: np.ndarray) -> tuple:
+    """H: the HELM router's books and its index's holders, or the prefix-aware router's map, as
+    arrays (dummies of the same types for the others); the routers' counters into G and I."""
+    n = c.cfg.nodes
+    pend = List([np.zeros(16) for _ in range(n)])
+    ft, fi = List([np.zeros(64)]), List([np.zeros((64, 2), np.int64)])
+    hmap, ent = List([np.full((3, 1024), -1, np.int64)]), List([np.full((3, 1024), -1, np.int64)])
+    ent[0][E_NEXT, :-1] = np.arange(1, 1024)
+    f = np.zeros(NHF)
+    r = c.router
+    pmeta, ptab, _ = kvmod.kv_arrays(1, 1, slots=1024)
+    pf = np.zeros(3)
+    if mode == PREFIX_AWARE:
+        pf[:] = r.abs_threshold, r.rel_threshold, r.cache_threshold
+        G[PMEMORY] = r.MEMORY
+        I[:, LOAD] = r.load
+    prefix = (pmeta, List([ptab]), pf)
+    if mode != HELM:
+        H = (np.zeros((n, 2)), np.zeros(18), np.zeros((n, 1), np.uint8), np.zeros((n, 4)), f, np.zeros(n),
+             pend, ft, fi, hmap, ent, List([np.zeros(1)])) + prefix
+        if mode == PREFIX_AWARE:
+            for user, (node, tokens) in r.where.items():
+                _prefix_dispatched(G, H, node, user, tokens)
+        return H
+    f[[HF_WSENT, HF_RHO_T, HF_RHO, HF_RATE, HF_LAST, HF_SPAN]] = (r._work_sent, r._rho_t, r.rho, r.rate, r._last[1],
+                                                                 r.RHO_SPAN_S)
+    G[SENT], G[LEFT], G[KVTERM], G[BLOCK], G[LASTNODE] = r._sent, r._left, r.kv_term, r.BLOCK, r._last[0]
+    I[:, LOAD], I[:, VER] = r.load, r._version
+    for i, q in enumerate(r.pending):
+        pend[i] = _grow1(pend[i], len(q) + 1)
+        pend[i][:len(q)] = list(q)
+        I[i, PH], I[i, PT] = 0, len(q)
+    heap = r._freeing
+    ft[0], fi[0] = _grow1(ft[0], len(heap) + 1), _grow_rows(fi[0], len(heap) + 1)
+    for k, (t, node, version) in enumerate(heap):
+        ft[0][k], fi[0][k] = t, (node, version)
+    G[FHN] = len(heap)
+    H = (r.mine, r.consts, c.index.bits, c.index.node, f, np.array(r.work, float), pend, ft, fi, hmap, ent,
+         List([np.asarray(r._draws, float) if len(r._draws) else np.zeros(1)])) + prefix
+    for user, where in c.index.holders.items():
+        for node, tokens in where.items():
+            _expect(H, G, node, user, tokens)
+    return H
+
+
+def next_draws(router, H: tuple, G: np.ndarray) -> None:
+    """Helm.route_request's next block of random draws (from the router's own generator)."""
+    from helmgr.routing import kernel as route_kernel
+    H[H_DRAWS][0] = router.rng.random(router.BLOCK * (router.d + route_kernel.DRAWS))
+    router.consts[route_kernel.POS] = 0
+    G[LEFT] = router.BLOCK
+
+
+def apply_events(H: tuple, G: np.ndarray, n: int, events) -> None:
+    """ResidencyIndex.apply_events into the compiled holders (reports sent from Python)."""
+    for user, tokens in events:
+        if tokens:
+            _expect(H, G, n, user, tokens)
+        else:
+            _forget(H, G, n, user)
+
+
+def books_out(c, mode: int, H: tuple, G: np.ndarray, I: np.ndarray) -> None:
+    """The router's (and its index's) Python state from the arrays, as the Python path leaves it."""
+    r = c.router
+    if mode in (LEAST_LOADED, PREFIX_AWARE):
+        r.load, r._turn = I[:, LOAD].tolist(), int(G[TURN])
+    elif mode == ROUND_ROBIN:
+        r.load, r.next = I[:, LOAD].tolist(), int(G[TURN])
+    if mode == PREFIX_AWARE:
+        meta, tab = H[H_PMETA], H[H_PTAB][0]
+        order = kvmod.kv_order(meta, tab)
+        v = tab[kvmod.TOK, order]
+        r.where = OrderedDict(zip(tab[kvmod.KEY, order].tolist(),
+                                  zip((v & ((1 << PA_SHIFT) - 1)).tolist(), (v >> PA_SHIFT).tolist())))
+    if mode != HELM:
+        return
+    f = H[H_F]
+    r.load, r._version, r.work = I[:, LOAD].tolist(), I[:, VER].tolist(), H[H_WORK].tolist()
+    r.pending = [deque(H[H_PEND][i][np.arange(I[i, PH], I[i, PT]) % len(H[H_PEND][i])].tolist())
+                 for i in range(c.cfg.nodes)]
+    k = int(G[FHN])
+    r._freeing = list(zip(H[H_FT][0][:k].tolist(), H[H_FI][0][:k, 0].tolist(), H[H_FI][0][:k, 1].tolist()))
+    r._work_sent, r._rho_t, r.rho, r.rate = (float(f[x]) for x in (HF_WSENT, HF_RHO_T, HF_RHO, HF_RATE))
+    r._sent, r._left, r._draws = int(G[SENT]), int(G[LEFT]), H[H_DRAWS][0]
+    r._last = (int(G[LASTNODE]), float(f[HF_LAST]))
+    index = c.index
+    index.__dict__.pop("apply_events", None)
+    holders = {}
+    m, ent = H[H_MAP][0], H[H_ENT][0]
+    for i in np.flatnonzero(m[M_KEY] >= 0).tolist():
+        where, e = {}, int(m[M_HEAD, i])
+        while e >= 0:
+            where[int(ent[E_NODE, e])] = int(ent[E_TOK, e])
+            e = int(ent[E_NEXT, e])
+        holders[int(m[M_KEY, i])] = where
+    index.holders = r._holders = holders
+    for n, k in enumerate(I[:, KVEV].tolist()):
+        index.kv_version[n] += k
+        c.reporters[n].kv_version += k

@@ -1,0 +1,289 @@
+"""The HELM router (routing/helm.py) compiled for the engine (sim/engine.py): its books (the work
+sent to each node, the heap of when nodes free up, the load estimate), its index's holders (who
+holds which user's prefix, in the order the index learnt it), and its decision (the compiled
+`routing.kernel.decide` it already uses). Each verb is `Helm`'s, step for step."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from helmgr.memory import kv as kvmod
+from helmgr.routing.kernel import FREE as M_FREE, RATE as K_RATE, RHO as K_RHO, SOONEST as K_SOONEST, UP as M_UP
+from helmgr.routing.kernel import decide as route_decide
+from helmgr.sim.engine_layout import *  # noqa: F403
+from helmgr.sim.engine_layout import _grow1, _grow_rows
+from helmgr.sim.engine_routes import _route
+
+
+_HMIX = -7046029254386353131
+
+
+@njit(cache=True, nogil=True)
+def _fless(ft, fi, i, j):
+    if ft[i] != ft[j]:
+        return ft[i] < ft[j]
+    if fi[i, 0] != fi[j, 0]:
+        return fi[i, 0] < fi[j, 0]
+    return fi[i, 1] < fi[j, 1]
+
+
+@njit(cache=True, nogil=True)
+def _fswap(ft, fi, i, j):
+    ft[i], ft[j] = ft[j], ft[i]
+    fi[i, 0], fi[j, 0] = fi[j, 0], fi[i, 0]
+    fi[i, 1], fi[j, 1] = fi[j, 1], fi[i, 1]
+
+
+@njit(cache=True, nogil=True)
+def _fdown(ft, fi, i, n):
+    while True:
+        l, r, m = 2 * i + 1, 2 * i + 2, i
+        if l < n and _fless(ft, fi, l, m):
+            m = l
+        if r < n and _fless(ft, fi, r, m):
+            m = r
+        if m == i:
+            return
+        _fswap(ft, fi, i, m)
+        i = m
+
+
+@njit(cache=True, nogil=True)
+def _moved(H, G, I, node):
+    """Helm._moved and _clean: node's FREE changed; the heap's top becomes the up node that
+    frees first (consts[SOONEST])."""
+    mine, c = H[H_MINE], H[H_C]
+    n_nodes = mine.shape[0]
+    I[node, VER] += 1
+    n = G[FHN]
+    H[H_FT][0] = _grow1(H[H_FT][0], n + 1)
+    H[H_FI][0] = _grow_rows(H[H_FI][0], n + 1)
+    ft, fi = H[H_FT][0], H[H_FI][0]
+    ft[n], fi[n, 0], fi[n, 1] = mine[node, M_FREE], node, I[node, VER]
+    i = n
+    n += 1
+    while i > 0:
+        p = (i - 1) >> 1
+        if _fless(ft, fi, i, p):
+            _fswap(ft, fi, i, p)
+            i = p
+        else:
+            break
+    if n > 4 * n_nodes + 64:                  # stale entries pile up: rebuild from the books
+        n = n_nodes
+        for k in range(n):
+            ft[k], fi[k, 0], fi[k, 1] = mine[k, M_FREE], k, I[k, VER]
+        for k in range(n // 2 - 1, -1, -1):
+            _fdown(ft, fi, k, n)
+    while n > 0 and (fi[0, 1] != I[fi[0, 0], VER] or mine[fi[0, 0], M_UP] <= 0):
+        n -= 1
+        if n > 0:
+            ft[0], fi[0, 0], fi[0, 1] = ft[n], fi[n, 0], fi[n, 1]
+            _fdown(ft, fi, 0, n)
+    G[FHN] = n
+    c[K_SOONEST] = fi[0, 0] if n > 0 else -1
+
+
+@njit(cache=True, nogil=True)
+def _hslot(keys, user):
+    """The holders map's slot of `user`, or the first free slot on its probe path (as -2 - slot)."""
+    mask = keys.shape[0] - 1
+    h = user * _HMIX
+    i = (h ^ (h >> 32)) & mask
+    free = -1
+    while True:
+        k = keys[i]
+        if k == user:
+            return i
+        if k == -1:
+            return -2 - (free if free >= 0 else i)
+        if k == -2 and free < 0:
+            free = i
+        i = (i + 1) & mask
+
+
+@njit(cache=True, nogil=True)
+def _hgrow(H, G):
+    old = H[H_MAP][0]
+    slots = old.shape[1]
+    if 2 * (G[HCNT] + 1) > slots:
+        slots *= 2
+    new = np.full((3, slots), -1, np.int64)
+    for i in range(old.shape[1]):
+        if old[M_KEY, i] >= 0:
+            j = -2 - _hslot(new[M_KEY], old[M_KEY, i])
+            new[M_KEY, j], new[M_HEAD, j], new[M_TAIL, j] = old[M_KEY, i], old[M_HEAD, i], old[M_TAIL, i]
+    H[H_MAP][0] = new
+    G[HTOMB] = 0
+
+
+@njit(cache=True, nogil=True)
+def _expect(H, G, node, user, tokens):
+    """ResidencyIndex.expect: holders[user][node] = tokens (a new node goes last)."""
+    m = H[H_MAP][0]
+    i = _hslot(m[M_KEY], user)
+    ent = H[H_ENT][0]
+    if i >= 0:
+        e = m[M_HEAD, i]
+        while e >= 0:
+            if ent[E_NODE, e] == node:
+                ent[E_TOK, e] = tokens
+                return
+            e = ent[E_NEXT, e]
+    else:
+        if 2 * (G[HCNT] + G[HTOMB] + 1) > m.shape[1]:
+            _hgrow(H, G)
+            m = H[H_MAP][0]
+        i = -2 - _hslot(m[M_KEY], user)
+        if m[M_KEY, i] == -2:
+            G[HTOMB] -= 1
+        m[M_KEY, i], m[M_HEAD, i], m[M_TAIL, i] = user, -1, -1
+        G[HCNT] += 1
+    if G[EFREE] < 0:                          # no free entry: double the pool
+        old = ent.shape[1]
+        grown = np.full((3, 2 * old), -1, np.int64)
+        grown[:, :old] = ent
+        for k in range(old, 2 * old - 1):
+            grown[E_NEXT, k] = k + 1
+        grown[E_NEXT, 2 * old - 1] = -1
+        H[H_ENT][0] = ent = grown
+        G[EFREE] = old
+    e = G[EFREE]
+    G[EFREE] = ent[E_NEXT, e]
+    ent[E_NODE, e], ent[E_TOK, e], ent[E_NEXT, e] = node, tokens, -1
+    if m[M_TAIL, i] >= 0:
+        ent[E_NEXT, m[M_TAIL, i]] = e
+    else:
+        m[M_HEAD, i] = e
+    m[M_TAIL, i] = e
+
+
+@njit(cache=True, nogil=True)
+def _forget(H, G, node, user):
+    """ResidencyIndex.apply_kv of an eviction: node no longer holds user (a user held nowhere
+    leaves the map)."""
+    m = H[H_MAP][0]
+    i = _hslot(m[M_KEY], user)
+    if i < 0:
+        return
+    ent = H[H_ENT][0]
+    prev, e = -1, m[M_HEAD, i]
+    while e >= 0 and ent[E_NODE, e] != node:
+        prev, e = e, ent[E_NEXT, e]
+    if e < 0:
+        return
+    nxt = ent[E_NEXT, e]
+    if prev >= 0:
+        ent[E_NEXT, prev] = nxt
+    else:
+        m[M_HEAD, i] = nxt
+    if m[M_TAIL, i] == e:
+        m[M_TAIL, i] = prev
+    ent[E_NEXT, e] = G[EFREE]
+    G[EFREE] = e
+    if m[M_HEAD, i] < 0:
+        m[M_KEY, i] = -2
+        G[HCNT] -= 1
+        G[HTOMB] += 1
+
+
+@njit(cache=True, nogil=True)
+def _holders(H, user):
+    """Helm.route_request's two longest cached prefixes of user: (hn0, ht0, hn1, ht1), a stable
+    sort by tokens, descending, over the nodes in the order they were added."""
+    m = H[H_MAP][0]
+    i = _hslot(m[M_KEY], user)
+    hn0 = ht0 = hn1 = ht1 = -1
+    if i < 0:
+        return hn0, ht0, hn1, ht1
+    ent = H[H_ENT][0]
+    e = m[M_HEAD, i]
+    while e >= 0:
+        t = ent[E_TOK, e]
+        if hn0 < 0 or t > ht0:
+            hn1, ht1 = hn0, ht0
+            hn0, ht0 = ent[E_NODE, e], t
+        elif hn1 < 0 or t > ht1:
+            hn1, ht1 = ent[E_NODE, e], t
+        e = ent[E_NEXT, e]
+    return hn0, ht0, hn1, ht1
+
+
+@njit(cache=True, nogil=True)
+def _helm_route(now, s, I, G, RI, IDSI, IDSC, H):
+    """Helm.route_request then dispatched, for request slot s arriving at `now`."""
+    mine, c, f = H[H_MINE], H[H_C], H[H_F]
+    hn0 = ht0 = hn1 = ht1 = -1
+    user, prefix = RI[s, R_USER], RI[s, R_PREFIX]
+    if G[KVTERM]:
+        hn0, ht0, hn1, ht1 = _holders(H, user)
+    if now - f[HF_RHO_T] >= f[HF_SPAN]:
+        span = now - f[HF_RHO_T]
+        up = 0.0
+        for k in range(mine.shape[0]):
+            up += mine[k, M_UP]
+        up = int(up)
+        if span > 0 and up:
+            rho, rate = f[HF_WSENT] / (span * up), G[SENT] / (span * up)
+            first = f[HF_RHO_T] == 0.0
+            f[HF_RHO] = rho if first else 0.5 * f[HF_RHO] + 0.5 * rho
+            f[HF_RATE] = rate if first else 0.5 * f[HF_RATE] + 0.5 * rate
+        f[HF_WSENT], G[SENT], f[HF_RHO_T] = 0.0, 0, now
+        c[K_RHO], c[K_RATE] = f[HF_RHO], f[HF_RATE]
+    G[LEFT] -= 1
+    i0, ni = RI[s, R_IOFF], RI[s, R_NITEMS]
+    c0, nc = RI[s, R_COFF], RI[s, R_NCANDS]
+    node, svc = route_decide(now, prefix, IDSI[0][i0:i0 + ni], IDSC[0][c0:c0 + nc], hn0, ht0, hn1, ht1,
+                             H[H_DRAWS][0], H[H_BITS], H[H_NODE], mine, c)
+    if node < 0:
+        node, svc = _route(I, G), 0.0
+    G[LASTNODE], f[HF_LAST] = node, svc
+    # dispatched
+    I[node, LOAD] += 1
+    f[HF_WSENT] += svc
+    G[SENT] += 1
+    free = mine[node, M_FREE]
+    mine[node, M_FREE] = (free if free > now else now) + svc
+    w = H[H_WORK]
+    w[node] += svc
+    q = H[H_PEND][node]
+    if I[node, PT] - I[node, PH] >= q.shape[0]:
+        cap = q.shape[0]
+        big = np.empty(2 * cap)
+        for k in range(cap):
+            big[k] = q[(I[node, PH] + k) % cap]
+        H[H_PEND][node] = q = big
+        I[node, PT] -= I[node, PH]
+        I[node, PH] = 0
+    q[I[node, PT] % q.shape[0]] = svc
+    I[node, PT] += 1
+    _moved(H, G, I, node)
+    if G[KVTERM]:
+        _expect(H, G, node, user, prefix + ni)
+    return node
+
+
+@njit(cache=True, nogil=True)
+def _helm_completed(H, G, I, node, now):
+    I[node, LOAD] -= 1
+    w = H[H_WORK]
+    if I[node, PT] > I[node, PH]:
+        q = H[H_PEND][node]
+        w[node] -= q[I[node, PH] % q.shape[0]]
+        I[node, PH] += 1
+    if I[node, PT] == I[node, PH]:
+        w[node] = 0.0
+    H[H_MINE][node, M_FREE] = now + w[node]
+    _moved(H, G, I, node)
+
+
+@njit(cache=True, nogil=True)
+def _helm_kv_events(H, G, I, n, log, a, b):
+    """ResidencyIndex.apply_kv of node n's KV events log[:, a:b] (what Cluster.start reports)."""
+    for k in range(a, b):
+        tokens = log[2, k] if log[0, k] == kvmod.EVENT else log[3, k]
+        if tokens:
+            _expect(H, G, n, log[1, k], tokens)
+        else:
+            _forget(H, G, n, log[1, k])
+    I[n, KVEV] += b - a

@@ -1,0 +1,133 @@
+"""The compiled path's data (sim/engine.py): what each column of its arrays holds, the arrays that
+grow (kept as element 0 of a numba typed List, so compiled code can replace them), and its event
+heap.
+
+Per node: `F` (floats) and `I` (integers), one row each; cluster-wide counters in `G`; per request
+(a slot from a free list, reused after completion) `RI` and `RF`; per completion, until Python
+drains them, `CLI` and `CLF`. The cost model folded into `C` (floats) and `CI` (the integers the
+Python path multiplies exactly).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# routing modes
+LEAST_LOADED, ROUND_ROBIN, EXTERNAL, HELM, PREFIX_AWARE = 0, 1, 2, 3, 4
+SERIAL, BATCHED, PIPELINED = 0, 1, 2
+ENGINE_CODES = {"serial": SERIAL, "batched": BATCHED, "pipelined": PIPELINED}
+
+# what `step` returns
+CHUNK_DONE, BOUNDARY, NEED_ROUTE, NEED_DRAWS = 0, 1, 2, 3
+
+
+# per-node float columns (F)
+LBU, LBS, BLK, CFREE, BUSY_S, WAIT_S, RECOMP_S, NF = range(8)
+# per-node int columns (I)
+(REQS, COLD, PREFIX, KVHIT, IDS, MISSES, UNF, TOKIDS, TOKMISS, LBYTES, BUSY, QH, QT, INFH, INFN, ELOOK, EHIT,
+ EUNF, ACCN, ARR, LOAD, PH, PT, VER, KVEV, NI) = range(26)
+# globals (G)
+(POS, NARR, HEAPN, SEQ, TURN, NCOMP, RCUR, MODE, MAXB, BUDGET, ENG, NNODES, RID, NDL, NFREE, FINISH,
+ SENT, LEFT, FHN, HCNT, HTOMB, EFREE, KVTERM, BLOCK, LASTNODE, PMEMORY, NG) = range(27)
+# cost constants: floats (C) and integers (CI)
+HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF, NC = range(9)
+ROW_BYTES, LAYERS, LINF, ATTF, NCI = range(5)
+# request table columns: ints (RI) and floats (RF)
+(R_RID, R_USER, R_PREFIX, R_NITEMS, R_NCANDS, R_IOFF, R_COFF, R_BURST, R_H0, R_HOFF, R_HMOD, R_HSHIFT, R_CF, R_IDS,
+ R_MISSES, R_UNF, R_HITS, R_TOKHITS, R_TOKENS, NRI) = range(20)
+R_T, R_START, R_END, R_FETCH, R_RECOMP, R_READY, NRF = range(7)
+# completion log columns
+(C_RID, C_NODE, C_BURST, C_PREFIX, C_KV, C_IDS, C_MISSES, C_UNF, NCLI) = range(9)
+(C_T, C_START, C_END, C_FETCH, C_RECOMP, NCLF) = range(6)
+INFLIGHT = 4                               # batches a node can have in service at once (pipelined: 2)
+
+# H: (mine, consts, index bits, index node rows, floats, work, pending rings, free-time heap (times,
+# (node, version)), holders map (KEY, HEAD, TAIL), holder entries (NODE, TOK, NEXT), draws), then the
+# prefix-aware router's map of where each user was sent (memory.kv's table: user -> node + tokens
+# << 20, least recently sent first) and its thresholds (absolute, relative, cache)
+H_MINE, H_C, H_BITS, H_NODE, H_F, H_WORK, H_PEND, H_FT, H_FI, H_MAP, H_ENT, H_DRAWS, H_PMETA, H_PTAB, H_PF = range(15)
+HF_WSENT, HF_RHO_T, HF_RHO, HF_RATE, HF_LAST, HF_SPAN, NHF = range(7)
+M_KEY, M_HEAD, M_TAIL = range(3)
+E_NODE, E_TOK, E_NEXT = range(3)
+
+
+# -- growable arrays (kept as element 0 of a typed List so that compiled code can replace them) -----
+@njit(cache=True, nogil=True)
+def _grow_rows(a, need):
+    n = a.shape[0]
+    if need <= n:
+        return a
+    m = max(need, 2 * n)
+    b = np.empty((m,) + a.shape[1:], a.dtype)
+    b[:n] = a
+    return b
+
+
+@njit(cache=True, nogil=True)
+def _grow1(a, need):
+    n = a.shape[0]
+    if need <= n:
+        return a
+    b = np.empty(max(need, 2 * n), a.dtype)
+    b[:n] = a
+    return b
+
+
+# -- the event heap: (time, kind, seq) ordered, node as payload ---------------------------------------
+@njit(cache=True, nogil=True)
+def _less(ht, hk, i, j):
+    if ht[i] != ht[j]:
+        return ht[i] < ht[j]
+    if hk[i, 0] != hk[j, 0]:
+        return hk[i, 0] < hk[j, 0]
+    return hk[i, 1] < hk[j, 1]
+
+
+@njit(cache=True, nogil=True)
+def _swap(ht, hk, i, j):
+    ht[i], ht[j] = ht[j], ht[i]
+    for c in range(3):
+        hk[i, c], hk[j, c] = hk[j, c], hk[i, c]
+
+
+@njit(cache=True, nogil=True)
+def _push(HT, HK, G, t, kind, node):
+    n = G[HEAPN]
+    HT[0] = _grow1(HT[0], n + 1)
+    HK[0] = _grow_rows(HK[0], n + 1)
+    ht, hk = HT[0], HK[0]
+    G[SEQ] += 1
+    ht[n] = t
+    hk[n, 0], hk[n, 1], hk[n, 2] = kind, G[SEQ], node
+    G[HEAPN] = n + 1
+    i = n
+    while i > 0:
+        p = (i - 1) >> 1
+        if _less(ht, hk, i, p):
+            _swap(ht, hk, i, p)
+            i = p
+        else:
+            break
+
+
+@njit(cache=True, nogil=True)
+def _pop(ht, hk, G):
+    """Remove the top; returns (time, kind, node)."""
+    t, kind, node = ht[0], hk[0, 0], hk[0, 2]
+    n = G[HEAPN] - 1
+    G[HEAPN] = n
+    if n > 0:
+        ht[0] = ht[n]
+        hk[0, 0], hk[0, 1], hk[0, 2] = hk[n, 0], hk[n, 1], hk[n, 2]
+        i = 0
+        while True:
+            l, r, m = 2 * i + 1, 2 * i + 2, i
+            if l < n and _less(ht, hk, l, m):
+                m = l
+            if r < n and _less(ht, hk, r, m):
+                m = r
+            if m == i:
+                break
+            _swap(ht, hk, i, m)
+            i = m
+    return t, kind, node

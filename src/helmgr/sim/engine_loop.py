@@ -1,0 +1,227 @@
+"""The engine's loop (sim/engine.py), compiled: `step` runs arrivals and node events in the
+cluster's order — an arrival after every event due at or before it, departures before launches —
+with `Cluster.start`, `take_next` and `depart` as they are in sim/cluster.py; `rebase` carries the
+ids of queued requests into the next chunk's arrays."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from helmgr.memory import kv as kvmod
+from helmgr.sim.engine_helm import _helm_completed, _helm_kv_events, _helm_route
+from helmgr.sim.engine_layout import *  # noqa: F403
+from helmgr.sim.engine_layout import _grow1, _grow_rows, _pop, _push
+from helmgr.sim.engine_node import _serve
+from helmgr.sim.engine_routes import _prefix_dispatched, _prefix_route, _route
+from helmgr.sim.events import DEPART, LAUNCH
+
+
+@njit(cache=True, nogil=True)
+def _batch_tokens(RI, s):
+    return RI[s, R_PREFIX] + RI[s, R_NITEMS] + RI[s, R_NCANDS]
+
+
+@njit(cache=True, nogil=True)
+def _start(n, first, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC,
+           HP, DL, H):
+    """Cluster.start: node n takes `first` and, FCFS up to the batch size and the token budget,
+    the head of its queue."""
+    k = (I[n, INFH] + I[n, INFN]) % INFLIGHT      # the batch is built in the next free in-flight slot
+    if I[n, INFN] >= INFLIGHT:
+        raise RuntimeError("more batches in service on one node than the engine holds")
+    batch = INF[n, k]
+    batch[0] = first
+    nb = 1
+    maxb, budget = G[MAXB], G[BUDGET]
+    q = Q[n]
+    cap = q.shape[0]
+    if nb < maxb and I[n, QT] > I[n, QH]:
+        tokens = _batch_tokens(RI, first)
+        while nb < maxb and I[n, QT] > I[n, QH]:
+            head = q[I[n, QH] % cap]
+            bt = _batch_tokens(RI, head)
+            if tokens + bt > budget:
+                break
+            tokens += bt
+            batch[nb] = head
+            nb += 1
+            I[n, QH] += 1
+    batch[INF.shape[2] - 1] = nb
+    logged = KVM[n][kvmod.LOG_N]
+    end, free_at = _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HP)
+    logged = KVM[n][kvmod.LOG_N] - logged
+    if logged > 0 and G[MODE] == HELM:                   # the start's KV events, to the index now
+        _helm_kv_events(H, G, I, n, KVL[n], 0, logged)
+        KVM[n][kvmod.LOG_N] = 0
+    elif logged > 0:                 # ... or for the Python router's index (in start order)
+        d = G[NDL]
+        DL[0] = _grow_rows(DL[0], d + 1)
+        DL[0][d, 0], DL[0][d, 1] = n, logged
+        G[NDL] = d + 1
+    I[n, BUSY] = 1
+    F[n, CFREE] = end
+    INFF[n, k] = 1 if free_at >= end else 0
+    I[n, INFN] += 1
+    _push(HT, HK, G, end, DEPART, n)
+    if free_at < end:
+        _push(HT, HK, G, free_at, LAUNCH, n)
+
+
+@njit(cache=True, nogil=True)
+def _take_next(n, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HP,
+               DL, H):
+    I[n, BUSY] = 0
+    if I[n, QT] > I[n, QH]:
+        q = Q[n]
+        head = q[I[n, QH] % q.shape[0]]
+        I[n, QH] += 1
+        _start(n, head, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC,
+               HP, DL, H)
+
+
+@njit(cache=True, nogil=True)
+def _depart(n, now, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL,
+            IDSI, IDSC, HP, DL, H):
+    k = I[n, INFH]
+    I[n, INFH] = (k + 1) % INFLIGHT
+    I[n, INFN] -= 1
+    batch = INF[n, k]
+    nb = batch[INF.shape[2] - 1]
+    c = G[NCOMP]
+    CLI[0] = _grow_rows(CLI[0], c + nb)
+    CLF[0] = _grow_rows(CLF[0], c + nb)
+    cli, clf, free = CLI[0], CLF[0], FREE[0]
+    for b in range(nb):
+        s = batch[b]
+        cli[c, C_RID], cli[c, C_NODE], cli[c, C_BURST], cli[c, C_PREFIX] = RI[s, R_RID], n, RI[s, R_BURST], RI[s, R_PREFIX]
+        cli[c, C_KV], cli[c, C_IDS], cli[c, C_MISSES], cli[c, C_UNF] = RI[s, R_CF], RI[s, R_IDS], RI[s, R_IDS] - RI[s, R_HITS], RI[s, R_UNF]
+        clf[c, C_T], clf[c, C_START], clf[c, C_END] = RF[s, R_T], RF[s, R_START], now
+        clf[c, C_FETCH], clf[c, C_RECOMP] = RF[s, R_FETCH], RF[s, R_RECOMP]
+        c += 1
+        if G[MODE] == HELM:
+            _helm_completed(H, G, I, n, now)
+        elif G[MODE] != EXTERNAL:
+            I[n, LOAD] -= 1
+        free[G[NFREE]] = s
+        G[NFREE] += 1
+    G[NCOMP] = c
+    if INFF[n, k]:
+        _take_next(n, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HP, DL, H)
+
+
+@njit(cache=True, nogil=True)
+def _new_slot(RI, RF, FREE, G):
+    if G[NFREE] == 0:
+        old = RI[0].shape[0]
+        RI[0] = _grow_rows(RI[0], 2 * old)
+        RF[0] = _grow_rows(RF[0], 2 * old)
+        FREE[0] = _grow1(FREE[0], 2 * old)
+        free = FREE[0]
+        for k in range(old):
+            free[k] = 2 * old - 1 - k
+        G[NFREE] = old
+    G[NFREE] -= 1
+    return FREE[0][G[NFREE]]
+
+
+@njit(cache=True, nogil=True)
+def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL,
+         IDSI, IDSC, HP, DL, H, AT, AI):
+    """Run arrivals before `until` (the next Python event) and node events due at or before each
+    arrival, or, when the arrivals of the chunk run out first, stop (CHUNK_DONE). With FINISH set
+    there are no more arrivals: run node events up to `until`. In EXTERNAL mode return NEED_ROUTE
+    before each arrival; the call after routes it to `routed`. Returns the reason it stopped."""
+    while True:
+        pos = G[POS]
+        has_arr = pos < G[NARR] and AT[pos] < until
+        if not has_arr and pos >= G[NARR] and G[FINISH] == 0:
+            return CHUNK_DONE
+        ta = AT[pos] if has_arr else until
+        if routed < 0:
+            while G[HEAPN] > 0 and HT[0][0] <= ta:
+                t, kind, n = _pop(HT[0], HK[0], G)
+                RI, RF = RIL[0], RFL[0]
+                if kind == DEPART:
+                    _depart(n, t, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM,
+                            KVT, KVL, IDSI, IDSC, HP, DL, H)
+                else:
+                    _take_next(n, t, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL,
+                               IDSI, IDSC, HP, DL, H)
+            if not has_arr:
+                return BOUNDARY
+            if G[MODE] == EXTERNAL:
+                return NEED_ROUTE
+            if G[MODE] == HELM and G[LEFT] == 0:
+                return NEED_DRAWS
+        s = _new_slot(RIL, RFL, FREE, G)
+        RI, RF = RIL[0], RFL[0]
+        for c in range(NRI):
+            RI[s, c] = AI[pos, c]
+        if routed >= 0:
+            n = routed
+            routed = -1
+        elif G[MODE] == HELM:
+            n = _helm_route(ta, s, I, G, RI, IDSI, IDSC, H)
+        elif G[MODE] == PREFIX_AWARE:
+            n = _prefix_route(I, G, RI, s, H)
+            I[n, LOAD] += 1
+            _prefix_dispatched(G, H, n, RI[s, R_USER], RI[s, R_PREFIX] + RI[s, R_NITEMS])
+        else:
+            n = _route(I, G)
+            I[n, LOAD] += 1
+        RI[s, R_RID] = G[RID]
+        G[RID] += 1
+        RF[s, R_T] = ta
+        G[POS] = pos + 1
+        I[n, ARR] += 1
+        if I[n, BUSY]:
+            q = Q[n]
+            if I[n, QT] - I[n, QH] >= q.shape[0]:           # full: unroll the ring into a bigger one
+                cap = q.shape[0]
+                big = np.empty(2 * cap, np.int64)
+                for k in range(cap):
+                    big[k] = q[(I[n, QH] + k) % cap]
+                Q[n] = big
+                I[n, QT] -= I[n, QH]
+                I[n, QH] = 0
+                q = big
+            q[I[n, QT] % q.shape[0]] = s
+            I[n, QT] += 1
+        else:
+            _start(n, s, ta, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HP, DL, H)
+
+
+@njit(cache=True, nogil=True)
+def rebase(I, G, Q, RIL, IDSI, IDSC, items, cands):
+    """A new chunk's id arrays replace the old ones: the ids of requests still queued (not yet
+    looked up) are carried to the front of the new stores. Returns the carried (items, cands)
+    counts, the offsets the chunk's own requests start from."""
+    RI = RIL[0]
+    oi, oc = IDSI[0], IDSC[0]
+    ni = nc = 0
+    for n in range(G[NNODES]):
+        q = Q[n]
+        for k in range(I[n, QH], I[n, QT]):
+            s = q[k % q.shape[0]]
+            ni += RI[s, R_NITEMS]
+            nc += RI[s, R_NCANDS]
+    si = np.empty(ni + items.shape[0], np.int64)
+    sc = np.empty(nc + cands.shape[0], np.int64)
+    pi = pc = 0
+    for n in range(G[NNODES]):
+        q = Q[n]
+        for k in range(I[n, QH], I[n, QT]):
+            s = q[k % q.shape[0]]
+            a, b = RI[s, R_IOFF], RI[s, R_NITEMS]
+            si[pi:pi + b] = oi[a:a + b]
+            RI[s, R_IOFF] = pi
+            pi += b
+            a, b = RI[s, R_COFF], RI[s, R_NCANDS]
+            sc[pc:pc + b] = oc[a:a + b]
+            RI[s, R_COFF] = pc
+            pc += b
+    si[ni:] = items
+    sc[nc:] = cands
+    IDSI[0] = si
+    IDSC[0] = sc
+    return ni, nc

@@ -1,0 +1,199 @@
+"""The node model of `sim/node.py`, compiled for the engine (sim/engine.py): a request's KV and EMB
+lookups, its misses on the link, its counters, and a batch's service on the three engines —
+operation for operation, so the float64 sums are the Python path's, in its order."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from helmgr.memory import kv as kvmod
+from helmgr.memory.emb import RESIDENT, UNFILLED
+from helmgr.sim.engine_layout import *  # noqa: F403  (the column names)
+from helmgr.sim.engine_layout import _grow1
+
+
+# -- the node model (sim/node.py, operation for operation) ------------------------------------------
+@njit(cache=True, nogil=True)
+def _prefix_flops(CI, tokens, cached):
+    pairs = tokens * cached + tokens * (tokens + 1) // 2
+    return CI[LAYERS] * (CI[LINF] * tokens + CI[ATTF] * pairs)
+
+
+@njit(cache=True, nogil=True)
+def _request_flops(CI, tokens, cached, candidates):
+    ctx = cached + tokens
+    cand = CI[LAYERS] * (CI[LINF] * candidates + CI[ATTF] * (candidates * (ctx + 1)))
+    return _prefix_flops(CI, tokens, cached) + cand
+
+
+@njit(cache=True, nogil=True)
+def build_bits(state, res, unf):
+    """Node's EMB row states as two bitmaps (resident, unfilled): 1/8 of the bytes, so a
+    request's hundreds of random checks hit cache far more often than in `state`."""
+    res[:] = 0
+    unf[:] = 0
+    one = np.uint64(1)
+    for x in range(state.shape[0]):
+        st = state[x]
+        if st == RESIDENT:
+            res[x >> 6] |= one << np.uint64(x & 63)
+        elif st == UNFILLED:
+            unf[x >> 6] |= one << np.uint64(x & 63)
+
+
+@njit(cache=True, nogil=True)
+def _check(res, unf, state, ids, lo, hi):
+    """emb._check over ids[lo:hi] on the bitmaps: (hits, unfilled); unfilled rows become
+    resident (in the bitmaps and in `state`, which the Python side reads)."""
+    h = u = np.uint64(0)
+    one = np.uint64(1)
+    for k in range(lo, hi):                 # branch-free: a row's two bits are never both set
+        x = ids[k]
+        w, b = x >> 6, np.uint64(x & 63)
+        h += (res[w] >> b) & one
+        u += (unf[w] >> b) & one
+    hits, unfilled = int(h), int(u)
+    if unfilled:
+        for k in range(lo, hi):
+            x = ids[k]
+            b = one << np.uint64(x & 63)
+            if unf[x >> 6] & b:
+                unf[x >> 6] &= ~b
+                res[x >> 6] |= b
+                state[x] = RESIDENT
+    return hits, unfilled
+
+
+@njit(cache=True, nogil=True)
+def _lookup(n, s, I, RI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
+    """Node._lookup for request slot s on node n: its KV prefix, then its candidates' rows, then
+    its computed tokens' rows (recorded for the next refresh, in that order)."""
+    prefix = RI[s, R_PREFIX]
+    got = kvmod.kv_lookup(KVM[n], KVT[n], RI[s, R_USER])
+    cached = got if got < prefix else prefix
+    nc, ni = RI[s, R_NCANDS], RI[s, R_NITEMS]
+    tokens = prefix + ni - cached
+    a0 = I[n, ACCN]
+    ACC[n] = _grow1(ACC[n], a0 + nc + tokens)
+    acc = ACC[n]
+    cands = IDSC[0]
+    c0 = RI[s, R_COFF]
+    for k in range(nc):
+        acc[a0 + k] = cands[c0 + k]
+    a1 = a0 + nc
+    if cached == prefix:
+        items = IDSI[0]
+        i0 = RI[s, R_IOFF]
+        for k in range(ni):
+            acc[a1 + k] = items[i0 + k]
+    else:                              # history positions [cached, prefix + new), read cyclically
+        h0, hmod, shift = RI[s, R_H0], RI[s, R_HMOD], RI[s, R_HSHIFT]
+        j = (RI[s, R_HOFF] + cached) % hmod
+        for k in range(tokens):
+            acc[a1 + k] = HP[h0 + j] + shift
+            j += 1
+            if j == hmod:
+                j = 0
+    state, res, unf = STATES[n], RB[n], UB[n]
+    hits, unfilled = _check(res, unf, state, acc, a0, a1)
+    token_hits, u = _check(res, unf, state, acc, a1, a1 + tokens)
+    I[n, ACCN] = a1 + tokens
+    ids = nc + tokens
+    I[n, ELOOK] += ids
+    I[n, EHIT] += hits + token_hits
+    I[n, EUNF] += unfilled + u
+    RI[s, R_CF], RI[s, R_TOKENS], RI[s, R_IDS] = cached, tokens, ids
+    RI[s, R_HITS], RI[s, R_TOKHITS], RI[s, R_UNF] = hits + token_hits, token_hits, unfilled + u
+
+
+@njit(cache=True, nogil=True)
+def _fetch(n, s, t, F, I, RI, C, CI):
+    """Node._fetch: the request's misses, after their host gather at t, on the link."""
+    misses = RI[s, R_IDS] - RI[s, R_HITS]
+    ready = t + misses * C[HOST_LOOKUP]
+    if misses:
+        nbytes = misses * CI[ROW_BYTES]
+        bu = F[n, LBU]
+        start = ready if ready > bu else bu
+        duration = C[PCIE_LAT] + nbytes / C[PCIE_BW]
+        F[n, LBU] = start + duration
+        F[n, LBS] += duration
+        I[n, LBYTES] += nbytes
+        ready = F[n, LBU]
+    return ready
+
+
+@njit(cache=True, nogil=True)
+def _account(n, s, busy_s, fetch_s, flops_per_s, F, I, RI, CI, KVM, KVT, KVL, G):
+    """Node._account: counters, and the prefix cached."""
+    prefix, cf = RI[s, R_PREFIX], RI[s, R_CF]
+    recompute = 0.0
+    if cf < prefix:
+        recompute = _prefix_flops(CI, prefix - cf, cf) / flops_per_s
+        F[n, RECOMP_S] += recompute
+        if cf == 0:
+            I[n, COLD] += 1
+    meta = KVM[n]
+    if not kvmod.kv_room(meta, KVT[n], KVL[n]):
+        KVT[n], KVL[n] = kvmod.kv_reserve(meta, KVT[n], KVL[n])
+    kvmod.kv_insert(meta, KVT[n], KVL[n], RI[s, R_USER], prefix + RI[s, R_NITEMS])
+    F[n, WAIT_S] += fetch_s
+    ids, tokens = RI[s, R_IDS], RI[s, R_TOKENS]
+    I[n, REQS] += 1
+    I[n, PREFIX] += prefix
+    I[n, KVHIT] += cf
+    I[n, IDS] += ids
+    I[n, MISSES] += ids - RI[s, R_HITS]
+    I[n, TOKIDS] += tokens
+    I[n, TOKMISS] += tokens - RI[s, R_TOKHITS]
+    I[n, UNF] += RI[s, R_UNF]
+    F[n, BUSY_S] += busy_s
+    return recompute
+
+
+@njit(cache=True, nogil=True)
+def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HP):
+    """BatchServer.serve for `batch[:nb]` (request slots) taken at `now`: sets each request's
+    service; returns (end of the batch, when the node may take its next batch)."""
+    blocked = F[n, BLK]
+    if G[ENG] == SERIAL:
+        t = now
+        launch = C[LAUNCH_S]
+        end = now
+        for b in range(nb):
+            s = batch[b]
+            start = t if t >= blocked else blocked
+            _lookup(n, s, I, RI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP)
+            ready = _fetch(n, s, start, F, I, RI, C, CI)
+            ids, tokens, cf = RI[s, R_IDS], RI[s, R_TOKENS], RI[s, R_CF]
+            flops = _request_flops(CI, tokens, cf, RI[s, R_NCANDS])
+            end = ready + ids * CI[ROW_BYTES] / C[HBM_BW] + (flops / C[FLOPS] + C[LAUNCH_S])
+            rec = _account(n, s, end - start, ready - start, C[FLOPS], F, I, RI, CI, KVM, KVT, KVL, G)
+            RF[s, R_START], RF[s, R_END], RF[s, R_FETCH], RF[s, R_RECOMP] = start, end, ready - start, rec
+            t = end - launch
+        return end, end
+    start = now if now >= blocked else blocked
+    t = ready = start
+    flops = 0.0
+    rows = 0
+    for b in range(nb):
+        s = batch[b]
+        _lookup(n, s, I, RI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP)
+        r = _fetch(n, s, t, F, I, RI, C, CI)
+        t += (RI[s, R_IDS] - RI[s, R_HITS]) * C[HOST_LOOKUP]
+        ready = r if r > ready else ready
+        RF[s, R_READY] = r
+        flops += _request_flops(CI, RI[s, R_TOKENS], RI[s, R_CF], RI[s, R_NCANDS])
+        rows += RI[s, R_IDS]
+    cfree = F[n, CFREE]
+    launch = ready if ready > cfree else cfree
+    rate = C[BFLOPS] * rows / (rows + C[BHALF])
+    compute = rows * CI[ROW_BYTES] / C[HBM_BW] + (flops / rate + C[LAUNCH_S])
+    end = launch + compute
+    share = compute / nb
+    for b in range(nb):
+        s = batch[b]
+        r = RF[s, R_READY]
+        rec = _account(n, s, share, r - start, rate, F, I, RI, CI, KVM, KVT, KVL, G)
+        RF[s, R_START], RF[s, R_END], RF[s, R_FETCH], RF[s, R_RECOMP] = start, end, r - start, rec
+    return end, (launch if G[ENG] == PIPELINED else end)

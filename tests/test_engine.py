@@ -1,0 +1,103 @@
+"""The compiled per-request path (sim/engine.py) against the Python path: the same summary, field
+for field, on small runs of every engine, router family, policy family and regime it compiles."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from helmgr.core.errors import HelmInputError
+from helmgr.sim import SimConfig, simulate
+from helmgr.sim.config import FaultSpec, scenario_cluster
+from helmgr.workload import default_config, synthetic_workload
+
+WALL_CLOCK = {"wall_s", "sim_path", "sim_path_reason"}
+CONTROLLER_WALL_CLOCK = {"decision_us_p50", "decision_us_p99"}
+
+
+def comparable(summary: dict) -> dict:
+    out = {k: v for k, v in summary.items() if k not in WALL_CLOCK}
+    if "controller" in out:
+        out["controller"] = {k: v for k, v in out["controller"].items() if k not in CONTROLLER_WALL_CLOCK}
+    return out
+
+
+def same(a, b) -> bool:
+    """Equal, NaN equal to NaN (a figure with nothing to measure)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def both(cfg: SimConfig, regime: str = "steady", rps: float = 240.0, duration: float = 8.0, seed: int = 1):
+    runs = {}
+    for path in ("python", "compiled"):
+        w = synthetic_workload(default_config(regime, rps=rps, duration_s=duration), seed)
+        runs[path] = simulate(SimConfig(**{**cfg_fields(cfg), "path": path}), w)
+    return runs["python"], runs["compiled"]
+
+
+def cfg_fields(cfg: SimConfig) -> dict:
+    return {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
+
+
+def assert_same(py, co):
+    assert py.summary["sim_path"] == "python" and co.summary["sim_path"] == "compiled"
+    a, b = comparable(py.summary), comparable(co.summary)
+    diff = {k: (a[k], b.get(k)) for k in a if not same(a[k], b.get(k))}
+    assert not diff and a.keys() == b.keys()
+    assert py.series.timeline == co.series.timeline
+
+
+V2 = scenario_cluster("v2")
+
+
+@pytest.mark.parametrize("engine", ["serial", "batched", "pipelined"])
+@pytest.mark.parametrize("router", ["least-loaded", "round-robin", "helm", "prefix-aware"])
+def test_compiled_path_equals_python_path(engine, router):
+    cfg = SimConfig(**(V2 | dict(nodes=4, engine=engine, router=router, seed=3, warmup_s=2.0)))
+    assert_same(*both(cfg))
+
+
+@pytest.mark.parametrize("regime", ["burst", "trend"])
+def test_compiled_path_equals_python_path_with_the_helm_controller(regime):
+    cfg = SimConfig(**(V2 | dict(nodes=4, router="helm", policy="helm", seed=2, warmup_s=2.0, ratio=0.3)))
+    py, co = both(cfg, regime, rps=300.0, duration=12.0)
+    assert len(py.series.timeline) > 4                 # the controller resized the pools during the run
+    assert_same(py, co)
+
+
+def test_compiled_path_under_overload_and_tail_first_kv():
+    cfg = SimConfig(**(V2 | dict(nodes=2, router="least-loaded", kv_tail_first=True, seed=1, warmup_s=1.0,
+                                 ratio=0.8, max_batch=2)))
+    py, co = both(cfg, rps=4000.0, duration=4.0)
+    assert py.summary["max_queue"] > 10                # queues built up (and were carried across chunks)
+    assert_same(py, co)
+
+
+def test_unsupported_configurations_take_the_python_path_and_say_why():
+    w = synthetic_workload(default_config("steady", rps=100.0, duration_s=4.0), 1)
+    r = simulate(SimConfig(nodes=2, faults=(FaultSpec(1, 1.0, 2.0),), warmup_s=0.0), w)
+    assert r.summary["sim_path"] == "python" and r.summary["sim_path_reason"] == "node faults"
+    with pytest.raises(HelmInputError, match="--sim-path compiled cannot run this configuration: node faults"):
+        simulate(SimConfig(nodes=2, faults=(FaultSpec(1, 1.0, 2.0),), path="compiled"), w)
+    with pytest.raises(HelmInputError, match="unknown simulator path 'fast'"):
+        simulate(SimConfig(nodes=2, path="fast"), w)
+
+
+def test_compiled_path_equals_python_path_on_a_widened_trace(tmp_path):
+    from tests.test_trace_widen import write_log
+    from helmgr.workload import trace_workload
+    path = tmp_path / "log.inter"
+    write_log(path)
+    runs = {}
+    for p in ("python", "compiled"):
+        w = trace_workload(str(path), "inter", duration_s=30.0, seed=2, candidates=64, clone_users=4,
+                           overlays=("widen",))
+        runs[p] = simulate(SimConfig(**(V2 | dict(nodes=3, router="helm", seed=2, warmup_s=2.0, ratio=0.2, path=p))), w)
+    assert runs["python"].summary["requests"] > 100
+    assert_same(runs["python"], runs["compiled"])
