@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from helmgr.memory import kv as K
+from helmgr.memory import kv_table as K
 from helmgr.memory.kv import KVCache
 from tests import kv_reference as ref
 

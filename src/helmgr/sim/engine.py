@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba.typed import List
 
-from helmgr.memory import kv as kvmod
+from helmgr.memory import kv_table as kvmod
 from helmgr.sim.engine_books import apply_events, books_in, books_out, next_draws
 from helmgr.sim.engine_layout import *  # noqa: F403
 from helmgr.sim.engine_loop import rebase, step

@@ -8,7 +8,7 @@ from collections import OrderedDict, deque
 import numpy as np
 from numba.typed import List
 
-from helmgr.memory import kv as kvmod
+from helmgr.memory import kv_table as kvmod
 from helmgr.sim.engine_helm import _expect, _forget
 from helmgr.sim.engine_layout import *  # noqa: F403
 from helmgr.sim.engine_layout import _grow1, _grow_rows

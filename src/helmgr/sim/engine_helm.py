@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from helmgr.memory import kv as kvmod
+from helmgr.memory import kv_table as kvmod
 from helmgr.routing.kernel import FREE as M_FREE, RATE as K_RATE, RHO as K_RHO, SOONEST as K_SOONEST, UP as M_UP
 from helmgr.routing.kernel import decide as route_decide
 from helmgr.sim.engine_layout import *  # noqa: F403

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from helmgr.memory import kv as kvmod
+from helmgr.memory import kv_table as kvmod
 from helmgr.sim.engine_helm import _helm_completed, _helm_kv_events, _helm_route
 from helmgr.sim.engine_layout import *  # noqa: F403
 from helmgr.sim.engine_layout import _grow1, _grow_rows, _pop, _push

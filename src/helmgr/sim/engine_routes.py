@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from helmgr.memory import kv as kvmod
+from helmgr.memory import kv_table as kvmod
 from helmgr.sim.engine_layout import *  # noqa: F403
 
 
