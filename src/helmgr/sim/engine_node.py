@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit
 
 from helmgr.memory import kv_table as kvmod
-from helmgr.memory.emb import RESIDENT, UNFILLED
+from helmgr.memory.emb_kernels import RESIDENT, UNFILLED
 from helmgr.sim.engine_layout import *  # noqa: F403  (the column names)
 from helmgr.sim.engine_layout import _grow1
 
