@@ -110,3 +110,13 @@ def test_bench_sim_json_parses_strictly(capsys):
     assert set(row["phase_share"]) == set(r["phases"]) and all(v >= 0 for v in row["phase_s"].values())
     assert sum(row["phase_share"].values()) == pytest.approx(1.0)
     assert row["setup_bytes_per_node"] > 0
+
+
+def test_bench_sim_table_by_path(capsys):
+    """The table (not only --json) for both per-request paths: a row each, the path named."""
+    code = main(["bench", "--sim", "--nodes", "2", "--routers", "least-loaded", "--duration", "1",
+                 "--sim-path", "python,compiled"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert len(rows) == 2 and "python" in rows[0] and "compil" in rows[1]

@@ -95,7 +95,7 @@ def _sim(sizes: list[int], routers: list[str], duration: float, max_requests: in
         return
     t = Table(title=f"simulated req/s, default scenario ({r['rps_per_node']:g} req/s per node), one core; "
                     "wall time by phase (%)")
-    cols = ("nodes", "router", "path", "sim s", "requests", "req/s", "ids/req", "MB/node") + r["phases"]
+    cols = ("nodes", "router", "path", "sim s", "requests", "req/s", "ids/req", "MB/node", *r["phases"])
     for c in cols:
         t.add_column(c.replace("_", " "), justify="right")
     for row in r["rows"]:
