@@ -17,7 +17,7 @@ from helmgr.sim.config import ENGINES, SIM_PATHS
 SHOWN = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
          "window_slo_satisfaction", "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "h2d_gb",
          "refill_blocked_s", "mean_ratio", "burst_violation_share", "utilization", "peak_utilization", "overloaded",
-         "rerouted", "wall_s")
+         "rerouted", "wall_s", "sim_path")
 
 
 def sim_options(f):
