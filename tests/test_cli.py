@@ -239,3 +239,22 @@ def test_failed_write_leaves_the_old_out_folder_byte_identical(capsys, monkeypat
 def test_result_table_goes_to_stdout(capsys):
     code, out, err = run(capsys, "simulate", "--duration", "5", "--nodes", "2", "--rps", "100")
     assert code == 0 and "p99_ms" in out and "slo_attainment" in out and "p99_ms" not in err
+
+
+def test_simulate_sim_path_option(capsys):
+    """--sim-path picks the per-request path, the JSON says which ran, and both give the same run;
+    `compiled` where the engine cannot run is a one-line error that names why."""
+    base = ["simulate", "--duration", "4", "--nodes", "2", "--rps", "150", "--json"]
+    runs = {}
+    for path in ("python", "compiled"):
+        code, out, err = run(capsys, *base, "--sim-path", path)
+        assert code == 0, err
+        runs[path] = json.loads(out)
+        assert runs[path]["sim_path"] == path
+    assert runs["python"]["sim_path_reason"] == "asked for (--sim-path python)"
+    wall = ("wall_s", "sim_path", "sim_path_reason")
+    assert {k: v for k, v in runs["python"].items() if k not in wall} == \
+           {k: v for k, v in runs["compiled"].items() if k not in wall}
+    code, out, err = run(capsys, *base, "--sim-path", "compiled", "--refill", "background")
+    assert code == 2 and err.strip().count("\n") == 0
+    assert "--sim-path compiled cannot run this configuration: background refill" in err
