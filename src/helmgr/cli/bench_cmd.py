@@ -100,6 +100,7 @@ def _sim(sizes: list[int], routers: list[str], duration: float, max_requests: in
         t.add_column(c.replace("_", " "), justify="right")
     for row in r["rows"]:
         t.add_row(str(row["nodes"]), row["router"], row["sim_path"], f"{row['duration_s']:.1f}", f"{row['requests']:,}",
-                  f"{row['req_per_s']:,.0f}", f"{row['ids_per_request']:,.0f}", f"{row['setup_bytes_per_node'] / 2**20:.1f}",
+                  f"{row['req_per_s']:,.0f}", f"{row['ids_per_request']:,.0f}",
+                  f"{row['setup_bytes_per_node'] / 2**20:.1f}",
                   *(f"{100 * row['phase_share'][p]:.0f}" for p in r["phases"]))
     stdout.print(t)

@@ -32,8 +32,8 @@ COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo
 @json_option
 @out_option
 def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
-                nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path,
-                policies, routers, ratios, jobs, ray_address, as_json, out_dir):
+                nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine,
+                sim_path, policies, routers, ratios, jobs, ray_address, as_json, out_dir):
     """Run every policy on the same workload and seed; P99, SLO and distance from the oracle.
 
     static-best is the grid ratio with the lowest P99 (a sweep of this run, in hindsight). The

@@ -45,8 +45,8 @@ def _seeds(text: str) -> list[int]:
 @out_option
 @scenario_defaults
 def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy, ratio, router, hardware, model,
-                 slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, ratios, s5, jobs, ray_address, as_json,
-                 out_dir):
+                 slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, ratios, s5, jobs, ray_address,
+                 as_json, out_dir):
     """Does the scenario pose the question? S1-S5 (SPEC 3) per regime and seed, from static sweeps
     cut by the workload's phases; pass/fail, plots with --out.
 

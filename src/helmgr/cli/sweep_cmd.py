@@ -27,8 +27,8 @@ COLUMNS = ("ratio", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfacti
 @json_option
 @out_option
 def sweep_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
-              nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path,
-              ratios, jobs, ray_address, as_json, out_dir):
+              nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine,
+              sim_path, ratios, jobs, ray_address, as_json, out_dir):
     """Sweep the static EMB ratio: P99 and SLO attainment per ratio, and the best one.
 
     \b

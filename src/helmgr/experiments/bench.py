@@ -158,8 +158,8 @@ def _instrument(clock: PhaseClock, cluster) -> None:
     `_phase_run` for the run's length). A method the compiled path no longer calls counts as
     event loop."""
     from helmgr.sim import engine
-    compiled = (cluster.cfg.path != "python" and engine.unsupported(cluster) is None
-                and engine.router_mode(cluster.router, cluster.index) != engine.EXTERNAL)   # routes inside `step`
+    compiled = (cluster.choose_path()[0] == "compiled"                         # routes inside `step`
+                and engine.router_mode(cluster.router, cluster.index) != engine.EXTERNAL)
     targets = {"routing": [] if compiled else [(cluster.router, "route_request"), (cluster.router, "dispatched"),
                                                (cluster.router, "completed"), (cluster, "report")],
                "node_model": [(cluster.server, "serve")],

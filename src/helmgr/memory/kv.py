@@ -21,8 +21,9 @@ from helmgr.memory.kv_table import (CAP_BYTES, COUNT, EVENT, EVICT, EVICTED, GHO
 from helmgr.memory.pool import SizeInfo
 
 
-class _LRUTokens:
-    """user -> cached tokens, least recently used first, with a byte budget."""
+class HostKVTier:
+    """Evicted prefixes kept in host DRAM: user -> tokens, a plain LRU over users with a byte
+    budget."""
 
     def __init__(self, bytes_per_token: int, capacity_bytes: int):
         self.bytes_per_token = bytes_per_token
@@ -39,9 +40,6 @@ class _LRUTokens:
         assert self.used_bytes <= self.capacity_bytes, (self.used_bytes, self.capacity_bytes)
         assert all(t > 0 for t in self.entries.values())
 
-
-class HostKVTier(_LRUTokens):
-    """Evicted prefixes kept in host DRAM (a plain LRU over users)."""
 
     def put(self, user: int, tokens: int) -> None:
         old = self.entries.pop(user, 0)
@@ -98,10 +96,6 @@ class KVCache:
     def capacity_bytes(self) -> int:
         return int(self.meta[CAP_BYTES])
 
-    @capacity_bytes.setter
-    def capacity_bytes(self, capacity_bytes: int) -> None:      # evicts nothing: `resize` does
-        self.meta[CAP_BYTES] = capacity_bytes
-
     @property
     def used_bytes(self) -> int:
         return int(self.meta[USED])
@@ -110,17 +104,9 @@ class KVCache:
     def evicted_tokens(self) -> int:
         return int(self.meta[EVICTED])
 
-    @evicted_tokens.setter
-    def evicted_tokens(self, tokens: int) -> None:
-        self.meta[EVICTED] = tokens
-
     @property
     def tail_first(self) -> bool:
         return bool(self.meta[TAIL_FIRST])
-
-    @tail_first.setter
-    def tail_first(self, on: bool) -> None:
-        self.meta[TAIL_FIRST] = on
 
     @property
     def entries(self) -> OrderedDict[int, int]:

@@ -43,7 +43,8 @@ def kv_arrays(bytes_per_token: int, tokens_per_page: int, capacity_bytes: int = 
         raise ValueError(f"slots must be a power of two >= {MIN_SLOTS}, got {slots}")
     meta = np.zeros(KV_META, np.int64)
     meta[HEAD] = meta[TAIL] = -1
-    meta[CAP_BYTES], meta[BPT], meta[TPP], meta[TAIL_FIRST] = capacity_bytes, bytes_per_token, tokens_per_page, tail_first
+    meta[CAP_BYTES], meta[BPT], meta[TPP] = capacity_bytes, bytes_per_token, tokens_per_page
+    meta[TAIL_FIRST] = tail_first
     tab = np.full((4, slots), -1, np.int64)
     tab[TOK] = 0
     return meta, tab, np.zeros((4, slots // 2 + 4), np.int64)

@@ -30,7 +30,6 @@ from helmgr.sim.windows import WindowBook
 from helmgr.workload import Workload
 
 
-
 @dataclass(slots=True, eq=False)
 class Slot:
     """One place in the cluster: the node serving there, its queue and what it is doing."""
@@ -55,6 +54,7 @@ class Cluster(Faults):
                                       refill_share=cfg.refill_share, emb_policy=cfg.emb_policy,
                                       kv_tail_first=cfg.kv_tail_first, host_kv_gib=cfg.host_kv_gib)
         self.ids_per_refresh = self._ids_per_refresh()
+        self._warmed_emb = None                  # the first node's warm EMB cache: the others copy it
         self.slots = [Slot(self._fresh_node(i)) for i in range(n)]
         self.retired: list[Node] = []            # nodes replaced after a failure, for the totals
         self.shared: deque = deque()             # the central queue, when cfg.central_queue
@@ -101,8 +101,8 @@ class Cluster(Faults):
     def _fresh_node(self, i: int) -> Node:
         node = Node(self.profile, self.workload.n_items, self.node_config, node_id=i)
         if self.workload.prior is not None:
-            warmed = getattr(self, "_warmed_emb", None)   # every node warms from the same prior:
-            if warmed is not None and node.emb.can_warm_from(warmed):   # copy the first one's start
+            warmed = self._warmed_emb                     # every node warms from the same prior
+            if warmed is not None and node.emb.can_warm_from(warmed):
                 node.emb.warm_from(warmed)
             else:
                 node.emb.warm(self.workload.prior, per_refresh=self.ids_per_refresh)
@@ -118,9 +118,8 @@ class Cluster(Faults):
         """The whole workload: begin, feed every chunk, finish — on the compiled path when the
         configuration allows it (`cfg.path`: auto | compiled | python), `self.path` says which."""
         from helmgr.sim import engine
-        why = engine.unsupported(self) if self.cfg.path != "python" else "asked for (--sim-path python)"
-        if why is None:
-            self.path, self.path_reason = "compiled", None
+        self.path, self.path_reason = self.choose_path()
+        if self.path == "compiled":
             run = engine.CompiledRun(self)
             inner = self.set_ratio
             self.set_ratio = lambda i, ratio: run.set_ratio(i, ratio, inner)
@@ -129,15 +128,23 @@ class Cluster(Faults):
             finally:
                 del self.set_ratio
             return
-        if self.cfg.path == "compiled":
-            raise HelmInputError(f"--sim-path compiled cannot run this configuration: {why}")
-        self.path, self.path_reason = "python", why
         self.begin()
         for chunk in self.workload.chunks(1.0):
             self.feed(chunk)
             if self.on_progress and len(chunk):
                 self.on_progress(min(float(chunk.t[-1]), self.workload.duration_s))
         self.finish()
+
+    def choose_path(self) -> tuple[str, str | None]:
+        """("compiled", None) or ("python", why) for this run (`cfg.path`); `compiled` asked for
+        where the engine cannot run is a named error."""
+        from helmgr.sim import engine
+        why = engine.unsupported(self) if self.cfg.path != "python" else "asked for (--sim-path python)"
+        if why is None:
+            return "compiled", None
+        if self.cfg.path == "compiled":
+            raise HelmInputError(f"--sim-path compiled cannot run this configuration: {why}")
+        return "python", why
 
     def begin(self) -> None:
         cfg = self.cfg

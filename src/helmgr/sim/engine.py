@@ -17,14 +17,19 @@ order), so a run's summary is the same bit for bit on either path (tests/test_en
 """
 from __future__ import annotations
 
+from heapq import heappop
+
 import numpy as np
 from numba.typed import List
 
 from helmgr.memory import kv_table as kvmod
+from helmgr.memory.link import EMB_MISS
+from helmgr.routing.residency import KVBatch
 from helmgr.sim.engine_books import apply_events, books_in, books_out, next_draws
 from helmgr.sim.engine_layout import *  # noqa: F403
 from helmgr.sim.engine_loop import rebase, step
 from helmgr.sim.engine_node import build_bits
+from helmgr.sim.engine_routes import PA_SHIFT
 from helmgr.sim.events import REFRESH, WINDOW
 
 
@@ -62,13 +67,14 @@ def router_mode(router, index) -> int:
     or index whose verbs were replaced on the instance routes from Python), else from Python."""
     from helmgr.routing.helm import Helm
     from helmgr.routing.routers import LeastLoaded, PrefixAware, RoundRobin
-    if any(v in vars(router) for v in ROUTER_VERBS) or (index is not None and any(v in vars(index) for v in INDEX_VERBS)):
+    patched = any(v in vars(router) for v in ROUTER_VERBS)
+    if patched or (index is not None and any(v in vars(index) for v in INDEX_VERBS)):
         return EXTERNAL
     if type(router) is LeastLoaded:
         return LEAST_LOADED
     if type(router) is RoundRobin:
         return ROUND_ROBIN
-    if type(router) is PrefixAware and len(router.load) < 1 << 20:     # (engine_routes.PA_SHIFT)
+    if type(router) is PrefixAware and len(router.load) < 1 << PA_SHIFT:
         return PREFIX_AWARE
     if isinstance(router, Helm) and router.emb_term and type(router).route_request is Helm.route_request:
         return HELM                     # (helm-kv / helm-load price misses at a numpy mean: Python)
@@ -133,8 +139,8 @@ class CompiledRun:
 
     def _args(self):
         return (self.F, self.I, self.G, self.Q, self.INF, self.INFF, self.RI, self.RF, self.FREE, self.CLI, self.CLF,
-                self.HT, self.HK, self.C, self.CI, self.STATES, self.RB, self.UB, self.ACC, self.KVM, self.KVT, self.KVL, self.IDSI,
-                self.IDSC, self.HP, self.DL, self.H)
+                self.HT, self.HK, self.C, self.CI, self.STATES, self.RB, self.UB, self.ACC, self.KVM, self.KVT,
+                self.KVL, self.IDSI, self.IDSC, self.HP, self.DL, self.H)
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -161,7 +167,7 @@ class CompiledRun:
         """The chunk's requests become the arrivals `step` walks."""
         n = len(chunk)
         ni, nc = rebase(self.I, self.G, self.Q, self.RI, self.IDSI, self.IDSC,
-                        chunk.item_ids.astype(np.int64, copy=False), chunk.cand_ids.astype(np.int64, copy=False))
+                        np.ascontiguousarray(chunk.item_ids, np.int64), np.ascontiguousarray(chunk.cand_ids, np.int64))
         AI = np.zeros((n, NRI), np.int64)
         io, co = chunk.item_offsets, chunk.cand_offsets
         AI[:, R_USER], AI[:, R_PREFIX] = chunk.user, chunk.prefix_len
@@ -191,7 +197,6 @@ class CompiledRun:
                 continue
             if not heap:
                 return
-            from heapq import heappop
             ev = heappop(heap)
             self.boundary(ev)
 
@@ -210,8 +215,8 @@ class CompiledRun:
             else:
                 for i, node in enumerate(c.nodes):
                     k = int(self.I[i, ACCN])
-                    if k:
-                        node.emb.record(self.ACC[i][:k].copy())
+                    if k:                    # (a view: the refresh below consumes it)
+                        node.emb.record(self.ACC[i][:k])
                     self.I[i, ACCN] = 0
         c._handle(ev)
         if kind == REFRESH:
@@ -234,7 +239,6 @@ class CompiledRun:
         s.busy_s, s.emb_wait_s, s.recompute_s = F[[BUSY_S, WAIT_S, RECOMP_S]].tolist()
         link = node.link
         link.busy_until, link.busy_s = float(F[LBU]), float(F[LBS])
-        from helmgr.memory.link import EMB_MISS
         link.bytes_by_cause[EMB_MISS] = int(I[LBYTES])
         if I[ELOOK]:
             node.emb.add_counts(int(I[ELOOK]), int(I[EHIT]), int(I[EUNF]))
@@ -244,7 +248,6 @@ class CompiledRun:
     def sync_in(self, i: int) -> None:
         """Node i's objects into the engine (after Python code changed them)."""
         node, F, I = self.c.slots[i].node, self.F[i], self.I[i]
-        from helmgr.memory.link import EMB_MISS
         F[LBU], F[LBS], F[BLK] = node.link.busy_until, node.link.busy_s, node.blocked_until
         I[LBYTES] = node.link.bytes_by_cause[EMB_MISS]
         kv = node.kv
@@ -277,12 +280,14 @@ class CompiledRun:
         rec.misses.extend(cli[:, C_MISSES].tolist())
         rec.kv_tokens.extend(cli[:, C_KV].tolist())
         rec.unfilled.extend(cli[:, C_UNF].tolist())
-        lat = (end - t).tolist()
-        fetch, recomp = clf[:, C_FETCH].tolist(), clf[:, C_RECOMP].tolist()
+        order = np.argsort(node, kind="stable")              # each node's completions, in order
+        bounds = np.searchsorted(node[order], np.arange(c.cfg.nodes + 1))
+        lat, fetch, recomp = (end - t)[order], clf[order, C_FETCH], clf[order, C_RECOMP]
         w = c.windows
-        for j, n in enumerate(node.tolist()):
-            w.latency[n].append(lat[j])
-            w.parts[n].append((fetch[j], recomp[j]))
+        for n in np.flatnonzero(np.diff(bounds)).tolist():
+            a, b = bounds[n], bounds[n + 1]
+            w.latency[n].extend(lat[a:b].tolist())
+            w.parts[n].extend(zip(fetch[a:b].tolist(), recomp[a:b].tolist()))
 
     # -- routing from Python --------------------------------------------------------------------
     def _completed_to_router(self) -> None:
@@ -314,7 +319,6 @@ class CompiledRun:
             return
         c = self.c
         taken = [0] * c.cfg.nodes
-        from helmgr.routing.residency import KVBatch
         for n, k in self.DL[0][:d].tolist():
             log, a = self.KVL[n], taken[n]
             rows = log[:, a:a + k]                  # (kind, user, a, b): an insert's event, an eviction's

@@ -11,41 +11,11 @@ from helmgr.memory import kv_table as kvmod
 from helmgr.routing.kernel import FREE as M_FREE, RATE as K_RATE, RHO as K_RHO, SOONEST as K_SOONEST, UP as M_UP
 from helmgr.routing.kernel import decide as route_decide
 from helmgr.sim.engine_layout import *  # noqa: F403
-from helmgr.sim.engine_layout import _grow1, _grow_rows
+from helmgr.sim.engine_layout import _drop_top, _grow1, _grow_rows, _ring_put, _ring_take, _sift_down, _sift_up
 from helmgr.sim.engine_routes import _route
 
 
 _HMIX = -7046029254386353131
-
-
-@njit(cache=True, nogil=True)
-def _fless(ft, fi, i, j):
-    if ft[i] != ft[j]:
-        return ft[i] < ft[j]
-    if fi[i, 0] != fi[j, 0]:
-        return fi[i, 0] < fi[j, 0]
-    return fi[i, 1] < fi[j, 1]
-
-
-@njit(cache=True, nogil=True)
-def _fswap(ft, fi, i, j):
-    ft[i], ft[j] = ft[j], ft[i]
-    fi[i, 0], fi[j, 0] = fi[j, 0], fi[i, 0]
-    fi[i, 1], fi[j, 1] = fi[j, 1], fi[i, 1]
-
-
-@njit(cache=True, nogil=True)
-def _fdown(ft, fi, i, n):
-    while True:
-        l, r, m = 2 * i + 1, 2 * i + 2, i
-        if l < n and _fless(ft, fi, l, m):
-            m = l
-        if r < n and _fless(ft, fi, r, m):
-            m = r
-        if m == i:
-            return
-        _fswap(ft, fi, i, m)
-        i = m
 
 
 @njit(cache=True, nogil=True)
@@ -60,26 +30,16 @@ def _moved(H, G, I, node):
     H[H_FI][0] = _grow_rows(H[H_FI][0], n + 1)
     ft, fi = H[H_FT][0], H[H_FI][0]
     ft[n], fi[n, 0], fi[n, 1] = mine[node, M_FREE], node, I[node, VER]
-    i = n
+    _sift_up(ft, fi, n)
     n += 1
-    while i > 0:
-        p = (i - 1) >> 1
-        if _fless(ft, fi, i, p):
-            _fswap(ft, fi, i, p)
-            i = p
-        else:
-            break
     if n > 4 * n_nodes + 64:                  # stale entries pile up: rebuild from the books
         n = n_nodes
         for k in range(n):
             ft[k], fi[k, 0], fi[k, 1] = mine[k, M_FREE], k, I[k, VER]
         for k in range(n // 2 - 1, -1, -1):
-            _fdown(ft, fi, k, n)
+            _sift_down(ft, fi, k, n)
     while n > 0 and (fi[0, 1] != I[fi[0, 0], VER] or mine[fi[0, 0], M_UP] <= 0):
-        n -= 1
-        if n > 0:
-            ft[0], fi[0, 0], fi[0, 1] = ft[n], fi[n, 0], fi[n, 1]
-            _fdown(ft, fi, 0, n)
+        n = _drop_top(ft, fi, n)
     G[FHN] = n
     c[K_SOONEST] = fi[0, 0] if n > 0 else -1
 
@@ -246,17 +206,7 @@ def _helm_route(now, s, I, G, RI, IDSI, IDSC, H):
     mine[node, M_FREE] = (free if free > now else now) + svc
     w = H[H_WORK]
     w[node] += svc
-    q = H[H_PEND][node]
-    if I[node, PT] - I[node, PH] >= q.shape[0]:
-        cap = q.shape[0]
-        big = np.empty(2 * cap)
-        for k in range(cap):
-            big[k] = q[(I[node, PH] + k) % cap]
-        H[H_PEND][node] = q = big
-        I[node, PT] -= I[node, PH]
-        I[node, PH] = 0
-    q[I[node, PT] % q.shape[0]] = svc
-    I[node, PT] += 1
+    _ring_put(H[H_PEND], node, I, PH, PT, svc)
     _moved(H, G, I, node)
     if G[KVTERM]:
         _expect(H, G, node, user, prefix + ni)
@@ -268,9 +218,7 @@ def _helm_completed(H, G, I, node, now):
     I[node, LOAD] -= 1
     w = H[H_WORK]
     if I[node, PT] > I[node, PH]:
-        q = H[H_PEND][node]
-        w[node] -= q[I[node, PH] % q.shape[0]]
-        I[node, PH] += 1
+        w[node] -= _ring_take(H[H_PEND], node, I, PH)
     if I[node, PT] == I[node, PH]:
         w[node] = 0.0
     H[H_MINE][node, M_FREE] = now + w[node]

@@ -73,7 +73,35 @@ def _grow1(a, need):
     return b
 
 
-# -- the event heap: (time, kind, seq) ordered, node as payload ---------------------------------------
+# -- rings: per node FIFO queues that double when full -----------------------------------------------
+@njit(cache=True, nogil=True)
+def _ring_put(rings, n, I, head, tail, value):
+    """Append `value` to node n's ring `rings[n]` (its head and tail counters: I[n, head], I[n, tail]);
+    a full ring is unrolled into one twice its size."""
+    q = rings[n]
+    if I[n, tail] - I[n, head] >= q.shape[0]:
+        cap = q.shape[0]
+        big = np.empty(2 * cap, q.dtype)
+        for k in range(cap):
+            big[k] = q[(I[n, head] + k) % cap]
+        rings[n] = q = big
+        I[n, tail] -= I[n, head]
+        I[n, head] = 0
+    q[I[n, tail] % q.shape[0]] = value
+    I[n, tail] += 1
+
+
+@njit(cache=True, nogil=True)
+def _ring_take(rings, n, I, head):
+    """The oldest value of node n's ring, taken off it (the caller checks it is not empty)."""
+    q = rings[n]
+    v = q[I[n, head] % q.shape[0]]
+    I[n, head] += 1
+    return v
+
+
+# -- binary heaps keyed (time, key[0], key[1]): the event heap ((kind, seq), node as payload) and the
+# HELM router's free-time heap ((node, version)) ---------------------------------------------------
 @njit(cache=True, nogil=True)
 def _less(ht, hk, i, j):
     if ht[i] != ht[j]:
@@ -86,12 +114,49 @@ def _less(ht, hk, i, j):
 @njit(cache=True, nogil=True)
 def _swap(ht, hk, i, j):
     ht[i], ht[j] = ht[j], ht[i]
-    for c in range(3):
+    for c in range(hk.shape[1]):
         hk[i, c], hk[j, c] = hk[j, c], hk[i, c]
 
 
 @njit(cache=True, nogil=True)
+def _sift_up(ht, hk, i):
+    while i > 0:
+        p = (i - 1) >> 1
+        if not _less(ht, hk, i, p):
+            return
+        _swap(ht, hk, i, p)
+        i = p
+
+
+@njit(cache=True, nogil=True)
+def _sift_down(ht, hk, i, n):
+    """Restore the heap below i, in ht[:n]."""
+    while True:
+        l, r, m = 2 * i + 1, 2 * i + 2, i
+        if l < n and _less(ht, hk, l, m):
+            m = l
+        if r < n and _less(ht, hk, r, m):
+            m = r
+        if m == i:
+            return
+        _swap(ht, hk, i, m)
+        i = m
+
+
+@njit(cache=True, nogil=True)
+def _drop_top(ht, hk, n):
+    """Remove the top of the heap ht[:n] (the last entry takes its place); the new size."""
+    n -= 1
+    if n > 0:
+        ht[0] = ht[n]
+        hk[0] = hk[n]
+        _sift_down(ht, hk, 0, n)
+    return n
+
+
+@njit(cache=True, nogil=True)
 def _push(HT, HK, G, t, kind, node):
+    """The cluster's push: a node event at t (ties by kind, then by push order)."""
     n = G[HEAPN]
     HT[0] = _grow1(HT[0], n + 1)
     HK[0] = _grow_rows(HK[0], n + 1)
@@ -100,34 +165,12 @@ def _push(HT, HK, G, t, kind, node):
     ht[n] = t
     hk[n, 0], hk[n, 1], hk[n, 2] = kind, G[SEQ], node
     G[HEAPN] = n + 1
-    i = n
-    while i > 0:
-        p = (i - 1) >> 1
-        if _less(ht, hk, i, p):
-            _swap(ht, hk, i, p)
-            i = p
-        else:
-            break
+    _sift_up(ht, hk, n)
 
 
 @njit(cache=True, nogil=True)
 def _pop(ht, hk, G):
     """Remove the top; returns (time, kind, node)."""
     t, kind, node = ht[0], hk[0, 0], hk[0, 2]
-    n = G[HEAPN] - 1
-    G[HEAPN] = n
-    if n > 0:
-        ht[0] = ht[n]
-        hk[0, 0], hk[0, 1], hk[0, 2] = hk[n, 0], hk[n, 1], hk[n, 2]
-        i = 0
-        while True:
-            l, r, m = 2 * i + 1, 2 * i + 2, i
-            if l < n and _less(ht, hk, l, m):
-                m = l
-            if r < n and _less(ht, hk, r, m):
-                m = r
-            if m == i:
-                break
-            _swap(ht, hk, i, m)
-            i = m
+    G[HEAPN] = _drop_top(ht, hk, G[HEAPN])
     return t, kind, node

@@ -10,7 +10,7 @@ from numba import njit
 from helmgr.memory import kv_table as kvmod
 from helmgr.sim.engine_helm import _helm_completed, _helm_kv_events, _helm_route
 from helmgr.sim.engine_layout import *  # noqa: F403
-from helmgr.sim.engine_layout import _grow1, _grow_rows, _pop, _push
+from helmgr.sim.engine_layout import _grow1, _grow_rows, _pop, _push, _ring_put, _ring_take
 from helmgr.sim.engine_node import _serve
 from helmgr.sim.engine_routes import _prefix_dispatched, _prefix_route, _route
 from helmgr.sim.events import DEPART, LAUNCH
@@ -47,12 +47,12 @@ def _start(n, first, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, 
             nb += 1
             I[n, QH] += 1
     batch[INF.shape[2] - 1] = nb
-    logged = KVM[n][kvmod.LOG_N]
+    before = KVM[n][kvmod.LOG_N]
     end, free_at = _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HP)
-    logged = KVM[n][kvmod.LOG_N] - logged
+    logged = KVM[n][kvmod.LOG_N] - before
     if logged > 0 and G[MODE] == HELM:                   # the start's KV events, to the index now
-        _helm_kv_events(H, G, I, n, KVL[n], 0, logged)
-        KVM[n][kvmod.LOG_N] = 0
+        _helm_kv_events(H, G, I, n, KVL[n], before, before + logged)
+        KVM[n][kvmod.LOG_N] = before
     elif logged > 0:                 # ... or for the Python router's index (in start order)
         d = G[NDL]
         DL[0] = _grow_rows(DL[0], d + 1)
@@ -72,11 +72,8 @@ def _take_next(n, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB,
                DL, H):
     I[n, BUSY] = 0
     if I[n, QT] > I[n, QH]:
-        q = Q[n]
-        head = q[I[n, QH] % q.shape[0]]
-        I[n, QH] += 1
-        _start(n, head, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC,
-               HP, DL, H)
+        _start(n, _ring_take(Q, n, I, QH), now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC,
+               KVM, KVT, KVL, IDSI, IDSC, HP, DL, H)
 
 
 @njit(cache=True, nogil=True)
@@ -93,8 +90,9 @@ def _depart(n, now, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI
     cli, clf, free = CLI[0], CLF[0], FREE[0]
     for b in range(nb):
         s = batch[b]
-        cli[c, C_RID], cli[c, C_NODE], cli[c, C_BURST], cli[c, C_PREFIX] = RI[s, R_RID], n, RI[s, R_BURST], RI[s, R_PREFIX]
-        cli[c, C_KV], cli[c, C_IDS], cli[c, C_MISSES], cli[c, C_UNF] = RI[s, R_CF], RI[s, R_IDS], RI[s, R_IDS] - RI[s, R_HITS], RI[s, R_UNF]
+        cli[c, C_RID], cli[c, C_NODE], cli[c, C_BURST] = RI[s, R_RID], n, RI[s, R_BURST]
+        cli[c, C_PREFIX], cli[c, C_KV], cli[c, C_UNF] = RI[s, R_PREFIX], RI[s, R_CF], RI[s, R_UNF]
+        cli[c, C_IDS], cli[c, C_MISSES] = RI[s, R_IDS], RI[s, R_IDS] - RI[s, R_HITS]
         clf[c, C_T], clf[c, C_START], clf[c, C_END] = RF[s, R_T], RF[s, R_START], now
         clf[c, C_FETCH], clf[c, C_RECOMP] = RF[s, R_FETCH], RF[s, R_RECOMP]
         c += 1
@@ -106,7 +104,8 @@ def _depart(n, now, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI
         G[NFREE] += 1
     G[NCOMP] = c
     if INFF[n, k]:
-        _take_next(n, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HP, DL, H)
+        _take_next(n, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI,
+                   IDSC, HP, DL, H)
 
 
 @njit(cache=True, nogil=True)
@@ -125,8 +124,8 @@ def _new_slot(RI, RF, FREE, G):
 
 
 @njit(cache=True, nogil=True)
-def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL,
-         IDSI, IDSC, HP, DL, H, AT, AI):
+def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM,
+         KVT, KVL, IDSI, IDSC, HP, DL, H, AT, AI):
     """Run arrivals before `until` (the next Python event) and node events due at or before each
     arrival, or, when the arrivals of the chunk run out first, stop (CHUNK_DONE). With FINISH set
     there are no more arrivals: run node events up to `until`. In EXTERNAL mode return NEED_ROUTE
@@ -142,8 +141,8 @@ def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK,
                 t, kind, n = _pop(HT[0], HK[0], G)
                 RI, RF = RIL[0], RFL[0]
                 if kind == DEPART:
-                    _depart(n, t, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM,
-                            KVT, KVL, IDSI, IDSC, HP, DL, H)
+                    _depart(n, t, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC,
+                            KVM, KVT, KVL, IDSI, IDSC, HP, DL, H)
                 else:
                     _take_next(n, t, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL,
                                IDSI, IDSC, HP, DL, H)
@@ -175,20 +174,10 @@ def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK,
         G[POS] = pos + 1
         I[n, ARR] += 1
         if I[n, BUSY]:
-            q = Q[n]
-            if I[n, QT] - I[n, QH] >= q.shape[0]:           # full: unroll the ring into a bigger one
-                cap = q.shape[0]
-                big = np.empty(2 * cap, np.int64)
-                for k in range(cap):
-                    big[k] = q[(I[n, QH] + k) % cap]
-                Q[n] = big
-                I[n, QT] -= I[n, QH]
-                I[n, QH] = 0
-                q = big
-            q[I[n, QT] % q.shape[0]] = s
-            I[n, QT] += 1
+            _ring_put(Q, n, I, QH, QT, s)
         else:
-            _start(n, s, ta, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HP, DL, H)
+            _start(n, s, ta, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI,
+                   IDSC, HP, DL, H)
 
 
 @njit(cache=True, nogil=True)
@@ -205,6 +194,9 @@ def rebase(I, G, Q, RIL, IDSI, IDSC, items, cands):
             s = q[k % q.shape[0]]
             ni += RI[s, R_NITEMS]
             nc += RI[s, R_NCANDS]
+    if ni == 0 and nc == 0:                   # nothing queued: the chunk's arrays are the stores
+        IDSI[0], IDSC[0] = items, cands
+        return 0, 0
     si = np.empty(ni + items.shape[0], np.int64)
     sc = np.empty(nc + cands.shape[0], np.int64)
     pi = pc = 0

@@ -42,7 +42,7 @@ def build_bits(state, res, unf):
 
 
 @njit(cache=True, nogil=True)
-def _check(res, unf, state, ids, lo, hi):
+def _check_bits(res, unf, state, ids, lo, hi):
     """emb._check over ids[lo:hi] on the bitmaps: (hits, unfilled); unfilled rows become
     resident (in the bitmaps and in `state`, which the Python side reads)."""
     h = u = np.uint64(0)
@@ -95,8 +95,8 @@ def _lookup(n, s, I, RI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
             if j == hmod:
                 j = 0
     state, res, unf = STATES[n], RB[n], UB[n]
-    hits, unfilled = _check(res, unf, state, acc, a0, a1)
-    token_hits, u = _check(res, unf, state, acc, a1, a1 + tokens)
+    hits, unfilled = _check_bits(res, unf, state, acc, a0, a1)
+    token_hits, u = _check_bits(res, unf, state, acc, a1, a1 + tokens)
     I[n, ACCN] = a1 + tokens
     ids = nc + tokens
     I[n, ELOOK] += ids
@@ -124,7 +124,7 @@ def _fetch(n, s, t, F, I, RI, C, CI):
 
 
 @njit(cache=True, nogil=True)
-def _account(n, s, busy_s, fetch_s, flops_per_s, F, I, RI, CI, KVM, KVT, KVL, G):
+def _account(n, s, busy_s, fetch_s, flops_per_s, F, I, RI, CI, KVM, KVT, KVL):
     """Node._account: counters, and the prefix cached."""
     prefix, cf = RI[s, R_PREFIX], RI[s, R_CF]
     recompute = 0.0
@@ -168,7 +168,7 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
             ids, tokens, cf = RI[s, R_IDS], RI[s, R_TOKENS], RI[s, R_CF]
             flops = _request_flops(CI, tokens, cf, RI[s, R_NCANDS])
             end = ready + ids * CI[ROW_BYTES] / C[HBM_BW] + (flops / C[FLOPS] + C[LAUNCH_S])
-            rec = _account(n, s, end - start, ready - start, C[FLOPS], F, I, RI, CI, KVM, KVT, KVL, G)
+            rec = _account(n, s, end - start, ready - start, C[FLOPS], F, I, RI, CI, KVM, KVT, KVL)
             RF[s, R_START], RF[s, R_END], RF[s, R_FETCH], RF[s, R_RECOMP] = start, end, ready - start, rec
             t = end - launch
         return end, end
@@ -194,6 +194,6 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
     for b in range(nb):
         s = batch[b]
         r = RF[s, R_READY]
-        rec = _account(n, s, share, r - start, rate, F, I, RI, CI, KVM, KVT, KVL, G)
+        rec = _account(n, s, share, r - start, rate, F, I, RI, CI, KVM, KVT, KVL)
         RF[s, R_START], RF[s, R_END], RF[s, R_FETCH], RF[s, R_RECOMP] = start, end, r - start, rec
     return end, (launch if G[ENG] == PIPELINED else end)
