@@ -11,7 +11,10 @@ import click
 
 from helmgr.cli.bench_cmd import bench_cmd
 from helmgr.cli.calibrate_cmd import calibrate_cmd
+from helmgr.cli.capacity_cmd import capacity_cmd
 from helmgr.cli.compare_cmd import compare_cmd
+from helmgr.cli.evaluate_cmd import evaluate_cmd
+from helmgr.cli.plan_cmd import plan_cmd
 from helmgr.cli.profile_cmd import profile
 from helmgr.cli.scenario_cmd import scenario_cmd
 from helmgr.cli.serve_cmd import loadgen_cmd, serve_cmd
@@ -32,6 +35,9 @@ cli.add_command(simulate_cmd)
 cli.add_command(compare_cmd)
 cli.add_command(sweep_cmd)
 cli.add_command(scenario_cmd)
+cli.add_command(evaluate_cmd)
+cli.add_command(capacity_cmd)
+cli.add_command(plan_cmd)
 cli.add_command(workload)
 cli.add_command(profile)
 cli.add_command(bench_cmd)

@@ -8,23 +8,13 @@ from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.types import POSITIVE, names, parallel_options, ratio_grid
+from helmgr.cli.types import POSITIVE, names, parallel_options, ratio_grid, seed_list
 from helmgr.core.errors import HelmInputError
 from helmgr.experiments.scenario import S5_MEASURES, scenario_check
 from helmgr.cli.workload_cmd import scenario_defaults
 from helmgr.workload import REGIMES, SCENARIOS, WorkloadSpec, default_config
 
 PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
-
-
-def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise HelmInputError(f"--seeds {text!r} is not a comma list of integers") from None
-    if not seeds or any(s < 0 for s in seeds):
-        raise HelmInputError(f"--seeds {text!r}: give one or more seeds >= 0")
-    return seeds
 
 
 @click.command("scenario")
@@ -56,13 +46,13 @@ def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy
     """
     check_out(out_dir)
     regimes = names(workloads, REGIMES, "workloads")
-    seed_list = _seeds(seeds)
+    seed_values = seed_list(seeds)
     grid = ratio_grid(ratios)
     if len(grid) < 2:
         raise HelmInputError(f"--ratios {ratios!r}: the check needs at least two ratios")
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, 0, engine, sim_path)
-    specs = [WorkloadSpec(r, duration, s, rps, scenario=scenario) for r in regimes for s in seed_list]
+    specs = [WorkloadSpec(r, duration, s, rps, scenario=scenario) for r in regimes for s in seed_values]
     first = specs[0].build()                           # validates the workload options up front
     with progress("checking", len(specs) * len(grid)) as bar:
         task = bar.add_task(f"scenario {scenario}: {len(specs)} workloads x {len(grid)} ratios",

@@ -74,6 +74,17 @@ def names(text: str, known, what: str) -> list[str]:
     return listed
 
 
+def seed_list(text: str) -> list[int]:
+    """A comma list of seeds (`--seeds`), each in [0, SEED_MAX]."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HelmInputError(f"--seeds {text!r} is not a comma list of integers") from None
+    if not seeds or any(not 0 <= s <= SEED_MAX for s in seeds):
+        raise HelmInputError(f"--seeds {text!r}: give one or more seeds in [0, {SEED_MAX}]")
+    return seeds
+
+
 def parallel_options(f):
     """--jobs and --ray-address: where the independent runs go (experiments.parallel)."""
     f = click.option("--ray-address", default=None, metavar="ADDR",

@@ -34,19 +34,24 @@ _SHARED: list = []               # in a local worker: the batch's `shared` value
 
 def run_all(fn: Callable, tasks: Sequence, jobs: int = 1, ray_address: str | None = None,
             names: Sequence[str] | None = None, on_done: Callable[[int], None] | None = None,
-            shared: Any = None) -> list:
-    """`[fn(t) for t in tasks]` (or `fn(shared, t)`), in task order; `on_done(i)` as task i ends."""
+            shared: Any = None, on_result: Callable[[int, Any], None] | None = None) -> list:
+    """`[fn(t) for t in tasks]` (or `fn(shared, t)`), in task order. As task i ends, in this
+    process: `on_result(i, its result)` (a study that resumes keeps it), then `on_done(i)`."""
     tasks = list(tasks)
     names = list(names) if names is not None else [f"task {i}" for i in range(len(tasks))]
     if len(names) != len(tasks):
         raise ValueError(f"{len(names)} names for {len(tasks)} tasks")
     if not tasks:
         return []
+
+    def finished(i: int, value) -> None:
+        on_result and on_result(i, value)
+        on_done and on_done(i)
     if ray_address is not None:
-        return _on_ray(fn, tasks, jobs, ray_address, names, on_done, shared)
+        return _on_ray(fn, tasks, jobs, ray_address, names, finished, shared)
     if jobs <= 1 or len(tasks) == 1:
-        return _serial(fn, tasks, names, on_done, shared)
-    return _on_processes(fn, tasks, jobs, names, on_done, shared)
+        return _serial(fn, tasks, names, finished, shared)
+    return _on_processes(fn, tasks, jobs, names, finished, shared)
 
 
 def failure(name: str, err: BaseException) -> Exception:
@@ -56,14 +61,14 @@ def failure(name: str, err: BaseException) -> Exception:
     return RuntimeError(f"{name} failed: {type(err).__name__}: {err}")
 
 
-def _serial(fn, tasks, names, on_done, shared) -> list:
+def _serial(fn, tasks, names, finished, shared) -> list:
     out = []
     for i, task in enumerate(tasks):
         try:
             out.append(fn(task) if shared is None else fn(shared, task))
         except Exception as e:
             raise failure(names[i], e) from e
-        on_done and on_done(i)
+        finished(i, out[-1])
     return out
 
 
@@ -80,7 +85,7 @@ def _context():
     return mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
 
 
-def _on_processes(fn, tasks, jobs, names, on_done, shared) -> list:
+def _on_processes(fn, tasks, jobs, names, finished, shared) -> list:
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=_context(),
                                initializer=_init if shared is not None else None,
                                initargs=(shared,) if shared is not None else ())
@@ -101,13 +106,13 @@ def _on_processes(fn, tasks, jobs, names, on_done, shared) -> list:
                 if err is not None:
                     raise failure(names[i], err) from err
                 out[i] = f.result()
-                on_done and on_done(i)
+                finished(i, out[i])
         return out
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _on_ray(fn, tasks, jobs, address, names, on_done, shared) -> list:
+def _on_ray(fn, tasks, jobs, address, names, finished, shared) -> list:
     from helmgr.core.extras import require
     require("serve", "ray", what="--ray-address")
     import ray
@@ -130,7 +135,7 @@ def _on_ray(fn, tasks, jobs, address, names, on_done, shared) -> list:
                     raise failure(names[i], cause) from e
                 except ray.exceptions.RayError as e:
                     raise RuntimeError(f"{names[i]} failed on Ray: {type(e).__name__}: {e}") from e
-                on_done and on_done(i)
+                finished(i, out[i])
     finally:
         for r in pending:
             ray.cancel(r)

@@ -196,26 +196,28 @@ def _result(start: Start, cluster: Cluster, blocks, fits, grid, table, wall: flo
 def oracle_distance(timeline, n_nodes: int, duration: float, oracle: PhaseOracleResult,
                     window_s: float = 1.0) -> float:
     """Mean over windows of |r - r*_block|, r the mean of the up nodes' ratios."""
-    r = window_ratios(timeline, n_nodes, duration, window_s)
-    star, _, _ = oracle.per_window(window_s)
-    n = min(len(r), len(star))
-    return float(np.nanmean(np.abs(r[:n] - star[:n])))
+    return window_figures(window_ratios(timeline, n_nodes, duration, window_s), *oracle.per_window(window_s))[0]
 
 
 def band_distance(timeline, n_nodes: int, duration: float, oracle: PhaseOracleResult,
                   window_s: float = 1.0) -> float:
     """Mean over windows of the distance from r to its block's band (0 inside it)."""
-    r = window_ratios(timeline, n_nodes, duration, window_s)
-    _, lo, hi = oracle.per_window(window_s)
-    n = min(len(r), len(lo))
-    r, lo, hi = r[:n], lo[:n], hi[:n]
-    return float(np.nanmean(np.maximum(np.maximum(lo - r, r - hi), 0.0)))
+    return window_figures(window_ratios(timeline, n_nodes, duration, window_s), *oracle.per_window(window_s))[1]
 
 
-def regret(p99_ms: float, oracle: PhaseOracleResult) -> float | None:
-    """P99 / the oracle's P99 - 1; None when either P99 is not a positive finite number."""
-    ref = oracle.summary["p99_ms"]
-    if not (np.isfinite(p99_ms) and np.isfinite(ref) and ref > 0):
+def window_figures(r, star, lo, hi) -> tuple[float, float]:
+    """(mean |r - r*|, mean distance from r to the band [lo, hi]) over the windows both cover."""
+    n = min(len(r), len(star))
+    r, star, lo, hi = (np.asarray(x, float)[:n] for x in (r, star, lo, hi))
+    return (float(np.nanmean(np.abs(r - star))),
+            float(np.nanmean(np.maximum(np.maximum(lo - r, r - hi), 0.0))))
+
+
+def regret(p99_ms: float, oracle: PhaseOracleResult | float) -> float | None:
+    """P99 / the oracle's P99 (its result, or its P99 in ms) - 1; None when either P99 is not a
+    positive finite number."""
+    ref = oracle if isinstance(oracle, (int, float)) else oracle.summary["p99_ms"]
+    if not (ref is not None and np.isfinite(p99_ms) and np.isfinite(ref) and ref > 0):
         return None
     return float(p99_ms / ref - 1.0)
 
@@ -223,9 +225,8 @@ def regret(p99_ms: float, oracle: PhaseOracleResult) -> float | None:
 def figures(timeline, n_nodes: int, duration: float, oracle: PhaseOracleResult, p99_ms: float,
             window_s: float = 1.0) -> dict:
     """`oracle_distance`, `band_distance` and `regret` of a run (its ratio timeline and P99)."""
-    return {"oracle_distance": oracle_distance(timeline, n_nodes, duration, oracle, window_s),
-            "band_distance": band_distance(timeline, n_nodes, duration, oracle, window_s),
-            "regret": regret(p99_ms, oracle)}
+    dist, band = window_figures(window_ratios(timeline, n_nodes, duration, window_s), *oracle.per_window(window_s))
+    return {"oracle_distance": dist, "band_distance": band, "regret": regret(p99_ms, oracle)}
 
 
 def held(ratio: float, n_nodes: int) -> list:

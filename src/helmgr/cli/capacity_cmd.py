@@ -1,0 +1,73 @@
+"""`helmgr capacity`: capacity at SLO of one policy + router (SPEC 4), one bisection per seed."""
+from __future__ import annotations
+
+import os
+import time
+
+import click
+from rich.table import Table
+
+from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
+from helmgr.cli.simulate_cmd import build_config, sim_options
+from helmgr.cli.types import POSITIVE, Finite, parallel_options, seed_list
+from helmgr.cli.workload_cmd import scenario_defaults
+from helmgr.experiments.capacity import TARGET, TOL, capacity
+from helmgr.workload import SCENARIOS, WorkloadSpec
+
+
+@click.command("capacity")
+@click.option("--scenario", type=click.Choice(SCENARIOS), default="v2", show_default=True)
+@click.option("--workload", "regime", default="steady", show_default=True, help="Synthetic regime.")
+@click.option("--duration", type=POSITIVE, default=None, help="Simulated seconds of each probe [default: the scenario's].")
+@click.option("--seeds", default="1", show_default=True, help="Comma list of seeds: one bisection each, in parallel.")
+@click.option("--rps", type=POSITIVE, default=None, help="The first rate probed [default: the regime's base rate].")
+@sim_options
+@click.option("--tol", type=Finite(0, 1, min_open=True, max_open=True), default=TOL, show_default=True,
+              help="Stop when the failing rate is within this share above the passing one.")
+@click.option("--target", type=Finite(0, 1, min_open=True), default=TARGET, show_default=True,
+              help="Window SLO satisfaction a rate must keep.")
+@parallel_options
+@json_option
+@out_option
+@scenario_defaults
+def capacity_cmd(scenario, regime, duration, seeds, rps, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
+                 faults, tick_ms, refresh_s, max_batch, engine, sim_path, tol, target, jobs, ray_address, as_json,
+                 out_dir):
+    """The highest base request rate at which POLICY + ROUTER keeps window SLO satisfaction >=
+    TARGET (and is not overloaded): bisection over the rate to within TOL, per seed; the
+    capacity is the lowest seed's.
+
+    \b
+    helmgr capacity --policy helm --router helm --seeds 1,2,3
+    helmgr capacity --workload burst --ratio 0.7 --router prefix-aware --duration 120 --json
+    """
+    check_out(out_dir)
+    wall = time.perf_counter()
+    seed_values = seed_list(seeds)
+    cfg = build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
+                       max_batch, seed_values[0], engine, sim_path)
+    spec = WorkloadSpec(regime, duration, seed_values[0], scenario=scenario)
+    spec.build()                                       # validates the workload options up front
+    with progress("bisecting", len(seed_values)) as bar:
+        task = bar.add_task(f"capacity of {policy}@{router}: {len(seed_values)} seeds", total=len(seed_values))
+        out = capacity(spec, cfg, seed_values, jobs or os.cpu_count() or 1, ray_address, tol, target, rps,
+                       lambda: bar.advance(task))
+    result = {"workload": regime, "scenario": scenario, "nodes": nodes, "policy": policy, "router": router,
+              "ratio": ratio, "tol": tol, "target": target, "wall_s": time.perf_counter() - wall} | out
+    with result_dir(out_dir) as scratch:
+        if scratch is not None:
+            (scratch / "capacity.json").write_text(json_text(result))
+    if as_json:
+        emit_json(result)
+        return
+    t = Table(title=f"capacity at SLO: {policy}@{router}, {regime}, {nodes} nodes ({result['wall_s']:.0f} s)")
+    for c in ("seed", "capacity_rps", "fails_at_rps", "probes"):
+        t.add_column(c, justify="right")
+    for s, b in out["seeds"].items():
+        t.add_row(s, _fmt(b["capacity_rps"]), _fmt(b["fails_at_rps"]), str(len(b["probes"])))
+    t.add_row("all", _fmt(out["capacity_rps"]), "", "")
+    stdout.print(t)
+
+
+def _fmt(v) -> str:
+    return "—" if v is None else f"{v:,.0f}"

@@ -1,0 +1,244 @@
+"""`helmgr evaluate`: the published table in one command (SPEC 12), resumable."""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from helmgr.cli.output import check_out, emit_json, json_option, json_text, progress, result_dir, stderr, stdout
+from helmgr.cli.simulate_cmd import build_config, sim_options
+from helmgr.cli.types import POSITIVE, Finite, names, parallel_options, ratio_grid, seed_list
+from helmgr.cli.workload_cmd import scenario_defaults
+from helmgr.experiments import commands, report
+from helmgr.experiments.evaluate import EvalConfig, config_dict, evaluate
+from helmgr.experiments.scenario import S5_MEASURES
+from helmgr.policy import POLICIES
+from helmgr.routing import ROUTERS
+from helmgr.workload import REGIMES, SCENARIOS
+
+# what --quick changes (an option given on the command line wins)
+FULL = {"seeds": "1,2,3", "ratios": "0.1:0.9:0.1", "duration": None, "capacity_duration": 120.0, "capacity_tol": 0.02}
+QUICK = {"seeds": "1", "ratios": "0.3,0.5,0.7,0.9", "duration": 150.0, "capacity_duration": 40.0, "capacity_tol": 0.05}
+DEFAULT_OUT = Path("results/evaluate")
+
+
+@click.command("evaluate")
+@click.option("--scenario", type=click.Choice(SCENARIOS), default="v2", show_default=True)
+@click.option("--workloads", default="steady,burst,trend", show_default=True, help="Comma list of regimes.")
+@click.option("--seeds", default=None, help=f"Comma list of seeds [default: {FULL['seeds']}; --quick {QUICK['seeds']}].")
+@click.option("--duration", type=POSITIVE, default=None,
+              help=f"Simulated seconds of each run [default: the scenario's; --quick {QUICK['duration']:g}].")
+@click.option("--policies", default="helm", show_default=True, help="Online memory policies, run under every router.")
+@click.option("--routers", default="least-loaded,prefix-aware,helm", show_default=True, help="Comma list of routers.")
+@click.option("--ratios", default=None, help=f"Static grid (static-best, the oracle, the check) [default: {FULL['ratios']}; "
+                                             f"--quick {QUICK['ratios']}].")
+@sim_options
+@click.option("--no-oracle", is_flag=True, help="Skip the phase oracle.")
+@click.option("--no-capacity", is_flag=True, help="Skip capacity at SLO.")
+@click.option("--capacity-duration", type=POSITIVE, default=None,
+              help=f"Simulated seconds of each capacity probe [default: {FULL['capacity_duration']:g}; "
+                   f"--quick {QUICK['capacity_duration']:g}].")
+@click.option("--capacity-tol", type=Finite(0, 1, min_open=True, max_open=True), default=None,
+              help=f"Capacity bisection tolerance [default: {FULL['capacity_tol']:g}; --quick {QUICK['capacity_tol']:g}].")
+@click.option("--s5", type=click.Choice(S5_MEASURES), default="whole", show_default=True, help="The check's S5 measure.")
+@click.option("--quick", is_flag=True, help="A first look: one seed, 4 ratios, shorter runs and a coarser capacity.")
+@click.option("--fresh", is_flag=True, help="Rerun every unit (ignore what the results folder holds).")
+@parallel_options
+@json_option
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
+              show_default=True, help="Results folder: the report, and runs/ (what a rerun resumes from).")
+@scenario_defaults
+def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios, nodes, policy, ratio, router,
+                 hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, no_oracle,
+                 no_capacity, capacity_duration, capacity_tol, s5, quick, fresh, jobs, ray_address, as_json, out_dir):
+    """Regimes x seeds x policies x routers, static-best per router, the phase oracle, capacity at
+    SLO and the scenario check; reported both ways (the controller against static-best under the
+    HELM router; full HELM against static-best with least-loaded and with prefix-aware routing),
+    with a Markdown report, plots and the exact command of every figure.
+
+    Each finished run is kept under OUT/runs and not rerun: an interrupted evaluation resumes.
+    --router is the scenario check's router; --ratio the online policies' starting ratio.
+
+    \b
+    helmgr evaluate --quick
+    helmgr evaluate --out results/eval-v2 --jobs 2
+    helmgr evaluate --workloads burst --seeds 1,2 --ray-address auto
+    """
+    if out_dir == DEFAULT_OUT:
+        DEFAULT_OUT.parent.mkdir(exist_ok=True)
+    check_out(out_dir)
+    preset = QUICK if quick else FULL
+    pick = {"seeds": seeds, "ratios": ratios, "duration": duration, "capacity_duration": capacity_duration,
+            "capacity_tol": capacity_tol}
+    pick = {k: preset[k] if v is None else v for k, v in pick.items()}
+    ev = EvalConfig(cluster=build_config(nodes, "static", ratio, router, hardware, model, slo_ms, refill, faults,
+                                         tick_ms, refresh_s, max_batch, 0, engine, sim_path),
+                    regimes=tuple(names(workloads, REGIMES, "workloads")), seeds=tuple(seed_list(pick["seeds"])),
+                    policies=tuple(names(policies, list(POLICIES), "policies")),
+                    routers=tuple(names(routers, list(ROUTERS), "routers")), grid=tuple(ratio_grid(pick["ratios"])),
+                    duration_s=pick["duration"], scenario=scenario, check_router=router,
+                    oracle_routers=() if no_oracle else ("helm",), capacity=not no_capacity,
+                    capacity_duration_s=pick["capacity_duration"], capacity_tol=pick["capacity_tol"])
+    if len(ev.grid) < 2:
+        raise click.UsageError(f"--ratios {pick['ratios']!r}: the evaluation needs at least two ratios")
+    for regime in ev.regimes:
+        ev.spec(regime, ev.seeds[0]).build()           # validates the workload options up front
+    if fresh and (out_dir / "runs").is_dir():
+        import shutil
+        shutil.rmtree(out_dir / "runs")
+    wall = time.perf_counter()
+    with progress("evaluating", None) as bar:
+        def track(label: str, total: int):
+            task = bar.add_task(label, total=total or None)
+            return lambda k=1: bar.advance(task, k)
+        done = evaluate(ev, out_dir, jobs or os.cpu_count() or 1, ray_address, track)
+    result = assemble(ev, done["results"], s5) | {"wall_s": time.perf_counter() - wall, "ran": done["ran"],
+                                                  "kept": len(done["results"]) - done["ran"]}
+    result["command"] = "helmgr " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "helmgr evaluate"
+    with result_dir(out_dir) as scratch:
+        _write(result, ev, done["results"], scratch)
+    if as_json:
+        emit_json(result)
+    else:
+        _print(result)
+        stderr.print(f"wrote {out_dir}/evaluate.md, evaluate.json and plots ({result['ran']} units run, "
+                     f"{result['kept']} kept from before)")
+
+
+def assemble(ev: EvalConfig, results: dict, s5: str) -> dict:
+    table = report.rows(ev, results)
+    out = {"config": config_dict(ev), "slo_ms": _slo(results),
+           "system": [h for base in report.SYSTEM_BASELINES if base[1] in ev.routers
+                      for h in report.headline(table, ev, report.FULL, base)] if "helm" in ev.routers else [],
+           "controller": report.headline(table, ev, *report.CONTROLLER) if "helm" in ev.routers else [],
+           "capacity": report.capacity_table(ev, results),
+           "scenario_check": report.check_table(ev, results, s5), "rows": table}
+    out["commands"] = _commands(ev, results)
+    return out
+
+
+def _slo(results: dict) -> float | None:
+    return next((r.summary["slo_ms"] for u, r in results.items() if u.kind == "point"), None)
+
+
+def _commands(ev: EvalConfig, results: dict) -> dict:
+    units = {u.name: commands.unit_command(ev, u) for u in results}
+    static = {f"{g} seed {s}: static-best @ {rt}": commands.static_best_command(ev, g, s, rt)
+              for g in ev.regimes for s in ev.seeds for rt in ev.point_routers}
+    checks = {f"{g}: scenario check": commands.check_command(ev, g) for g in ev.regimes}
+    return units | static | checks
+
+
+def _write(result: dict, ev: EvalConfig, results: dict, scratch: Path) -> None:
+    from helmgr.experiments.eval_plots import plot_capacity, plot_p99, plot_ratios
+    (scratch / "evaluate.json").write_text(json_text(result))
+    pngs = ["evaluate_p99.png"]
+    plot_p99(result["rows"], ev.regimes, result["slo_ms"], scratch / pngs[0])
+    if result["capacity"]:
+        pngs.append("evaluate_capacity.png")
+        plot_capacity(result["capacity"], ev.regimes, scratch / pngs[-1])
+    traces = _ratio_traces(ev, results)
+    if traces:
+        pngs.append("evaluate_ratios.png")
+        plot_ratios(traces, scratch / pngs[-1])
+    (scratch / "evaluate.md").write_text(markdown(result, pngs))
+
+
+def _ratio_traces(ev: EvalConfig, results: dict) -> dict:
+    """Per regime, for the first seed: the oracle and the online policies under its router."""
+    out = {}
+    for u, r in results.items():
+        if u.kind == "oracle" and u.seed == ev.seeds[0]:
+            runs = {f"{v.policy}@{v.router}": x["window_ratio"] for v, x in results.items()
+                    if v.kind == "run" and v.regime == u.regime and v.seed == u.seed and v.router == u.router}
+            out[u.regime] = (r, runs)
+    return out
+
+
+HEAD = ("regime", "config", "baseline", "p99_ms", "baseline_p99_ms", "p99_reduction", "window_slo",
+        "baseline_window_slo", "throughput_ratio", "utilization", "baseline_utilization")
+CTRL = HEAD[:5] + ("p99_reduction", "window_slo", "regret", "band_distance", "oracle_distance")
+CAP = ("regime", "config", "capacity_rps", "vs_static_best_prefix_aware", "static_ratio")
+ROWS = ("regime", "seed", "policy", "router", "ratio", "p99_ms", "window_slo_satisfaction", "utilization",
+        "overloaded", "mean_ratio", "burst_violation_share", "oracle_distance", "band_distance", "regret")
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return ",".join(map(str, v)) or "—"
+    return str(v)
+
+
+def _md_table(rows: list[dict], cols) -> list[str]:
+    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            + ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows] + [""])
+
+
+def _overload_note(rows: list[dict]) -> list[str]:
+    marks = [f"{r['regime']}: {r['baseline']} overloaded on seeds {_fmt(r['baseline_overloaded_seeds'])}"
+             for r in rows if r["baseline_overloaded_seeds"]]
+    marks += [f"{r['regime']}: {r['config']} overloaded on seeds {_fmt(r['overloaded_seeds'])}"
+              for r in rows if r["overloaded_seeds"]]
+    return ([("Overloaded (left out of the reduction): " + "; ".join(marks)), ""] if marks else [])
+
+
+def markdown(result: dict, pngs: list[str]) -> str:
+    c = result["config"]
+    lines = [f"# Evaluation: scenario {c['scenario']}", "",
+             f"`{result['command']}` — {result['wall_s']:.0f} s wall ({result['ran']} units run, {result['kept']} kept). "
+             f"{c['cluster']['nodes']} nodes, {c['cluster']['hardware']} + {c['cluster']['model']}, seeds "
+             f"{', '.join(map(str, c['seeds']))}, grid {', '.join(f'{r:g}' for r in c['grid'])}, "
+             f"duration {c['duration_s'] or 'the scenario'}'s s. A reduction is 1 - P99 / the baseline's, per seed, "
+             "then the mean; a baseline in overload is never its denominator.", "",
+             "## Full HELM against static-best with least-loaded and with prefix-aware routing", ""]
+    lines += _md_table(result["system"], HEAD) + _overload_note(result["system"])
+    lines += ["## The controller against static-best under the HELM router (the oracle's regret bounds it)", ""]
+    lines += _md_table(result["controller"], CTRL) + _overload_note(result["controller"])
+    if result["capacity"]:
+        lines += ["## Capacity at SLO (the lowest seed's; req/s)", "",
+                  f"Window SLO satisfaction >= 95 %, bisection to {c['capacity_tol']:g}, "
+                  f"{c['capacity_duration_s']:g}-s probes; static-best is held at the ratio best at the base rate.", ""]
+        lines += _md_table(result["capacity"], CAP)
+    lines += ["## Scenario check (S1-S5)", "", "| regime | property | " + " | ".join(
+        f"seed {s}" for s in c["seeds"]) + " | threshold | pass |", "|---|---|" + "---:|" * len(c["seeds"]) + "---:|---|"]
+    for regime, r in result["scenario_check"].items():
+        for name, p in r["summary"].items():
+            lines.append(f"| {regime} | {name} | " + " | ".join(_fmt(v) for v in p["values"].values())
+                         + f" | {_fmt(p['threshold'])} | {_fmt(p['pass'])} |")
+    lines += ["", "## Every run", ""] + _md_table(result["rows"], ROWS)
+    lines += [f"![{p}]({p})" for p in pngs] + ["", "## Commands (each figure's)", ""]
+    lines += [f"- {name}: `{cmd}`" for name, cmd in result["commands"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _print(result: dict) -> None:
+    for title, rows, cols in (("full HELM vs static-best (system level)", result["system"], HEAD),
+                              ("controller vs static-best, HELM router", result["controller"], CTRL),
+                              ("capacity at SLO (req/s)", result["capacity"], CAP)):
+        if not rows:
+            continue
+        t = Table(title=title)
+        for col in cols:
+            t.add_column(col, justify="right")
+        for r in rows:
+            t.add_row(*(_fmt(r.get(col)) for col in cols))
+        stdout.print(t)
+    t = Table(title="scenario check")
+    for col in ("regime", "property", "pass"):
+        t.add_column(col)
+    for regime, r in result["scenario_check"].items():
+        for name, p in r["summary"].items():
+            t.add_row(regime, name, _fmt(p["pass"]))
+    stdout.print(t)
+

@@ -1,0 +1,144 @@
+"""Capacity at SLO (SPEC 4): the highest base request rate at which a policy + router keeps
+window SLO satisfaction >= 95 %, by bisection over the rate.
+
+`bisect_rate` knows only a probe, rate -> pass or fail: from a starting rate it doubles (after a
+pass) or halves (after a fail) until it holds a passing rate below a failing one, then halves
+the bracket until the failing rate is within `tol` (2 %) of the passing one. Capacity is the
+highest rate measured to pass, so it lies within `tol` below the threshold when passing falls
+monotonically with the rate. One seeded run's noise can break that (a rate passes, a lower one
+fails); every probe is kept, in order, so a reader can see it.
+
+A simulated probe (`run_probe`) is one run of the workload with its base rate (`rps`, which
+scales the whole arrival curve, trend's diurnal swing included) set to the probed rate; it
+passes when its window SLO satisfaction is >= the target and it is not overloaded. `capacity`
+runs one bisection per seed, the seeds in parallel (experiments.parallel), and reports the
+lowest: the rate every seed sustains.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Callable, Sequence
+
+from helmgr.core.errors import HelmInputError
+from helmgr.experiments.parallel import run_all
+from helmgr.sim import SimConfig, simulate
+from helmgr.workload import WorkloadSpec, default_config
+
+TARGET = 0.95          # window SLO satisfaction a rate must keep
+TOL = 0.02             # the bracket's width at the end: failing rate / passing rate - 1
+MAX_PROBES = 40
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    rate: float
+    passed: bool
+    satisfaction: float | None = None        # window SLO satisfaction of the run
+    utilization: float | None = None
+    overloaded: bool = False
+    p99_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Bracket:
+    capacity: float | None                   # the highest rate measured to pass; None: none passed
+    fails_at: float | None                   # the lowest rate above it measured to fail; None: none failed
+    probes: tuple[Probe, ...]
+
+    def to_dict(self) -> dict:
+        return {"capacity_rps": self.capacity, "fails_at_rps": self.fails_at,
+                "probes": [asdict(p) for p in self.probes]}
+
+
+def bisect_rate(probe: Callable[[float], Probe], start: float, tol: float = TOL, floor: float = 1.0,
+                ceiling: float = 1e7, max_probes: int = MAX_PROBES) -> Bracket:
+    """Bracket the rate at which `probe` turns from pass to fail, to within `tol`, from `start`.
+    Stops at `floor` (nothing passes: capacity None) and `ceiling` (nothing fails: fails_at None)."""
+    if not (start > 0 and tol > 0 and 0 < floor <= ceiling):
+        raise ValueError(f"bisect_rate: start {start}, tol {tol}, floor {floor}, ceiling {ceiling}")
+    probes: list[Probe] = []
+
+    def passes(rate: float) -> bool:
+        probes.append(probe(rate))
+        return probes[-1].passed
+
+    lo = hi = None
+    rate = min(max(start, floor), ceiling)
+    while (lo is None or hi is None) and len(probes) < max_probes:
+        if passes(rate):
+            lo = rate
+            if hi is None and rate >= ceiling:
+                break
+            rate = min(2 * rate, ceiling)
+        else:
+            hi = rate
+            if lo is None and rate <= floor:
+                break
+            rate = max(rate / 2, floor)
+    while lo is not None and hi is not None and hi / lo - 1 > tol and len(probes) < max_probes:
+        mid = math.sqrt(lo * hi)
+        if passes(mid):
+            lo = mid
+        else:
+            hi = mid
+    return Bracket(lo, hi, tuple(probes))
+
+
+def run_probe(spec: WorkloadSpec, cfg: SimConfig, rate: float, target: float = TARGET) -> Probe:
+    """One run at base rate `rate`: passes with window SLO satisfaction >= target, not overloaded."""
+    s = simulate(cfg, replace(spec, rps=float(rate)).build()).summary
+    sat = s["window_slo_satisfaction"]
+    ok = sat is not None and math.isfinite(sat) and sat >= target and not s["overloaded"]
+    return Probe(float(rate), bool(ok), sat, s["utilization"], bool(s["overloaded"]), s["p99_ms"])
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityTask:
+    """One bisection (a worker builds everything from this)."""
+
+    spec: WorkloadSpec
+    cfg: SimConfig
+    start: float
+    tol: float = TOL
+    target: float = TARGET
+
+    @property
+    def name(self) -> str:
+        c = self.cfg
+        return f"capacity {self.spec.regime} seed {self.spec.seed} {c.policy}@{c.router} ({c.nodes} nodes)"
+
+
+def bisect_task(task: CapacityTask) -> Bracket:
+    return bisect_rate(lambda rate: run_probe(task.spec, task.cfg, rate, task.target), task.start, task.tol)
+
+
+def capacity_tasks(spec: WorkloadSpec, cfg: SimConfig, seeds: Sequence[int], tol: float = TOL,
+                   target: float = TARGET, start: float | None = None) -> list[CapacityTask]:
+    """One bisection per seed, each from `start` (None: the workload's own base rate)."""
+    if spec.trace is not None:
+        raise HelmInputError("capacity at SLO scales a synthetic workload's base rate (--rps); "
+                             "a trace has none (use --time-compression to replay it faster)")
+    if not 0 < target <= 1:
+        raise HelmInputError(f"capacity target {target!r} must be in (0, 1]")
+    if not 0 < tol < 1:
+        raise HelmInputError(f"capacity tolerance {tol!r} must be in (0, 1)")
+    first = start if start is not None else (spec.rps or default_config(spec.regime, spec.scenario).rps)
+    return [CapacityTask(replace(spec, seed=s), replace(cfg, seed=s), float(first), tol, target) for s in seeds]
+
+
+def summarize_capacity(brackets: Sequence[Bracket], seeds: Sequence[int]) -> dict:
+    """`capacity_rps`: the lowest seed's (None if any seed had none), with each seed's bracket."""
+    caps = [b.capacity for b in brackets]
+    return {"capacity_rps": None if any(c is None for c in caps) else min(caps),
+            "seeds": {str(s): b.to_dict() for s, b in zip(seeds, brackets)}}
+
+
+def capacity(spec: WorkloadSpec, cfg: SimConfig, seeds: Sequence[int], jobs: int = 1,
+             ray_address: str | None = None, tol: float = TOL, target: float = TARGET,
+             start: float | None = None, on_done=None) -> dict:
+    """Capacity at SLO of `cfg` (its policy and router) on `spec`, one bisection per seed."""
+    tasks = capacity_tasks(spec, cfg, seeds, tol, target, start)
+    brackets = run_all(bisect_task, tasks, jobs, ray_address, [t.name for t in tasks],
+                       on_done and (lambda _: on_done()))
+    return summarize_capacity(brackets, seeds)

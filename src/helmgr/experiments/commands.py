@@ -1,0 +1,63 @@
+"""The helmgr command line that reproduces each figure of an evaluation (SPEC 12: the report names
+the exact command of every figure)."""
+from __future__ import annotations
+
+from helmgr.experiments.evaluate import EvalConfig, Unit
+from helmgr.sim import SimConfig
+
+DEFAULTS = SimConfig()
+
+
+def cluster_flags(cfg: SimConfig) -> str:
+    """The cluster options, each one the run sets (the scenario fills nodes, engine, batch, SLO)."""
+    flags = [f"--nodes {cfg.nodes}", f"--engine {cfg.engine}", f"--max-batch {cfg.max_batch}"]
+    if cfg.slo_ms is not None:
+        flags.append(f"--slo-ms {cfg.slo_ms:g}")
+    for name, flag in (("hardware", "--hardware"), ("model", "--model"), ("refill", "--refill")):
+        if getattr(cfg, name) != getattr(DEFAULTS, name):
+            flags.append(f"{flag} {getattr(cfg, name)}")
+    if cfg.tick_s != DEFAULTS.tick_s:
+        flags.append(f"--tick-ms {cfg.tick_s * 1e3:g}")
+    if cfg.refresh_s != DEFAULTS.refresh_s:
+        flags.append(f"--refresh-s {cfg.refresh_s:g}")
+    return " ".join(flags)
+
+
+def grid_flag(grid) -> str:
+    return "--ratios " + ",".join(f"{r:g}" for r in grid)
+
+
+def workload_flags(ev: EvalConfig, regime: str, duration: float | None) -> str:
+    flags = f"--scenario {ev.scenario} --workload {regime}"
+    return flags + (f" --duration {duration:g}" if duration is not None else "")
+
+
+def unit_command(ev: EvalConfig, unit: Unit) -> str:
+    """The command whose JSON holds this unit's figures."""
+    cluster = cluster_flags(ev.cluster)
+    wl = workload_flags(ev, unit.regime, ev.duration_s)
+    if unit.kind == "run":
+        return f"helmgr simulate {wl} --seed {unit.seed} {cluster} --policy {unit.policy} --router {unit.router} --json"
+    if unit.kind == "point":
+        return (f"helmgr simulate {wl} --seed {unit.seed} {cluster} --policy static --ratio {unit.ratio:g} "
+                f"--router {unit.router} --json")
+    if unit.kind == "oracle":
+        return (f"helmgr compare {wl} --seed {unit.seed} {cluster} --policies oracle --routers {unit.router} "
+                f"{grid_flag(ev.grid)} --json")
+    task = unit.payload
+    policy = "static" if unit.policy == "static-best" else unit.policy
+    ratio = f" --ratio {unit.ratio:g}" if unit.ratio is not None else ""
+    return (f"helmgr capacity {workload_flags(ev, unit.regime, ev.capacity_duration_s)} --seeds {unit.seed} "
+            f"{cluster} --policy {policy}{ratio} --router {unit.router} --rps {task.start:g} --tol {task.tol:g} --json")
+
+
+def static_best_command(ev: EvalConfig, regime: str, seed: int, router: str) -> str:
+    return (f"helmgr sweep {workload_flags(ev, regime, ev.duration_s)} --seed {seed} {cluster_flags(ev.cluster)} "
+            f"--router {router} {grid_flag(ev.grid)} --json")
+
+
+def check_command(ev: EvalConfig, regime: str) -> str:
+    dur = f" --duration {ev.duration_s:g}" if ev.duration_s is not None else ""
+    return (f"helmgr scenario --check --scenario {ev.scenario} --workloads {regime} "
+            f"--seeds {','.join(map(str, ev.seeds))}{dur} {cluster_flags(ev.cluster)} --router {ev.check_router} "
+            f"{grid_flag(ev.grid)} --json")

@@ -1,0 +1,252 @@
+"""`helmgr evaluate` (SPEC 12): the published table from one command, resumable.
+
+An evaluation is a set of *units*, each one independent run and each kept in the results folder
+(`runs/<key>.pkl`, written whole by `RunStore`) as soon as it ends; a unit already there is not
+rerun. The key hashes the unit's whole configuration (its workload spec, SimConfig, grid and
+helmgr's version), so a changed option is a new unit. The units, per regime and seed:
+
+- `run`: each online policy under each router (`simulate`);
+- `point`: each grid ratio, static, under each router (`scenario.phase_point`): static-best is the
+  point with the lowest P99, and the points under the check's router are the scenario check;
+- `capacity`: a bisection over the base rate (experiments.capacity) for full HELM and for
+  static-best (held at the ratio that was best at the base rate) with least-loaded and with
+  prefix-aware routing;
+- `oracle`: the phase oracle under each oracle router (its blocks run in order; each block's
+  replays are spread over the workers).
+
+They run in three stages: runs and points (one batch over `jobs` processes or Ray), then the
+capacity bisections (they need static-best's ratio), then the oracles. `report.assemble` turns
+the stored units into the tables.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from helmgr.experiments.capacity import CapacityTask, bisect_task
+from helmgr.experiments.parallel import run_all
+from helmgr.experiments.phase_oracle import oracle_blocks, run_phase_oracle
+from helmgr.experiments.scenario import PhaseRun, phase_point
+from helmgr.sim import SimConfig, simulate
+from helmgr.sim.metrics import window_ratios
+from helmgr.workload import WorkloadSpec
+
+# the system-level pairs whose capacity is measured: full HELM and the paper's static baselines
+CAPACITY_PAIRS = (("helm", "helm"), ("static-best", "prefix-aware"), ("static-best", "least-loaded"))
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What one evaluation runs. `cluster` carries nodes, hardware, model, SLO, engine, ...; its
+    policy, ratio, router and seed are set per unit."""
+
+    cluster: SimConfig
+    regimes: tuple[str, ...] = ("steady", "burst", "trend")
+    seeds: tuple[int, ...] = (1, 2, 3)
+    policies: tuple[str, ...] = ("helm",)
+    routers: tuple[str, ...] = ("least-loaded", "prefix-aware", "helm")
+    grid: tuple[float, ...] = tuple(round(0.1 * k, 1) for k in range(1, 10))
+    duration_s: float | None = None                # None: the scenario's
+    scenario: str = "v2"
+    check_router: str = "prefix-aware"             # the scenario check's static runs
+    oracle_routers: tuple[str, ...] = ("helm",)
+    capacity: bool = True
+    capacity_duration_s: float | None = 120.0      # each bisection probe's simulated seconds
+    capacity_tol: float = 0.02
+
+    def spec(self, regime: str, seed: int, duration: float | None = None) -> WorkloadSpec:
+        return WorkloadSpec(regime, duration or self.duration_s, seed, scenario=self.scenario)
+
+    def cfg(self, policy: str, router: str, seed: int, ratio: float | None = None) -> SimConfig:
+        return replace(self.cluster, policy=policy, router=router, seed=seed,
+                       ratio=self.cluster.ratio if ratio is None else float(ratio))
+
+    @property
+    def point_routers(self) -> tuple[str, ...]:
+        """Routers with a static sweep: every router, and the check's."""
+        return tuple(dict.fromkeys(self.routers + (self.check_router,)))
+
+
+@dataclass(frozen=True)
+class Unit:
+    kind: str                  # run | point | capacity | oracle
+    regime: str
+    seed: int
+    policy: str
+    router: str
+    ratio: float | None = None
+    payload: object = None     # what the worker gets: (spec, cfg), a CapacityTask, or (spec, cfg, grid)
+
+    @property
+    def name(self) -> str:
+        what = f"static {self.ratio:g}" if self.kind == "point" else {
+            "run": self.policy, "oracle": "oracle", "capacity": f"capacity {self.policy}"}[self.kind]
+        return f"{self.regime} seed {self.seed}: {what} @ {self.router}"
+
+    @property
+    def key(self) -> str:
+        from importlib.metadata import version
+        text = repr((self.kind, self.regime, self.seed, self.policy, self.router, self.ratio, self.payload,
+                     version("helmgr")))
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+class RunStore:
+    """Finished units in `folder/runs/`: one pickle each, written to a temporary name and renamed,
+    so a unit is there whole or not at all; one that cannot be read back counts as not run."""
+
+    def __init__(self, folder: Path):
+        self.dir = Path(folder) / "runs"
+
+    def path(self, unit: Unit) -> Path:
+        return self.dir / f"{unit.key}.pkl"
+
+    def get(self, unit: Unit):
+        try:
+            with open(self.path(unit), "rb") as f:
+                return pickle.load(f)["result"]
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, KeyError, ImportError):
+            return None
+
+    def put(self, unit: Unit, result) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".{unit.key}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump({"unit": unit.name, "result": result}, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, self.path(unit))
+
+
+def policy_run(args: tuple[WorkloadSpec, SimConfig]) -> dict:
+    """One policy run, kept small: its scalar summary fields, its mean ratio and P99 per window."""
+    spec, cfg = args
+    w = spec.build()
+    result = simulate(cfg, w)
+    s = result.summary
+    return {"summary": {k: v for k, v in s.items() if not isinstance(v, (list, dict))},
+            "window_ratio": window_ratios(result.series.timeline, cfg.nodes, w.duration_s),
+            "window_p99_ms": np.asarray(result.series.window_p99_ms, float)}
+
+
+def _execute(unit: Unit):
+    """A worker's job: one run, point or bisection."""
+    if unit.kind == "run":
+        return policy_run(unit.payload)
+    if unit.kind == "point":
+        return phase_point(unit.payload)
+    return bisect_task(unit.payload)
+
+
+def first_units(ev: EvalConfig) -> list[Unit]:
+    """Stage 1: every policy under every router, every grid ratio under every sweep router."""
+    out = []
+    for regime in ev.regimes:
+        for seed in ev.seeds:
+            spec = ev.spec(regime, seed)
+            out += [Unit("run", regime, seed, p, rt, None, (spec, ev.cfg(p, rt, seed)))
+                    for rt in ev.routers for p in ev.policies]
+            out += [Unit("point", regime, seed, "static", rt, r, (spec, ev.cfg("static", rt, seed, r)))
+                    for rt in ev.point_routers for r in ev.grid]
+    return out
+
+
+def static_best_ratio(points: dict, regime: str, seed: int, router: str, grid) -> float:
+    """The grid ratio whose static run had the lowest P99."""
+    runs: list[PhaseRun] = [points[(regime, seed, router, r)] for r in grid]
+    return float(min(runs, key=lambda run: run.summary["p99_ms"]).ratio)
+
+
+def capacity_units(ev: EvalConfig, points: dict) -> list[Unit]:
+    """Stage 2: one bisection per capacity pair, regime and seed (a pair whose router or policy
+    the evaluation does not run is left out)."""
+    out = []
+    for regime in ev.regimes:
+        for seed in ev.seeds:
+            spec = ev.spec(regime, seed, ev.capacity_duration_s)
+            start = spec.rps or _base_rate(spec)
+            for policy, router in CAPACITY_PAIRS:
+                if router not in ev.routers or (policy != "static-best" and policy not in ev.policies):
+                    continue
+                ratio = static_best_ratio(points, regime, seed, router, ev.grid) if policy == "static-best" else None
+                cfg = ev.cfg("static" if policy == "static-best" else policy, router, seed, ratio)
+                out.append(Unit("capacity", regime, seed, policy, router, ratio,
+                                CapacityTask(spec, cfg, start, ev.capacity_tol)))
+    return out
+
+
+def _base_rate(spec: WorkloadSpec) -> float:
+    from helmgr.workload import default_config
+    return default_config(spec.regime, spec.scenario).rps
+
+
+def oracle_units(ev: EvalConfig) -> list[Unit]:
+    return [Unit("oracle", regime, seed, "oracle", rt, None,
+                 (ev.spec(regime, seed), ev.cfg("static", rt, seed), tuple(ev.grid)))
+            for regime in ev.regimes for seed in ev.seeds for rt in ev.oracle_routers if rt in ev.routers]
+
+
+def run_oracle_unit(unit: Unit, jobs: int, ray_address: str | None, on_progress=None) -> dict:
+    """The phase oracle, kept as its summary, its r* and band per 1-s window, and its block table."""
+    spec, cfg, grid = unit.payload
+    o = run_phase_oracle(cfg, spec.build(), list(grid), jobs, on_progress=on_progress, ray_address=ray_address)
+    star, lo, hi = o.per_window()
+    return {"summary": {k: v for k, v in o.summary.items() if not isinstance(v, (list, dict))},
+            "window_ratio": window_ratios(o.series.timeline, cfg.nodes, spec.build().duration_s),
+            "r_star": star, "band_lo": lo, "band_hi": hi, "blocks": o.block_table()}
+
+
+# track(label, total) -> advance(k)
+Track = Callable[[str, int], Callable[[int], None]]
+
+
+def _quiet(label: str, total: int) -> Callable[[int], None]:
+    return lambda k=1: None
+
+
+def run_units(units: list[Unit], store: RunStore, jobs: int, ray_address: str | None, track: Track,
+              label: str) -> tuple[dict, int]:
+    """Every unit's result (from the store, or run now and stored as it ends); and how many ran."""
+    done = {u: store.get(u) for u in units}
+    todo = [u for u in units if done[u] is None]
+    advance = track(f"{label}: {len(todo)} to run ({len(units) - len(todo)} kept)", len(todo))
+
+    def keep(i: int, result) -> None:
+        store.put(todo[i], result)
+        done[todo[i]] = result
+    run_all(_execute, todo, jobs, ray_address, [u.name for u in todo], lambda i: advance(1), on_result=keep)
+    return done, len(todo)
+
+
+def evaluate(ev: EvalConfig, folder: Path, jobs: int = 1, ray_address: str | None = None,
+             track: Track = _quiet) -> dict:
+    """Run (or read back) every unit; the stored results by unit, and how many units ran now."""
+    store = RunStore(folder)
+    results, ran = run_units(first_units(ev), store, jobs, ray_address, track, "runs and static points")
+    points = {(u.regime, u.seed, u.router, u.ratio): r for u, r in results.items() if u.kind == "point"}
+    if ev.capacity:
+        caps, n = run_units(capacity_units(ev, points), store, jobs, ray_address, track, "capacity bisections")
+        results |= caps
+        ran += n
+    for unit in oracle_units(ev):
+        found = store.get(unit)
+        if found is None:
+            n_blocks = len(oracle_blocks(unit.payload[0].build().phases))
+            blocks = track(f"oracle {unit.regime} seed {unit.seed} @ {unit.router}", n_blocks)
+            found = run_oracle_unit(unit, jobs, ray_address, lambda k, b=blocks: b(1))
+            store.put(unit, found)
+            ran += 1
+        results[unit] = found
+    return {"results": results, "ran": ran, "config": ev}
+
+
+def config_dict(ev: EvalConfig) -> dict:
+    """The evaluation's configuration, JSON-safe."""
+    d = asdict(ev)
+    d["cluster"] = {k: v for k, v in d["cluster"].items() if k not in ("policy", "ratio", "router", "seed")}
+    return d
+

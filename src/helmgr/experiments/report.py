@@ -1,0 +1,126 @@
+"""The evaluation's tables (SPEC 4, Comparing fairly; SPEC 12), from its stored units.
+
+Every headline is reported two ways: (i) the controller against static-best under the *same*
+(HELM) router, with the phase oracle's regret as the bound on what was possible; (ii) full HELM
+(controller + HELM router) against static-best with least-loaded and with prefix-aware routing.
+A reduction is 1 - P99 / baseline P99 per seed; a seed whose baseline is overloaded is marked and
+left out of the mean (never the denominator of a headline).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from helmgr.experiments.evaluate import EvalConfig, Unit
+from helmgr.experiments.phase_oracle import regret, window_figures
+from helmgr.experiments.scenario import properties, summarize_check
+
+FULL = ("helm", "helm")
+SYSTEM_BASELINES = (("static-best", "least-loaded"), ("static-best", "prefix-aware"))
+CONTROLLER = (("helm", "helm"), ("static-best", "helm"))
+ROW_FIELDS = ("regime", "seed", "policy", "router", "ratio", "p99_ms", "window_slo_satisfaction", "slo_attainment",
+              "throughput_rps", "utilization", "overloaded", "mean_ratio", "emb_hit_rate", "kv_hit_rate",
+              "burst_violation_share", "oracle_distance", "band_distance", "regret")
+
+
+def rows(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
+    """One row per policy run, static-best and oracle, per regime and seed, with its figures
+    against the phase oracle of its router where one ran."""
+    by = {(u.kind, u.regime, u.seed, u.policy, u.router, u.ratio): r for u, r in results.items()}
+    out = []
+    for regime in ev.regimes:
+        for seed in ev.seeds:
+            oracles = {rt: by[("oracle", regime, seed, "oracle", rt, None)] for rt in ev.oracle_routers
+                       if ("oracle", regime, seed, "oracle", rt, None) in by}
+            found = [(by[("run", regime, seed, p, rt, None)], p, rt) for rt in ev.routers for p in ev.policies]
+            for rt in ev.point_routers:
+                runs = [by[("point", regime, seed, "static", rt, r)] for r in ev.grid]
+                best = min(runs, key=lambda run: run.summary["p99_ms"])
+                found.append(({"summary": best.summary, "window_ratio": None, "ratio": best.ratio}, "static-best", rt))
+            found += [(o, "oracle", rt) for rt, o in oracles.items()]
+            for r, policy, router in found:
+                row = {"regime": regime, "seed": seed} | r["summary"] | {"policy": policy, "router": router}
+                if router in oracles:
+                    row |= _figures(r, oracles[router], row)
+                out.append({k: row.get(k) for k in ROW_FIELDS})
+    return out
+
+
+def _figures(run: dict, oracle: dict, row: dict) -> dict:
+    ratio = run["window_ratio"]
+    if ratio is None:                                     # static-best: its ratio held throughout
+        ratio = np.full(len(oracle["r_star"]), run["ratio"])
+    dist, band = window_figures(ratio, oracle["r_star"], oracle["band_lo"], oracle["band_hi"])
+    return {"oracle_distance": dist, "band_distance": band,
+            "regret": regret(row["p99_ms"], oracle["summary"]["p99_ms"])}
+
+
+def _find(table: list[dict], regime: str, seed: int, pair: tuple[str, str]) -> dict | None:
+    return next((r for r in table if r["regime"] == regime and r["seed"] == seed
+                 and (r["policy"], r["router"]) == pair), None)
+
+
+def headline(table: list[dict], ev: EvalConfig, pair: tuple[str, str], base: tuple[str, str]) -> list[dict]:
+    """Per regime: `pair` against `base` over the seeds (means), the P99 reduction per seed."""
+    out = []
+    for regime in ev.regimes:
+        got = [(_find(table, regime, s, pair), _find(table, regime, s, base), s) for s in ev.seeds]
+        got = [(a, b, s) for a, b, s in got if a is not None and b is not None]
+        if not got:
+            continue
+        fair = [(a, b) for a, b, _ in got if not b["overloaded"]]
+        cut = [1 - a["p99_ms"] / b["p99_ms"] for a, b in fair]
+        out.append({"regime": regime, "config": "{}@{}".format(*pair), "baseline": "{}@{}".format(*base),
+                    "p99_ms": _mean(a["p99_ms"] for a, _, _ in got),
+                    "baseline_p99_ms": _mean(b["p99_ms"] for _, b, _ in got),
+                    "p99_reduction": _mean(cut), "p99_reduction_min": min(cut, default=None),
+                    "p99_reduction_max": max(cut, default=None),
+                    "window_slo": _mean(a["window_slo_satisfaction"] for a, _, _ in got),
+                    "baseline_window_slo": _mean(b["window_slo_satisfaction"] for _, b, _ in got),
+                    "throughput_ratio": _mean(a["throughput_rps"] / b["throughput_rps"] for a, b, _ in got),
+                    "utilization": _mean(a["utilization"] for a, _, _ in got),
+                    "baseline_utilization": _mean(b["utilization"] for _, b, _ in got),
+                    "baseline_overloaded_seeds": [s for _, b, s in got if b["overloaded"]],
+                    "overloaded_seeds": [s for a, _, s in got if a["overloaded"]],
+                    "regret": _mean(a["regret"] for a, _, _ in got),
+                    "band_distance": _mean(a["band_distance"] for a, _, _ in got),
+                    "oracle_distance": _mean(a["oracle_distance"] for a, _, _ in got),
+                    "seeds": len(got)})
+    return out
+
+
+def capacity_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
+    """Per regime and capacity pair: the lowest seed's capacity (the rate every seed sustains),
+    each seed's, and the ratio to static-best + prefix-aware."""
+    caps: dict[tuple, dict] = {}
+    for u, b in results.items():
+        if u.kind == "capacity":
+            caps.setdefault((u.regime, u.policy, u.router), {})[u.seed] = b
+    out = []
+    for (regime, policy, router), per_seed in caps.items():
+        values = [per_seed[s].capacity for s in ev.seeds if s in per_seed]
+        out.append({"regime": regime, "config": f"{policy}@{router}",
+                    "capacity_rps": None if None in values else min(values),
+                    "per_seed": {str(s): per_seed[s].capacity for s in ev.seeds if s in per_seed},
+                    "static_ratio": next((u.ratio for u in results if u.kind == "capacity" and u.regime == regime
+                                          and (u.policy, u.router) == (policy, router)), None)})
+    for row in out:
+        ref = next((r for r in out if r["regime"] == row["regime"] and r["config"] == "static-best@prefix-aware"), None)
+        ok = ref is not None and ref["capacity_rps"] and row["capacity_rps"] is not None
+        row["vs_static_best_prefix_aware"] = row["capacity_rps"] / ref["capacity_rps"] if ok else None
+    return out
+
+
+def check_table(ev: EvalConfig, results: dict[Unit, object], s5: str = "whole") -> dict:
+    """The scenario check (S1-S5) per regime, from the static points under the check's router."""
+    points = {(u.regime, u.seed, u.ratio): r for u, r in results.items()
+              if u.kind == "point" and u.router == ev.check_router}
+    out = {}
+    for regime in ev.regimes:
+        per_seed = {s: properties([points[(regime, s, r)] for r in ev.grid], s5) for s in ev.seeds}
+        out[regime] = {"seeds": {str(s): v for s, v in per_seed.items()}, "summary": summarize_check(per_seed)}
+    return out
+
+
+def _mean(values) -> float | None:
+    v = [x for x in values if x is not None and np.isfinite(x)]
+    return float(np.mean(v)) if v else None

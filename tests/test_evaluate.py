@@ -1,0 +1,128 @@
+"""`helmgr evaluate` on a tiny configuration: units, resume, the tables, the commands, bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helmgr.cli import main
+from helmgr.cli.evaluate_cmd import assemble
+from helmgr.experiments import evaluate as ev_mod
+from helmgr.experiments.evaluate import EvalConfig, RunStore, evaluate, first_units
+from helmgr.sim import SimConfig
+
+TINY = EvalConfig(cluster=SimConfig(nodes=2, engine="pipelined", max_batch=8, slo_ms=20.0),
+                  regimes=("steady",), seeds=(1,), policies=("helm",), routers=("least-loaded", "helm"),
+                  grid=(0.4, 0.8), duration_s=5.0, check_router="least-loaded", capacity_duration_s=4.0,
+                  capacity_tol=0.25)
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eval")
+    return folder, evaluate(TINY, folder)
+
+
+def test_units_are_every_policy_router_and_grid_point():
+    units = first_units(TINY)
+    assert [(u.kind, u.policy, u.router, u.ratio) for u in units] == [
+        ("run", "helm", "least-loaded", None), ("run", "helm", "helm", None),
+        ("point", "static", "least-loaded", 0.4), ("point", "static", "least-loaded", 0.8),
+        ("point", "static", "helm", 0.4), ("point", "static", "helm", 0.8)]
+    assert len({u.key for u in units}) == len(units)
+
+
+def test_first_run_runs_every_unit_and_stores_it(done):
+    folder, out = done
+    kinds = sorted(u.kind for u in out["results"])
+    # 2 runs + 4 points, capacity of helm@helm and static-best@least-loaded, one oracle (HELM router)
+    assert kinds == ["capacity"] * 2 + ["oracle"] + ["point"] * 4 + ["run"] * 2
+    assert out["ran"] == 9
+    assert len(list((folder / "runs").glob("*.pkl"))) == 9
+
+
+def test_a_rerun_reruns_nothing(done, monkeypatch):
+    folder, first = done
+
+    def refuse(unit):
+        raise AssertionError(f"{unit.name} was rerun")
+    monkeypatch.setattr(ev_mod, "_execute", refuse)
+    monkeypatch.setattr(ev_mod, "run_oracle_unit", refuse)
+    again = evaluate(TINY, folder)
+    assert again["ran"] == 0
+    assert assemble(TINY, again["results"], "whole")["rows"] == assemble(TINY, first["results"], "whole")["rows"]
+
+
+def test_an_unreadable_unit_is_run_again(done, tmp_path):
+    folder, first = done
+    copy = tmp_path / "copy"
+    (copy / "runs").mkdir(parents=True)
+    for f in (folder / "runs").glob("*.pkl"):
+        (copy / "runs" / f.name).write_bytes(f.read_bytes())
+    unit = first_units(TINY)[0]
+    RunStore(copy).path(unit).write_bytes(b"half a pickle")
+    again = evaluate(TINY, copy)
+    assert again["ran"] == 1
+    assert again["results"][unit]["summary"]["p99_ms"] == first["results"][unit]["summary"]["p99_ms"]
+
+
+def test_tables_by_hand(done):
+    _, out = done
+    result = assemble(TINY, out["results"], "whole")
+    rows = {(r["policy"], r["router"]): r for r in result["rows"]}
+    points = [r for u, r in out["results"].items() if u.kind == "point" and u.router == "helm"]
+    best = min(points, key=lambda p: p.summary["p99_ms"])
+    assert rows[("static-best", "helm")]["p99_ms"] == best.summary["p99_ms"]
+    assert rows[("static-best", "helm")]["ratio"] == best.ratio
+    ctrl = result["controller"][0]
+    assert ctrl["p99_reduction"] == pytest.approx(1 - rows[("helm", "helm")]["p99_ms"] / best.summary["p99_ms"])
+    assert rows[("oracle", "helm")]["regret"] == 0.0
+    assert rows[("helm", "helm")]["regret"] == pytest.approx(
+        rows[("helm", "helm")]["p99_ms"] / rows[("oracle", "helm")]["p99_ms"] - 1)
+    assert "oracle_distance" in rows[("helm", "helm")] and rows[("helm", "least-loaded")]["regret"] is None
+    system = {r["baseline"]: r for r in result["system"]}
+    assert list(system) == ["static-best@least-loaded"]          # prefix-aware is not among the routers
+    caps = {c["config"]: c for c in result["capacity"]}
+    assert set(caps) == {"helm@helm", "static-best@least-loaded"}
+    assert caps["static-best@least-loaded"]["static_ratio"] == rows[("static-best", "least-loaded")]["ratio"]
+    assert result["scenario_check"]["steady"]["summary"]["S1"]["threshold"] == 1.3
+
+
+def test_every_figure_has_its_command(done):
+    _, out = done
+    cmds = assemble(TINY, out["results"], "whole")["commands"]
+    assert cmds["steady seed 1: helm @ helm"] == (
+        "helmgr simulate --scenario v2 --workload steady --duration 5 --seed 1 --nodes 2 --engine pipelined "
+        "--max-batch 8 --slo-ms 20 --policy helm --router helm --json")
+    assert cmds["steady seed 1: oracle @ helm"].startswith("helmgr compare ")
+    assert "--policies oracle --routers helm --ratios 0.4,0.8" in cmds["steady seed 1: oracle @ helm"]
+    assert cmds["steady seed 1: capacity helm @ helm"].startswith("helmgr capacity ")
+    assert cmds["steady: scenario check"].startswith("helmgr scenario --check ")
+
+
+def test_the_command_of_a_run_reproduces_it(done, capsys):
+    _, out = done
+    unit = next(u for u in out["results"] if u.kind == "run" and u.router == "least-loaded")
+    cmd = assemble(TINY, out["results"], "whole")["commands"][unit.name].split()[1:]
+    assert main(cmd) == 0
+    printed = json.loads(capsys.readouterr().out)
+    kept = out["results"][unit]["summary"]
+    assert (printed["requests"], printed["p99_ms"], printed["mean_ratio"]) == (
+        kept["requests"], kept["p99_ms"], kept["mean_ratio"])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["evaluate", "--workloads", "calm"], "--workloads 'calm'"),
+    (["evaluate", "--ratios", "0.5"], "at least two ratios"),
+    (["evaluate", "--seeds", "1,x"], "--seeds '1,x'"),
+    (["evaluate", "--routers", "fastest"], "--routers 'fastest'"),
+    (["plan", "--rps", "100", "--candidates", "helm@nowhere"], "'helm@nowhere' is not POLICY@ROUTER"),
+    (["plan", "--rps", "-1"], "'--rps': -1"),
+    (["capacity", "--seeds", ""], "--seeds ''"),
+    (["capacity", "--tol", "1.5"], "'--tol': 1.5"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, needle):
+    code = main(argv + (["--out", str(tmp_path / "out")] if argv[0] != "plan" else []))
+    out, err = capsys.readouterr()
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and not out
+    assert not (tmp_path / "out").exists()
