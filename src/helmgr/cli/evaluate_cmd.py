@@ -22,8 +22,10 @@ from helmgr.routing import ROUTERS
 from helmgr.workload import REGIMES, SCENARIOS
 
 # what --quick changes (an option given on the command line wins)
-FULL = {"seeds": "1,2,3", "ratios": "0.1:0.9:0.1", "duration": None, "capacity_duration": 120.0, "capacity_tol": 0.02}
-QUICK = {"seeds": "1", "ratios": "0.3,0.5,0.7,0.9", "duration": 150.0, "capacity_duration": 40.0, "capacity_tol": 0.05}
+FULL = {"seeds": "1,2,3", "ratios": "0.1:0.9:0.1", "duration": None, "capacity_workloads": None,
+        "capacity_duration": None, "capacity_tol": 0.02}
+QUICK = {"seeds": "1", "ratios": "0.3,0.5,0.7,0.9", "duration": 150.0, "capacity_workloads": "steady",
+         "capacity_duration": 40.0, "capacity_tol": 0.05}
 DEFAULT_OUT = Path("results/evaluate")
 
 
@@ -40,9 +42,11 @@ DEFAULT_OUT = Path("results/evaluate")
 @sim_options
 @click.option("--no-oracle", is_flag=True, help="Skip the phase oracle.")
 @click.option("--no-capacity", is_flag=True, help="Skip capacity at SLO.")
+@click.option("--capacity-workloads", default=None,
+              help=f"Regimes whose capacity is measured [default: all of --workloads; --quick "
+                   f"{QUICK['capacity_workloads']}: a short probe is faithful only to a stationary regime].")
 @click.option("--capacity-duration", type=POSITIVE, default=None,
-              help=f"Simulated seconds of each capacity probe [default: {FULL['capacity_duration']:g}; "
-                   f"--quick {QUICK['capacity_duration']:g}].")
+              help=f"Simulated seconds of each capacity probe [default: the runs'; --quick {QUICK['capacity_duration']:g}].")
 @click.option("--capacity-tol", type=Finite(0, 1, min_open=True, max_open=True), default=None,
               help=f"Capacity bisection tolerance [default: {FULL['capacity_tol']:g}; --quick {QUICK['capacity_tol']:g}].")
 @click.option("--s5", type=click.Choice(S5_MEASURES), default="whole", show_default=True, help="The check's S5 measure.")
@@ -55,7 +59,7 @@ DEFAULT_OUT = Path("results/evaluate")
 @scenario_defaults
 def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios, nodes, policy, ratio, router,
                  hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, no_oracle,
-                 no_capacity, capacity_duration, capacity_tol, s5, quick, fresh, jobs, ray_address, as_json, out_dir):
+                 no_capacity, capacity_workloads, capacity_duration, capacity_tol, s5, quick, fresh, jobs, ray_address, as_json, out_dir):
     """Regimes x seeds x policies x routers, static-best per router, the phase oracle, capacity at
     SLO and the scenario check; reported both ways (the controller against static-best under the
     HELM router; full HELM against static-best with least-loaded and with prefix-aware routing),
@@ -73,21 +77,24 @@ def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios
         DEFAULT_OUT.parent.mkdir(exist_ok=True)
     check_out(out_dir)
     preset = QUICK if quick else FULL
-    pick = {"seeds": seeds, "ratios": ratios, "duration": duration, "capacity_duration": capacity_duration,
-            "capacity_tol": capacity_tol}
+    pick = {"seeds": seeds, "ratios": ratios, "duration": duration, "capacity_workloads": capacity_workloads,
+            "capacity_duration": capacity_duration, "capacity_tol": capacity_tol}
     pick = {k: preset[k] if v is None else v for k, v in pick.items()}
+    regimes = tuple(names(workloads, REGIMES, "workloads"))
+    cap_regimes = None if pick["capacity_workloads"] is None else tuple(
+        r for r in names(pick["capacity_workloads"], REGIMES, "capacity-workloads") if r in regimes)
     ev = EvalConfig(cluster=build_config(nodes, "static", ratio, router, hardware, model, slo_ms, refill, faults,
                                          tick_ms, refresh_s, max_batch, 0, engine, sim_path),
-                    regimes=tuple(names(workloads, REGIMES, "workloads")), seeds=tuple(seed_list(pick["seeds"])),
+                    regimes=regimes, seeds=tuple(seed_list(pick["seeds"])),
                     policies=tuple(names(policies, list(POLICIES), "policies")),
                     routers=tuple(names(routers, list(ROUTERS), "routers")), grid=tuple(ratio_grid(pick["ratios"])),
                     duration_s=pick["duration"], scenario=scenario, check_router=router,
                     oracle_routers=() if no_oracle else ("helm",), capacity=not no_capacity,
-                    capacity_duration_s=pick["capacity_duration"], capacity_tol=pick["capacity_tol"])
+                    capacity_regimes=cap_regimes, capacity_duration_s=pick["capacity_duration"], capacity_tol=pick["capacity_tol"])
     if len(ev.grid) < 2:
         raise click.UsageError(f"--ratios {pick['ratios']!r}: the evaluation needs at least two ratios")
-    for regime in ev.regimes:
-        ev.spec(regime, ev.seeds[0]).build()           # validates the workload options up front
+    durations = {regime: ev.spec(regime, ev.seeds[0]).build().duration_s  # validates the workload options
+                 for regime in ev.regimes}
     if fresh and (out_dir / "runs").is_dir():
         import shutil
         shutil.rmtree(out_dir / "runs")
@@ -99,6 +106,7 @@ def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios
         done = evaluate(ev, out_dir, jobs or os.cpu_count() or 1, ray_address, track)
     result = assemble(ev, done["results"], s5) | {"wall_s": time.perf_counter() - wall, "ran": done["ran"],
                                                   "kept": len(done["results"]) - done["ran"]}
+    result["duration_s"] = durations
     result["command"] = "helmgr " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "helmgr evaluate"
     with result_dir(out_dir) as scratch:
         _write(result, ev, done["results"], scratch)
@@ -199,16 +207,18 @@ def markdown(result: dict, pngs: list[str]) -> str:
              f"`{result['command']}` — {result['wall_s']:.0f} s wall ({result['ran']} units run, {result['kept']} kept). "
              f"{c['cluster']['nodes']} nodes, {c['cluster']['hardware']} + {c['cluster']['model']}, seeds "
              f"{', '.join(map(str, c['seeds']))}, grid {', '.join(f'{r:g}' for r in c['grid'])}, "
-             f"duration {c['duration_s'] or 'the scenario'}'s s. A reduction is 1 - P99 / the baseline's, per seed, "
+             f"runs of {', '.join(f'{d:g}' for d in sorted(set(result['duration_s'].values())))} s. A reduction is 1 - P99 / the baseline's, per seed, "
              "then the mean; a baseline in overload is never its denominator.", "",
              "## Full HELM against static-best with least-loaded and with prefix-aware routing", ""]
     lines += _md_table(result["system"], HEAD) + _overload_note(result["system"])
-    lines += ["## The controller against static-best under the HELM router (the oracle's regret bounds it)", ""]
+    lines += ["## The controller against static-best under the HELM router (the phase oracle's regret beside it)", ""]
     lines += _md_table(result["controller"], CTRL) + _overload_note(result["controller"])
     if result["capacity"]:
         lines += ["## Capacity at SLO (the lowest seed's; req/s)", "",
                   f"Window SLO satisfaction >= 95 %, bisection to {c['capacity_tol']:g}, "
-                  f"{c['capacity_duration_s']:g}-s probes; static-best is held at the ratio best at the base rate.", ""]
+                  + (f"{c['capacity_duration_s']:g}-s probes" if c["capacity_duration_s"] else "probes as long as the runs")
+                  + "; static-best is held "
+                  "at the ratio best at the base rate.", ""]
         lines += _md_table(result["capacity"], CAP)
     lines += ["## Scenario check (S1-S5)", "", "| regime | property | " + " | ".join(
         f"seed {s}" for s in c["seeds"]) + " | threshold | pass |", "|---|---|" + "---:|" * len(c["seeds"]) + "---:|---|"]

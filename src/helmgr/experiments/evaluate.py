@@ -57,7 +57,8 @@ class EvalConfig:
     check_router: str = "prefix-aware"             # the scenario check's static runs
     oracle_routers: tuple[str, ...] = ("helm",)
     capacity: bool = True
-    capacity_duration_s: float | None = 120.0      # each bisection probe's simulated seconds
+    capacity_regimes: tuple[str, ...] | None = None    # None: every regime
+    capacity_duration_s: float | None = None       # each bisection probe's simulated seconds (None: the runs')
     capacity_tol: float = 0.02
 
     def spec(self, regime: str, seed: int, duration: float | None = None) -> WorkloadSpec:
@@ -165,7 +166,7 @@ def capacity_units(ev: EvalConfig, points: dict) -> list[Unit]:
     """Stage 2: one bisection per capacity pair, regime and seed (a pair whose router or policy
     the evaluation does not run is left out)."""
     out = []
-    for regime in ev.regimes:
+    for regime in ev.regimes if ev.capacity_regimes is None else ev.capacity_regimes:
         for seed in ev.seeds:
             spec = ev.spec(regime, seed, ev.capacity_duration_s)
             start = spec.rps or _base_rate(spec)
