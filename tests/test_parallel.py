@@ -40,6 +40,9 @@ def test_results_come_in_task_order_and_equal_serial(jobs):
     assert sorted(done) == list(range(7))
     assert run_all(scaled, [1, 2, 3], jobs=jobs, shared=10) == [10, 20, 30]
     assert run_all(square, [], jobs=jobs) == []
+    kept = []                                 # each result reaches on_result in this process as it ends
+    assert run_all(square, range(5), jobs=jobs, on_result=lambda i, v: kept.append((i, v))) == [0, 1, 4, 9, 16]
+    assert sorted(kept) == [(i, i * i) for i in range(5)]
 
 
 def test_jobs_1_runs_here_and_jobs_2_elsewhere():
@@ -93,6 +96,9 @@ def test_a_sweep_on_a_local_ray_instance_gives_the_same_json(capsys):
     serial = cli_json(capsys, *argv, "--jobs", "1")
     try:
         on_ray = cli_json(capsys, *argv, "--jobs", "2", "--ray-address", "local")
+        kept = []
+        assert run_all(square, range(3), ray_address="local", on_result=lambda i, v: kept.append((i, v))) == [0, 1, 4]
+        assert sorted(kept) == [(0, 0), (1, 1), (2, 4)]
         with pytest.raises(HelmInputError, match="sweep ratio 0.35 failed: ratio 0.35 is not allowed"):
             run_all(picky, [0.1, 0.35], names=["sweep ratio 0.1", "sweep ratio 0.35"], ray_address="local")
     finally:

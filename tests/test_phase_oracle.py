@@ -254,3 +254,14 @@ def test_compare_reports_the_phase_oracles_figures_and_keeps_the_greedy_one():
     assert static["band_distance"] == pytest.approx(np.mean(np.maximum(np.maximum(lo - 0.5, 0.5 - hi), 0)))
     assert static["greedy_oracle_distance"] == pytest.approx(np.mean(np.abs(0.5 - c.greedy_r_star)))
     assert rows["oracle"]["regret"] == 0.0 and rows["oracle-greedy"]["greedy_oracle_distance"] == 0.0
+
+
+def test_lookahead_horizon_spans_the_blocks_ending_within_it():
+    from helmgr.experiments.phase_oracle import _with_horizon
+    from helmgr.workload import Phase
+    blocks = [Phase(10.0 * k, 10.0 * (k + 1), "steady") for k in range(5)]
+    arrivals = [[f"b{k}"] for k in range(5)]
+    got = [(b.start, pieces, horizon) for b, pieces, horizon in _with_horizon(blocks, arrivals, 25.0)]
+    assert got == [(0.0, ["b0"], ["b0", "b1", "b2"]), (10.0, ["b1"], ["b1", "b2", "b3"]),
+                   (20.0, ["b2"], ["b2", "b3", "b4"]), (30.0, ["b3"], ["b3", "b4"]), (40.0, ["b4"], ["b4"])]
+    assert [h for _, _, h in _with_horizon(blocks, arrivals, 0.0)] == arrivals

@@ -11,7 +11,7 @@ from rich.table import Table
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out_option, progress,
                                result_dir, stdout)
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.types import names, parallel_options, ratio_grid
+from helmgr.cli.types import NON_NEGATIVE, names, parallel_options, ratio_grid
 from helmgr.cli.workload_cmd import workload_options, workload_spec
 from helmgr.experiments.compare import ALL, OFFLINE, compare
 from helmgr.policy import POLICIES
@@ -28,12 +28,15 @@ COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo
 @click.option("--routers", default=None, help="Comma list of routers [default: --router].")
 @click.option("--ratios", default="0.05:0.95:0.05", show_default=True,
               help="Grid for static-best and the oracle: start:stop:step or a comma list.")
+@click.option("--oracle-lookahead", type=NON_NEGATIVE, default=0.0, show_default=True, metavar="S",
+              help="Judge each oracle block's ratio by its requests and those of the blocks ending within S s after "
+                   "it (0: the block alone, SPEC 5).")
 @parallel_options
 @json_option
 @out_option
 def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                 nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine,
-                sim_path, policies, routers, ratios, jobs, ray_address, as_json, out_dir):
+                sim_path, policies, routers, ratios, oracle_lookahead, jobs, ray_address, as_json, out_dir):
     """Run every policy on the same workload and seed; P99, SLO and distance from the oracle.
 
     static-best is the grid ratio with the lowest P99 (a sweep of this run, in hindsight). The
@@ -65,7 +68,7 @@ def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time
         def track(label: str, total: int):
             task = bar.add_task(f"{w.name} / {label}", total=total)
             return lambda k=1: bar.advance(task, k)
-        c = compare(spec, cfgs, policy_names, grid, jobs or os.cpu_count() or 1, track, ray_address)
+        c = compare(spec, cfgs, policy_names, grid, jobs or os.cpu_count() or 1, track, ray_address, oracle_lookahead)
     rows, timelines, r_star = c.rows, c.timelines, c.r_star
     result = {"workload": w.name, "nodes": nodes, "seed": seed, "grid": grid, "wall_s": time.perf_counter() - wall,
               "r_star": _floats(r_star), "held_r_star": _floats(c.held_r_star),

@@ -42,8 +42,9 @@ def unit_command(ev: EvalConfig, unit: Unit) -> str:
         return (f"helmgr simulate {wl} --seed {unit.seed} {cluster} --policy static --ratio {unit.ratio:g} "
                 f"--router {unit.router} --json")
     if unit.kind == "oracle":
+        ahead = f" --oracle-lookahead {ev.oracle_lookahead_s:g}" if ev.oracle_lookahead_s else ""
         return (f"helmgr compare {wl} --seed {unit.seed} {cluster} --policies oracle --routers {unit.router} "
-                f"{grid_flag(ev.grid)} --json")
+                f"{grid_flag(ev.grid)}{ahead} --json")
     task = unit.payload
     policy = "static" if unit.policy == "static-best" else unit.policy
     ratio = f" --ratio {unit.ratio:g}" if unit.ratio is not None else ""

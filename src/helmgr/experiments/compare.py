@@ -51,7 +51,7 @@ def _quiet(label: str, total: int) -> Callable[[int], None]:
 
 
 def compare(spec: WorkloadSpec, cfgs: dict[str, SimConfig], names: list[str], grid: list[float], jobs: int = 1,
-            track: Track = _quiet, ray_address: str | None = None) -> Comparison:
+            track: Track = _quiet, ray_address: str | None = None, oracle_lookahead_s: float = 0.0) -> Comparison:
     """Run `names` (policies, plus "static-best", "oracle" and "oracle-greedy") under each router
     of `cfgs`: the policy runs and the static-best sweeps in one batch of independent runs
     (experiments.parallel: `jobs` processes, or Ray at `ray_address`), then the oracles, whose
@@ -80,7 +80,7 @@ def compare(spec: WorkloadSpec, cfgs: dict[str, SimConfig], names: list[str], gr
             out.rows.append(static_best([{key: v for key, v in r.items() if key != "window_p99_ms"} for r in rows]))
             out.timelines[("static-best", rt)] = None
         if "oracle" in names:
-            _phase_oracle(out, spec, cfg, grid, jobs, track, ray_address)
+            _phase_oracle(out, spec, cfg, grid, jobs, track, ray_address, oracle_lookahead_s)
         if "oracle-greedy" in names:
             _greedy(out, spec, cfg, grid, jobs, track, ray_address)
     add_distances(out)
@@ -98,10 +98,10 @@ def _progress(track: Track, label: str, total: int) -> Callable[[int], None]:
 
 
 def _phase_oracle(out: Comparison, spec: WorkloadSpec, cfg: SimConfig, grid, jobs: int, track: Track,
-                  ray_address: str | None) -> None:
+                  ray_address: str | None, lookahead_s: float = 0.0) -> None:
     w = spec.build()
     done = _progress(track, f"{cfg.router}: oracle blocks", len(oracle_blocks(w.phases)))
-    o = run_phase_oracle(cfg, w, grid, jobs, on_progress=done, ray_address=ray_address)
+    o = run_phase_oracle(cfg, w, grid, jobs, on_progress=done, ray_address=ray_address, lookahead_s=lookahead_s)
     out.rows.append(o.summary)
     out.timelines[("oracle", cfg.router)] = o.series
     out.oracles[cfg.router] = o

@@ -56,6 +56,7 @@ class EvalConfig:
     scenario: str = "v2"
     check_router: str = "prefix-aware"             # the scenario check's static runs
     oracle_routers: tuple[str, ...] = ("helm",)
+    oracle_lookahead_s: float = 0.0                # phase_oracle.run_phase_oracle's lookahead
     capacity: bool = True
     capacity_regimes: tuple[str, ...] | None = None    # None: every regime
     capacity_duration_s: float | None = None       # each bisection probe's simulated seconds (None: the runs')
@@ -186,15 +187,17 @@ def _base_rate(spec: WorkloadSpec) -> float:
 
 
 def oracle_units(ev: EvalConfig) -> list[Unit]:
+    extra = (ev.oracle_lookahead_s,) if ev.oracle_lookahead_s else ()      # keys of lookahead-0 units unchanged
     return [Unit("oracle", regime, seed, "oracle", rt, None,
-                 (ev.spec(regime, seed), ev.cfg("static", rt, seed), tuple(ev.grid)))
+                 (ev.spec(regime, seed), ev.cfg("static", rt, seed), tuple(ev.grid)) + extra)
             for regime in ev.regimes for seed in ev.seeds for rt in ev.oracle_routers if rt in ev.routers]
 
 
 def run_oracle_unit(unit: Unit, jobs: int, ray_address: str | None, on_progress=None) -> dict:
     """The phase oracle, kept as its summary, its r* and band per 1-s window, and its block table."""
-    spec, cfg, grid = unit.payload
-    o = run_phase_oracle(cfg, spec.build(), list(grid), jobs, on_progress=on_progress, ray_address=ray_address)
+    spec, cfg, grid, *lookahead = unit.payload
+    o = run_phase_oracle(cfg, spec.build(), list(grid), jobs, on_progress=on_progress, ray_address=ray_address,
+                         lookahead_s=lookahead[0] if lookahead else 0.0)
     star, lo, hi = o.per_window()
     return {"summary": {k: v for k, v in o.summary.items() if not isinstance(v, (list, dict))},
             "window_ratio": window_ratios(o.series.timeline, cfg.nodes, spec.build().duration_s),

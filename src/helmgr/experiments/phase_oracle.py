@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -146,20 +147,27 @@ def block_p99(origin: Cluster | Start, pieces: list, block: Phase, grid, jobs: i
 
 def run_phase_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs: int = 1,
                      block_s: float | None = BLOCK_S, on_progress=None, ray_address: str | None = None,
-                     fit: str = "convex") -> PhaseOracleResult:
+                     fit: str = "convex", lookahead_s: float = 0.0) -> PhaseOracleResult:
     """The stitched run; each block's replays are independent runs (experiments.parallel: `jobs`
-    processes forked from the block's state, or Ray at `ray_address`). `on_progress(k)`: k blocks done."""
+    processes forked from the block's state, or Ray at `ray_address`). `on_progress(k)`: k blocks done.
+
+    With `lookahead_s` > 0 each replay runs on through the following blocks that end within
+    `lookahead_s` of the block's end, and the ratio is judged by the P99 of all their requests
+    (only the block itself is then run at r*): a choice whose transition costs this block but pays
+    off after it is no longer refused (SPEC 5's oracle is `lookahead_s` = 0)."""
     cfg = cfg.validate(workload.duration_s)
     if fit not in FITS:
         raise HelmInputError(f"unknown oracle fit {fit!r} (known: {', '.join(FITS)})")
+    if not (lookahead_s >= 0 and np.isfinite(lookahead_s)):
+        raise HelmInputError(f"oracle lookahead {lookahead_s!r} s must be a finite number >= 0")
     start = Start(cfg, workload, node_profile(cfg.hardware, cfg.model))
     wall = time.perf_counter()
     blocks = oracle_blocks(workload.phases, block_s)
     cluster, fits, table, current = None, [], [], cfg.ratio
-    for k, (b, pieces) in enumerate(zip(blocks, block_arrivals(workload, blocks))):
+    for k, (b, pieces, horizon) in enumerate(_with_horizon(blocks, block_arrivals(workload, blocks), lookahead_s)):
         if cluster is not None:
             cluster.advance(b.start)
-        p99 = block_p99(start if cluster is None else cluster, pieces, b, grid, jobs, ray_address)
+        p99 = block_p99(start if cluster is None else cluster, horizon, b, grid, jobs, ray_address)
         fits.append(fit_block(grid, p99, current, fit))
         table.append(p99)
         current = fits[-1].r_star
@@ -173,7 +181,24 @@ def run_phase_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs
         if on_progress:
             on_progress(k + 1)
     cluster.finish()
-    return _result(start, cluster, blocks, fits, grid, table, time.perf_counter() - wall, block_s, fit)
+    result = _result(start, cluster, blocks, fits, grid, table, time.perf_counter() - wall, block_s, fit)
+    result.summary["oracle_lookahead_s"] = float(lookahead_s)
+    return result
+
+
+def _with_horizon(blocks, arrivals, lookahead_s: float):
+    """(block, its arrivals, the arrivals of it and of the following blocks that end within
+    `lookahead_s` of its end), in order; the stream is read at most that far ahead."""
+    ahead: deque = deque()
+    arrivals = iter(arrivals)
+    for k, b in enumerate(blocks):
+        last = k
+        while last + 1 < len(blocks) and blocks[last + 1].end <= b.end + lookahead_s + 1e-9:
+            last += 1
+        while len(ahead) < last - k + 1:
+            ahead.append(next(arrivals))
+        yield b, ahead[0], [p for pieces in list(ahead)[:last - k + 1] for p in pieces]
+        ahead.popleft()
 
 
 def _result(start: Start, cluster: Cluster, blocks, fits, grid, table, wall: float, block_s, fit: str):
