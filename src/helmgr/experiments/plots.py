@@ -172,7 +172,7 @@ def plot_compare(rows: list[dict], timelines: dict, r_star, title: str, out: Pat
         if series is not None and len(series.latency_ms):
             lat = np.sort(series.latency_ms)
             ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat), lw=1, label=name)
-    ax.axvline(rows[0]["slo_ms"], color="tab:red", ls="--", lw=1)
+    ax.axvline(rows[0]["slo_ms"], color="tab:red", ls="--", lw=1, label=f"SLO {rows[0]['slo_ms']:g} ms")
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms)")
     ax.set_ylabel("CDF")
