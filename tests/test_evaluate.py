@@ -116,6 +116,8 @@ def test_the_command_of_a_run_reproduces_it(done, capsys):
     (["evaluate", "--ratios", "0.5"], "at least two ratios"),
     (["evaluate", "--seeds", "1,x"], "--seeds '1,x'"),
     (["evaluate", "--routers", "fastest"], "--routers 'fastest'"),
+    (["evaluate", "--policy", "helm"], "evaluate runs the online policies of --policies"),
+    (["plan", "--rps", "100", "--policy", "helm"], "plan weighs the POLICY@ROUTER pairs"),
     (["plan", "--rps", "100", "--candidates", "helm@nowhere"], "'helm@nowhere' is not POLICY@ROUTER"),
     (["plan", "--rps", "-1"], "'--rps': -1"),
     (["capacity", "--seeds", ""], "--seeds ''"),

@@ -75,9 +75,8 @@ def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios
     helmgr evaluate --out results/eval-v2 --jobs 2
     helmgr evaluate --workloads burst --seeds 1,2 --ray-address auto
     """
-    if out_dir == DEFAULT_OUT:
-        DEFAULT_OUT.parent.mkdir(exist_ok=True)
-    check_out(out_dir)
+    if policy != "static":
+        raise click.UsageError(f"--policy {policy!r}: evaluate runs the online policies of --policies (a comma list)")
     preset = QUICK if quick else FULL
     pick = {"seeds": seeds, "ratios": ratios, "duration": duration, "capacity_workloads": capacity_workloads,
             "capacity_duration": capacity_duration, "capacity_tol": capacity_tol}
@@ -92,12 +91,15 @@ def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios
                     routers=tuple(names(routers, list(ROUTERS), "routers")), grid=tuple(ratio_grid(pick["ratios"])),
                     duration_s=pick["duration"], scenario=scenario, check_router=router,
                     oracle_routers=() if no_oracle else ("helm",), oracle_lookahead_s=oracle_lookahead,
-                    capacity=not no_capacity,
-                    capacity_regimes=cap_regimes, capacity_duration_s=pick["capacity_duration"], capacity_tol=pick["capacity_tol"])
+                    capacity=not no_capacity, capacity_regimes=cap_regimes,
+                    capacity_duration_s=pick["capacity_duration"], capacity_tol=pick["capacity_tol"])
     if len(ev.grid) < 2:
         raise click.UsageError(f"--ratios {pick['ratios']!r}: the evaluation needs at least two ratios")
     durations = {regime: ev.spec(regime, ev.seeds[0]).build().duration_s  # validates the workload options
                  for regime in ev.regimes}
+    if out_dir == DEFAULT_OUT:
+        DEFAULT_OUT.parent.mkdir(exist_ok=True)
+    check_out(out_dir)
     if fresh and (out_dir / "runs").is_dir():
         import shutil
         shutil.rmtree(out_dir / "runs")

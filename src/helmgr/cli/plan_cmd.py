@@ -62,6 +62,8 @@ def plan_cmd(rps, scenario, traffic, seeds, duration, nodes, policy, ratio, rout
     helmgr plan --rps 5000 --slo-ms 20 --quick
     helmgr plan --rps 20000 --hardware h100-80g --out results/plan
     """
+    if policy != "static":
+        raise click.UsageError(f"--policy {policy!r}: plan weighs the POLICY@ROUTER pairs of --candidates")
     check_out(out_dir)
     wall = time.perf_counter()
     preset = QUICK if quick else FULL
