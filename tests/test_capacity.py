@@ -100,3 +100,34 @@ def test_capacity_on_the_simulator_is_where_the_slo_breaks():
     failed = probes[seed["fails_at_rps"]]
     assert failed["satisfaction"] < 0.95 or failed["overloaded"]
     assert seed["fails_at_rps"] / seed["capacity_rps"] - 1 <= 0.05
+
+
+class _Rec:
+    def __init__(self, t, queues):
+        self.window_t, self.window_queues = t, queues
+
+
+class _Cluster:
+    def __init__(self, t, queues):
+        self.rec = _Rec(t, queues)
+
+
+def test_backlogged_stops_after_more_failed_windows_than_the_target_allows():
+    from helmgr.experiments.capacity import backlogged
+    cfg = SimConfig(nodes=2, warmup_s=15.0)
+    check = backlogged(cfg, duration_s=60.0, rate=100.0)     # 45 windows after the warm-up: 2 may fail
+    t = [float(k) for k in range(1, 21)]
+    big, small = [60, 50], [40, 40]                          # 110 > 100 x 1 s queued; 80 is not
+    assert check(_Cluster(t, [small] * 17 + [big] * 3)) == (
+        "stopped at 20 s: 3 windows in a row ended with over 1 s of arrivals queued")
+    assert check(_Cluster(t, [small] * 18 + [big] * 2)) is None      # two: still within the 5 %
+    assert check(_Cluster(t, [big] * 16 + [small] + [big] * 3)) is not None
+    assert check(_Cluster(t[:15], [big] * 15)) is None               # the warm-up's windows do not count
+
+
+def test_a_probe_far_above_capacity_is_stopped_early():
+    from helmgr.experiments.capacity import run_probe
+    cfg = SimConfig(nodes=2, slo_ms=20.0, engine="pipelined", max_batch=8)
+    p = run_probe(WorkloadSpec("steady", duration_s=60.0, seed=1), cfg, 2000.0)
+    assert not p.passed and p.overloaded and p.satisfaction is None
+    assert p.stopped.startswith("stopped at 18 s: 3 windows in a row")

@@ -98,11 +98,14 @@ def plan_cmd(rps, scenario, traffic, seeds, duration, nodes, policy, ratio, rout
         stdout.print(f"no plan: {result['reason']}")
         return
     how = "measured" if p["capacity_measured"] else "estimated (linear, --quick)"
-    stdout.print(f"plan: {p['nodes']} nodes, {p['policy']} split, {p['router']} routing; "
-                 f"simulated at {rps:g} req/s it {'meets' if p['met_slo'] else 'MISSES'} the SLO "
-                 f"(window SLO {min(c['window_slo_satisfaction'] for c in p['checks']):.3f}, "
-                 f"P99 {max(c['p99_ms'] for c in p['checks']):.2f} ms); capacity {_num(p['capacity_rps'])} req/s "
-                 f"{how}, headroom {p['headroom']:+.0%}" if p["headroom"] is not None else "")
+    sat = [c["window_slo_satisfaction"] for c in p["checks"] if c["window_slo_satisfaction"] is not None]
+    p99 = [c["p99_ms"] for c in p["checks"] if c["p99_ms"] is not None]
+    measured = (f"window SLO {min(sat):.3f}, P99 {max(p99):.2f} ms" if len(sat) == len(p["checks"]) and p99
+                else "a seed's run was stopped: it fell a second behind")
+    headroom = f", headroom {p['headroom']:+.0%}" if p["headroom"] is not None else ""
+    stdout.print(f"plan: {p['nodes']} nodes, {p['policy']} split, {p['router']} routing; simulated at {rps:g} req/s "
+                 f"it {'meets' if p['met_slo'] else 'MISSES'} the SLO ({measured}); capacity "
+                 f"{_num(p['capacity_rps'])} req/s {how}{headroom}")
 
 
 def _num(v) -> str:

@@ -22,12 +22,13 @@ from typing import Callable, Sequence
 
 from helmgr.core.errors import HelmInputError
 from helmgr.experiments.parallel import run_all
-from helmgr.sim import SimConfig, simulate
+from helmgr.sim import RunStopped, SimConfig, simulate
 from helmgr.workload import WorkloadSpec, default_config
 
 TARGET = 0.95          # window SLO satisfaction a rate must keep
 TOL = 0.02             # the bracket's width at the end: failing rate / passing rate - 1
 MAX_PROBES = 40
+BACKLOG_S = 1.0       # a probe stops once its queue holds this many seconds of arrivals, window after window
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class Probe:
     utilization: float | None = None
     overloaded: bool = False
     p99_ms: float | None = None
+    stopped: str | None = None               # why the run was cut short (it had failed already)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +88,39 @@ def bisect_rate(probe: Callable[[float], Probe], start: float, tol: float = TOL,
 
 
 def run_probe(spec: WorkloadSpec, cfg: SimConfig, rate: float, target: float = TARGET) -> Probe:
-    """One run at base rate `rate`: passes with window SLO satisfaction >= target, not overloaded."""
-    s = simulate(cfg, replace(spec, rps=float(rate)).build()).summary
+    """One run at base rate `rate`: passes with window SLO satisfaction >= target, not overloaded.
+    A run that has already failed is stopped (`backlogged`): a probe far above capacity would
+    otherwise carry its growing backlog, time and memory, to the end."""
+    w = replace(spec, rps=float(rate)).build()
+    try:
+        s = simulate(cfg, w, stop=backlogged(cfg, w.duration_s, rate, target)).summary
+    except RunStopped as e:
+        return Probe(float(rate), False, overloaded=True, stopped=str(e))
     sat = s["window_slo_satisfaction"]
     ok = sat is not None and math.isfinite(sat) and sat >= target and not s["overloaded"]
     return Probe(float(rate), bool(ok), sat, s["utilization"], bool(s["overloaded"]), s["p99_ms"])
+
+
+def backlogged(cfg: SimConfig, duration_s: float, rate: float, target: float = TARGET):
+    """A `simulate` stop check: the run has failed once more windows than `target` allows (after
+    the warm-up) have ended, one after another, with over a second of arrivals (`rate` x 1 s)
+    queued. By Little's law a queue holding L requests at arrival rate `rate` means a mean wait of
+    L / rate, so through such a streak requests wait about a second on average — 50 x the 20-ms
+    SLO — and every window in it has its P99 past any SLO under a second."""
+    warmup = min(cfg.warmup_s, 0.5 * duration_s)
+    allowed = math.floor((1 - target) * max(0.0, duration_s - warmup) / cfg.window_s + 1e-9)
+
+    def check(cluster) -> str | None:
+        t, queues = cluster.rec.window_t, cluster.rec.window_queues
+        streak = 0
+        for k in range(len(t) - 1, -1, -1):
+            if t[k] <= warmup or sum(queues[k]) <= rate * BACKLOG_S:
+                break
+            streak += 1
+        if streak > allowed:
+            return f"stopped at {t[-1]:g} s: {streak} windows in a row ended with over {BACKLOG_S:g} s of arrivals queued"
+        return None
+    return check
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from helmgr.core.profiles import NodeProfile, node_profile
 from helmgr.sim.cluster import Cluster
@@ -13,6 +14,10 @@ from helmgr.routing.routers import Router, make_router
 from helmgr.workload import Workload
 
 
+class RunStopped(Exception):
+    """A run ended early by its `stop` check; the message says why."""
+
+
 @dataclass(frozen=True)
 class SimResult:
     summary: dict
@@ -21,15 +26,26 @@ class SimResult:
 
 
 def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = None,
-             router: Router | None = None, on_progress=None, profile: NodeProfile | None = None) -> SimResult:
+             router: Router | None = None, on_progress=None, profile: NodeProfile | None = None,
+             stop: Callable[[Cluster], str | None] | None = None) -> SimResult:
     """Run `workload` through a cluster built from `cfg`. `policy`/`router` override the names in
     `cfg` (for policies that need arguments); `profile` the node profile its hardware and model
-    name (for a profile built in code, e.g. a serving replica's)."""
+    name (for a profile built in code, e.g. a serving replica's). `stop(cluster)` is asked after
+    every 1-s chunk; a reason it returns ends the run with RunStopped(reason)."""
     cfg = cfg.validate(workload.duration_s)
     model = cfg.model if profile is None else profile.model.name
     profile = profile or node_profile(cfg.hardware, cfg.model)
     slo_s = (cfg.slo_ms if cfg.slo_ms is not None else profile.model.slo_ms) * 1e-3
     wall = time.perf_counter()
+    if stop is not None:
+        report = on_progress
+
+        def on_progress(t: float) -> None:
+            if report:
+                report(t)
+            why = stop(cluster)
+            if why:
+                raise RunStopped(why)
     cluster = Cluster(cfg, workload, profile, router or make_router(cfg.router), policy or make_policy(cfg.policy),
                       on_progress)
     cluster.run()
