@@ -164,3 +164,21 @@ def test_poisson_times_when_the_grid_rounds_onto_its_end():
     assert np.arange(1.0, 1.3, 0.1)[-1] >= 1.3
     t = poisson_times(np.random.default_rng(0), lambda t: np.full(np.shape(t), 500.0), 1.0, 1.3)
     assert 100 < len(t) < 200 and t.min() >= 1.0 and t.max() < 1.3 and np.all(np.diff(t) >= 0)
+
+
+def test_a_workload_pickles_its_candidate_pools_not_their_windows():
+    """A cluster is sent to Ray workers whole (the oracle's replays); the candidates' window
+    views must not pickle as every window copied (8.6 GB for the v2 default)."""
+    import pickle
+
+    import numpy as np
+
+    from helmgr.workload import WorkloadSpec
+    w = WorkloadSpec("steady", 5.0, 1).build()
+    cands = w.candidates
+    blob = pickle.dumps(cands, protocol=5)
+    assert len(blob) < 64e6                                  # the two 2M-id pools, ~34 MB
+    back = pickle.loads(blob)
+    clusters = np.arange(64) % 8
+    assert np.array_equal(back.draw(np.random.default_rng(3), clusters), cands.draw(np.random.default_rng(3), clusters))
+    assert np.shares_memory(back.head, back.head_pool)     # a view again, not a copy

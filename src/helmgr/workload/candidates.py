@@ -17,17 +17,36 @@ def windows(pool: np.ndarray, width: int) -> np.ndarray:
     return sliding_window_view(pool, width) if width > 0 else np.zeros((len(pool), 0), pool.dtype)
 
 
-class SyntheticCandidates:
+class _Windowed:
+    """Pickles its pools, not their window views: a view pickles as every window copied (2 M
+    windows of 512 ids: 8.6 GB, what sending a cluster to a Ray worker cost), and is rebuilt from
+    its pool on the other side. `_views` maps each view attribute to (pool attribute, width)."""
+
+    _views: dict[str, tuple[str, str]] = {}
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k not in self._views}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+        for view, (pool, width) in self._views.items():
+            setattr(self, view, windows(state[pool], getattr(self, width)))
+
+
+class SyntheticCandidates(_Windowed):
     """`count` candidates per request: a share `head_share` from the global head, the rest from
     the user's cluster tail (retrieval mixes popular and personalized items)."""
+
+    _views = {"head": ("head_pool", "n_head"), "tail": ("tail_pool", "n_tail")}
 
     def __init__(self, rng: np.random.Generator, space: ItemSpace, count: int, head_share: float,
                  head_exponent: float, tail_exponent: float, pool_size: int = 1 << 21):
         self.space, self.count = space, count
         self.n_head = int(round(head_share * count))
-        self.head = windows(space.head_ids(zipf_ranks(rng, space.n_items, head_exponent, pool_size)), self.n_head)
-        tail = (-zipf_ranks(rng, space.segment, tail_exponent, pool_size)) % space.segment
-        self.tail = windows(tail, count - self.n_head)
+        self.n_tail = count - self.n_head
+        self.head_pool = space.head_ids(zipf_ranks(rng, space.n_items, head_exponent, pool_size))
+        self.tail_pool = (-zipf_ranks(rng, space.segment, tail_exponent, pool_size)) % space.segment
+        self.head, self.tail = windows(self.head_pool, self.n_head), windows(self.tail_pool, self.n_tail)
 
     def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
         """An (n, count) int64 array of candidates for requests of users in `clusters`."""
@@ -39,16 +58,19 @@ class SyntheticCandidates:
         return out
 
 
-class PoolCandidates:
+class PoolCandidates(_Windowed):
     """`count` candidates per request drawn from an empirical item distribution (trace replay).
     A request of cluster c gets its candidates offset by c x `segment` (a widened catalogue's
     clone ranges; clusters are all 0 otherwise)."""
+
+    _views = {"pool": ("ids", "count")}
 
     def __init__(self, rng: np.random.Generator, item_counts: np.ndarray, count: int, pool_size: int = 1 << 21,
                  segment: int = 0):
         p = item_counts / item_counts.sum()
         self.count, self.segment = count, segment
-        self.pool = windows(rng.choice(len(p), size=pool_size, p=p), count)
+        self.ids = rng.choice(len(p), size=pool_size, p=p)
+        self.pool = windows(self.ids, count)
 
     def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
         out = self.pool[rng.integers(0, len(self.pool), len(clusters))]     # a gather: a copy
