@@ -153,8 +153,13 @@ def capacity_tasks(spec: WorkloadSpec, cfg: SimConfig, seeds: Sequence[int], tol
         raise HelmInputError(f"capacity target {target!r} must be in (0, 1]")
     if not 0 < tol < 1:
         raise HelmInputError(f"capacity tolerance {tol!r} must be in (0, 1)")
-    first = start if start is not None else (spec.rps or default_config(spec.regime, spec.scenario).rps)
+    first = start if start is not None else base_rate(spec)
     return [CapacityTask(replace(spec, seed=s), replace(cfg, seed=s), float(first), tol, target) for s in seeds]
+
+
+def base_rate(spec: WorkloadSpec) -> float:
+    """The synthetic workload's base rate: its `rps`, or its regime's default."""
+    return spec.rps or default_config(spec.regime, spec.scenario).rps
 
 
 def summarize_capacity(brackets: Sequence[Bracket], seeds: Sequence[int]) -> dict:

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from helmgr.experiments.capacity import CapacityTask, bisect_task
+from helmgr.experiments.capacity import CapacityTask, base_rate, bisect_task
 from helmgr.experiments.parallel import run_all
 from helmgr.experiments.phase_oracle import oracle_blocks, run_phase_oracle
 from helmgr.experiments.scenario import PhaseRun, phase_point
@@ -170,7 +170,7 @@ def capacity_units(ev: EvalConfig, points: dict) -> list[Unit]:
     for regime in ev.regimes if ev.capacity_regimes is None else ev.capacity_regimes:
         for seed in ev.seeds:
             spec = ev.spec(regime, seed, ev.capacity_duration_s)
-            start = spec.rps or _base_rate(spec)
+            start = base_rate(spec)
             for policy, router in CAPACITY_PAIRS:
                 if router not in ev.routers or (policy != "static-best" and policy not in ev.policies):
                     continue
@@ -179,11 +179,6 @@ def capacity_units(ev: EvalConfig, points: dict) -> list[Unit]:
                 out.append(Unit("capacity", regime, seed, policy, router, ratio,
                                 CapacityTask(spec, cfg, start, ev.capacity_tol)))
     return out
-
-
-def _base_rate(spec: WorkloadSpec) -> float:
-    from helmgr.workload import default_config
-    return default_config(spec.regime, spec.scenario).rps
 
 
 def oracle_units(ev: EvalConfig) -> list[Unit]:

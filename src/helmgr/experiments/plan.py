@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from helmgr.experiments.capacity import TARGET, CapacityTask, bisect_task, run_probe, summarize_capacity
+from helmgr.experiments.capacity import TARGET, CapacityTask, base_rate, bisect_task, run_probe, summarize_capacity
 from helmgr.experiments.parallel import run_all
 from helmgr.sim import SimConfig
 from helmgr.sim.config import scenario_cluster
-from helmgr.workload import WorkloadSpec, default_config
+from helmgr.workload import WorkloadSpec
 
 CANDIDATES = (("helm", "helm"), ("static", "prefix-aware"), ("static", "least-loaded"))
 MAX_GROW = 4                   # nodes added at most when the simulated check misses
@@ -71,7 +71,7 @@ def _check(args: tuple[PlanConfig, str, str, int, int]) -> dict:
 
 def plan(pc: PlanConfig, jobs: int = 1, ray_address: str | None = None, on_done=None) -> dict:
     probe_nodes = pc.cluster.nodes
-    base = default_config(pc.regime, pc.scenario).rps * probe_nodes / scenario_cluster(pc.scenario)["nodes"]
+    base = base_rate(pc.spec(pc.seeds[0])) * probe_nodes / scenario_cluster(pc.scenario)["nodes"]
     caps = _capacities(pc, pc.candidates, probe_nodes, base, jobs, ray_address, on_done)
     table = []
     for (policy, router), c in zip(pc.candidates, caps):
