@@ -47,6 +47,47 @@ def test_env_is_seeded_and_passes_check_env():
     assert not np.array_equal(HelmEnv(**TINY).reset(seed=12)[0], runs[0][:N_FEATURES])   # another seed, another episode
 
 
+def test_env_v2_episodes_are_stretches_of_the_scenarios_runs_on_its_nodes():
+    """v2: a node's share of the scenario (an eighth of the regime's rate and users), pipelined
+    batches of 8, the 20-ms SLO, a random stretch of the whole 360-s run; the presets drawn from
+    the mixture. v1: serial nodes at 300 req/s, the model's SLO, a run as long as the episode."""
+    from helmgr.workload import default_config
+    small = dict(n_items=20_000, n_clusters=8)
+    env = HelmEnv(regimes=("trend",), episode_s=3.0, warmup_s=2.0, workload=small,
+                  hardware=("a100-80g", "h100-80g"), model=("large", "small"))
+    drawn = set()
+    for seed in range(8):
+        _, info = env.reset(seed=seed)
+        c, wc = env.cluster.cfg, env.workload_config
+        assert (c.engine, c.max_batch, c.slo_ms, env.slo_s) == ("pipelined", 8, 20.0, 0.02)
+        assert wc.rps == default_config("trend", "v2").rps / 8 == 275.0 and wc.duration_s == 360.0
+        assert wc.n_users == default_config("trend", "v2").n_users // 8
+        assert 0 <= info["start_s"] <= 360 - 2 - 3 - 1 and (c.hardware, c.model) == (info["hardware"], info["model"])
+        drawn.add((info["hardware"], info["model"]))
+    assert {h for h, _ in drawn} == {"a100-80g", "h100-80g"} and {m for _, m in drawn} == {"large", "small"}
+    # the stretch: the stream from start_s on, moved to 0
+    env = HelmEnv(regimes=("steady",), episode_s=3.0, warmup_s=2.0, workload=small)
+    _, info = env.reset(seed=3)
+    start = info["start_s"]
+    w = env.cluster.workload
+    first = next(c for k, c in enumerate(w.chunks(1.0)) if k == start + 2)
+    mine = next(env.chunks)
+    assert start > 0 and np.array_equal(mine.t, first.t - start) and np.array_equal(mine.user, first.user)
+    v1 = HelmEnv(regimes=("steady",), episode_s=3.0, warmup_s=2.0, workload=small, scenario="v1")
+    v1.reset(seed=1)
+    assert (v1.cluster.cfg.engine, v1.cluster.cfg.max_batch, v1.workload_config.rps) == ("serial", 1, 300.0)
+    assert v1.workload_config.duration_s == 6.0 and v1.slo_s == v1.cluster.profile.model.slo_ms * 1e-3
+
+
+def test_the_recorded_train_command_names_every_setting_off_its_default():
+    from helmgr.learn.train import command_flags
+    assert command_flags({}) == ""
+    assert command_flags({"regimes": ("steady", "trend", "burst"), "episode_s": 60.0, "relative": True,
+                          "scenario": "v1", "hardware": ("a100-80g",), "model": ("large", "small")}) == \
+        " --episode-s 60 --scenario v1 --model large,small --relative"
+    assert command_flags({"regimes": ("burst",), "hardware": "h100-80g"}) == " --workloads burst --hardware h100-80g"
+
+
 def test_exported_policy_matches_the_trained_one():
     from helmgr.learn.train import export, make_model
     model, venv = make_model(TINY, seed=3, n_steps=32)

@@ -6,10 +6,12 @@ from pathlib import Path
 import click
 
 from helmgr.cli.output import emit_json, json_option, progress, stdout
-from helmgr.cli.types import SEED, Finite
+from helmgr.cli.types import SEED, Finite, names
+from helmgr.core.profiles import available
 from helmgr.core.errors import HelmInputError
 from helmgr.core.files import check_writable
 from helmgr.core.extras import require
+from helmgr.workload import SCENARIOS
 from helmgr.workload.synthetic import parse_regime
 
 
@@ -21,7 +23,14 @@ from helmgr.workload.synthetic import parse_regime
               show_default=True, help="Where the exported policy goes (.npz).")
 @click.option("--workloads", default="steady,trend,burst", show_default=True,
               help="Comma list of regimes episodes are drawn from.")
-@click.option("--episode-s", type=Finite(min=2), default=60.0, show_default=True)
+@click.option("--episode-s", type=Finite(min=2), default=120.0, show_default=True,
+              help="Controlled seconds an episode (after its warm-up), a stretch of the regime's run.")
+@click.option("--scenario", type=click.Choice(SCENARIOS), default="v2", show_default=True,
+              help="The environment's scenario: v2 (a node's share of the v2 cluster, its whole-run regimes), "
+                   "or v1 (the first version's: serial nodes at 300 req/s, 60-s workloads).")
+@click.option("--hardware", default="a100-80g", show_default=True,
+              help="Comma list of hardware presets episodes are drawn from.")
+@click.option("--model", default="large", show_default=True, help="Comma list of model presets episodes are drawn from.")
 @click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Where the run's CSV log of reward and losses goes.")
 @click.option("--envs", "n_envs", type=click.IntRange(1, 256), default=1, show_default=True,
@@ -29,11 +38,13 @@ from helmgr.workload.synthetic import parse_regime
 @click.option("--relative", is_flag=True,
               help="Pay the reward minus a twin cluster's held at the starting ratio (2x the simulation).")
 @json_option
-def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, n_envs, relative, as_json):
+def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardware, model, runs_dir, n_envs, relative,
+              as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
     \b
     helmgr train --timesteps 20000 --seed 1 --out policy.npz
+    helmgr train --timesteps 200000 --seed 2 --hardware a100-80g,h100-80g,h200-141g --model large,small --envs 2
     """
     require("train", what="helmgr train")
     check_paths(out_path, runs_dir)
@@ -42,10 +53,13 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, runs_dir, n_envs,
         parse_regime(r)                                   # names the bad one
     if not regimes:
         raise HelmInputError(f"--workloads {workloads!r} names no regime")
+    presets = {kind: names(text, available(kind), kind) for kind, text in (("hardware", hardware), ("model", model))}
     from helmgr.learn.train import train
     with progress("train", timesteps) as bar:
         task = bar.add_task(f"PPO {'+'.join(regimes)} seed {seed}", total=timesteps)
-        result = train(timesteps, seed, out_path, runs_dir, {"regimes": regimes, "episode_s": episode_s, "relative": relative},
+        result = train(timesteps, seed, out_path, runs_dir, {"regimes": regimes, "episode_s": episode_s, "relative": relative,
+                                                             "scenario": scenario, "hardware": tuple(presets["hardware"]),
+                                                             "model": tuple(presets["model"])},
                        on_progress=lambda n: bar.update(task, completed=n), n_envs=n_envs)
     if as_json:
         emit_json(result)

@@ -84,15 +84,6 @@ def oracle_blocks(phases: Sequence[Phase], block_s: float | None = BLOCK_S) -> t
     return tuple(out)
 
 
-def rows(chunk: RequestChunk, a: int, b: int) -> RequestChunk:
-    """Requests a..b-1 of `chunk`, as a chunk of the same type."""
-    io, co = chunk.item_offsets, chunk.cand_offsets
-    flat = ("item_ids", "item_offsets", "cand_ids", "cand_offsets")
-    per_row = {f.name: getattr(chunk, f.name)[a:b] for f in dataclasses.fields(chunk) if f.name not in flat}
-    return type(chunk)(item_ids=chunk.item_ids[io[a]:io[b]], item_offsets=io[a:b + 1] - io[a],
-                       cand_ids=chunk.cand_ids[co[a]:co[b]], cand_offsets=co[a:b + 1] - co[a], **per_row)
-
-
 def block_arrivals(workload: Workload, blocks: Sequence[Phase]) -> Iterator[list[RequestChunk]]:
     """Per block, its arrivals: the workload's 1-s chunks (the stream every run sees), cut at the
     blocks' ends."""
@@ -106,9 +97,9 @@ def block_arrivals(workload: Workload, blocks: Sequence[Phase]) -> Iterator[list
                 break
             cut = int(np.searchsorted(rest.t, b.end, side="left"))
             if cut:
-                pieces.append(rows(rest, 0, cut) if cut < len(rest) else rest)
+                pieces.append(rest.rows(0, cut) if cut < len(rest) else rest)
             if cut < len(rest):
-                rest = rows(rest, cut, len(rest))
+                rest = rest.rows(cut, len(rest))
                 break
             rest = None
         yield pieces

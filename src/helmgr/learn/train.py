@@ -53,6 +53,26 @@ def make_model(env_kwargs: dict, seed: int, n_steps: int = 512, n_envs: int = 1)
     return model, venv
 
 
+def command_flags(env_kwargs: dict) -> str:
+    """The `helmgr train` options that give these environment settings (defaults left out)."""
+    flags = []
+    regimes = tuple(env_kwargs.get("regimes", ("steady", "trend", "burst")))
+    if regimes != ("steady", "trend", "burst"):
+        flags.append(f"--workloads {','.join(regimes)}")
+    if env_kwargs.get("episode_s", 120.0) != 120.0:
+        flags.append(f"--episode-s {env_kwargs['episode_s']:g}")
+    if env_kwargs.get("scenario", "v2") != "v2":
+        flags.append(f"--scenario {env_kwargs['scenario']}")
+    for kind, default in (("hardware", "a100-80g"), ("model", "large")):
+        value = env_kwargs.get(kind, default)
+        listed = (value,) if isinstance(value, str) else tuple(value)
+        if listed != (default,):
+            flags.append(f"--{kind} {','.join(listed)}")
+    if env_kwargs.get("relative"):
+        flags.append("--relative")
+    return "".join(" " + f for f in flags)
+
+
 def run_name(workload: str, seed: int) -> str:
     return f"{workload}__ppo__{seed}__{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
 
@@ -79,9 +99,7 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     wall = time.perf_counter()
     model.learn(total_timesteps=timesteps, callback=Progress())
     max_step = HelmEnv(**env_kwargs).max_step
-    flags = (f" --workloads {','.join(regimes)}" if tuple(regimes) != ("steady", "trend", "burst") else "") + \
-        (f" --episode-s {env_kwargs['episode_s']:g}" if env_kwargs.get("episode_s", 60.0) != 60.0 else "") + \
-        (" --relative" if env_kwargs.get("relative") else "")
+    flags = command_flags(env_kwargs)
     meta = {"command": f"helmgr train --timesteps {timesteps} --seed {seed} --envs {n_envs}{flags}",
             "timesteps": timesteps, "seed": seed,
             "regimes": list(regimes), "run": name, "env": {k: v for k, v in env_kwargs.items() if k != "regimes"}}

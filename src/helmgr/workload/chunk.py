@@ -5,9 +5,12 @@ A chunk never holds one Python object per request or per id. Request i's new-tok
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
+
+
+_FLAT = ("item_ids", "item_offsets", "cand_ids", "cand_offsets")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,13 @@ class RequestChunk:
 
     def candidates(self, i: int) -> np.ndarray:
         return self.cand_ids[self.cand_offsets[i]:self.cand_offsets[i + 1]]
+
+    def rows(self, a: int, b: int) -> "RequestChunk":
+        """Requests a..b-1, as a chunk of the same type."""
+        io, co = self.item_offsets, self.cand_offsets
+        per_row = {f.name: getattr(self, f.name)[a:b] for f in fields(self) if f.name not in _FLAT}
+        return type(self)(item_ids=self.item_ids[io[a]:io[b]], item_offsets=io[a:b + 1] - io[a],
+                          cand_ids=self.cand_ids[co[a]:co[b]], cand_offsets=co[a:b + 1] - co[a], **per_row)
 
 
 @dataclass(frozen=True, slots=True)
