@@ -5,8 +5,8 @@ from pathlib import Path
 
 import click
 
-from helmgr.cli.output import emit_json, json_option, progress, stdout
-from helmgr.cli.types import SEED, Finite, names
+from helmgr.cli.output import emit_json, json_option, progress, stdout, table
+from helmgr.cli.types import SEED, Finite, names, seed_list
 from helmgr.core.profiles import available
 from helmgr.core.errors import HelmInputError
 from helmgr.core.files import check_writable
@@ -37,14 +37,24 @@ from helmgr.workload.synthetic import parse_regime
               help="Environments stepped in parallel worker processes.")
 @click.option("--relative", is_flag=True,
               help="Pay the reward minus a twin cluster's held at the starting ratio (2x the simulation).")
+@click.option("--seeds", default=None, metavar="LIST",
+              help="Train one policy per seed (in parallel, --jobs), validate each, write the best to --out "
+                   "(instead of --seed).")
+@click.option("--validate-seeds", default="101,102,103", show_default=True,
+              help="With --seeds: the workload seeds of the validation runs (v2 regimes on the 8-node cluster).")
+@click.option("--validate-duration", type=Finite(min=1), default=None,
+              help="With --seeds: simulated seconds of each validation run [default: the scenario's].")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="With --seeds: worker processes for the training runs and the validation runs [default: all cores].")
 @json_option
 def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardware, model, runs_dir, n_envs, relative,
-              as_json):
+              seeds, validate_seeds, validate_duration, jobs, as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
     \b
     helmgr train --timesteps 20000 --seed 1 --out policy.npz
     helmgr train --timesteps 200000 --seed 2 --hardware a100-80g,h100-80g,h200-141g --model large,small --envs 2
+    helmgr train --timesteps 150000 --seeds 1,2,3 --relative --out policy.npz      # the best on validation seeds
     """
     require("train", what="helmgr train")
     check_paths(out_path, runs_dir)
@@ -54,17 +64,43 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardwar
     if not regimes:
         raise HelmInputError(f"--workloads {workloads!r} names no regime")
     presets = {kind: names(text, available(kind), kind) for kind, text in (("hardware", hardware), ("model", model))}
+    env = {"regimes": regimes, "episode_s": episode_s, "relative": relative, "scenario": scenario,
+           "hardware": tuple(presets["hardware"]), "model": tuple(presets["model"])}
+    if seeds is not None:
+        return _select(timesteps, seed_list(seeds), seed_list(validate_seeds), validate_duration, env, n_envs,
+                       out_path, runs_dir, jobs, as_json)
     from helmgr.learn.train import train
     with progress("train", timesteps) as bar:
         task = bar.add_task(f"PPO {'+'.join(regimes)} seed {seed}", total=timesteps)
-        result = train(timesteps, seed, out_path, runs_dir, {"regimes": regimes, "episode_s": episode_s, "relative": relative,
-                                                             "scenario": scenario, "hardware": tuple(presets["hardware"]),
-                                                             "model": tuple(presets["model"])},
-                       on_progress=lambda n: bar.update(task, completed=n), n_envs=n_envs)
+        result = train(timesteps, seed, out_path, runs_dir, env, on_progress=lambda n: bar.update(task, completed=n),
+                       n_envs=n_envs)
     if as_json:
         emit_json(result)
     else:
         stdout.print(f"policy -> {result['out']}  (log {result['log']}, {result['wall_s']:.0f} s)")
+
+
+def _select(timesteps, seeds, validate_seeds, duration, env, n_envs, out_path, runs_dir, jobs, as_json) -> None:
+    """Several seeds, the best on validation runs (experiments.training)."""
+    import os
+    from datetime import datetime, timezone
+
+    from helmgr.experiments.training import SelectConfig, select_policy
+    sc = SelectConfig(tuple(seeds), timesteps, env, n_envs, tuple(validate_seeds), validate_duration_s=duration)
+    report = runs_dir / f"select__{'-'.join(map(str, seeds))}__{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
+    n_val = len(seeds) * len(validate_seeds) * len(sc.validate_regimes)
+    with progress("train", len(seeds) + n_val) as bar:
+        task = bar.add_task(f"{len(seeds)} PPO seeds, then {n_val} validation runs", total=len(seeds) + n_val)
+        sel = select_policy(sc, out_path, report, runs_dir, jobs or os.cpu_count() or 1,
+                            on_done=lambda _: bar.advance(task))
+    if as_json:
+        emit_json(sel)
+        return
+    rows = {f"seed {c['seed']}" + (" (chosen)" if c["seed"] == sel["chosen_seed"] else ""):
+            (c["final_reward"], c["score_p99_ms"], c["train_wall_s"]) for c in sel["candidates"]}
+    stdout.print(table("base policy candidates", rows, ("final episode reward", "validation P99 (geo-mean ms)",
+                                                        "training s")))
+    stdout.print(f"policy -> {out_path}  (report {report}/selection.json, training.png)")
 
 
 def check_paths(out_path: Path, runs_dir: Path) -> None:

@@ -1,0 +1,150 @@
+"""Several PPO seeds of the base policy, and the one that ships chosen on validation runs no
+training episode drew (SPEC 6, issue 22).
+
+`select_policy` trains one policy per seed (`learn.train.train`, seeds in parallel), runs every
+candidate as the base policy alone (`helm-base`: the tier training makes, with the safety step)
+on the cluster it will serve — by default the v2 scenario's 8 nodes under the HELM router —
+for each validation regime and seed, and keeps the candidate with the lowest geometric mean of
+the validation P99s (a run with nothing measured, or overloaded, scores infinity). Training
+draws each episode's workload seed from 31 bits, so validation seeds 101–103 are ones it has
+almost surely never seen. Outputs: the chosen policy at `out` (its `meta` gains `selected`),
+and in `report_dir` every candidate, `selection.json` and `training.png` (each seed's mean
+episode reward against timesteps).
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from helmgr.controller.mlp import MLPPolicy
+from helmgr.core.files import temp_beside
+from helmgr.core.jsonsafe import dumps
+from helmgr.experiments.parallel import run_all
+from helmgr.sim import SimConfig, simulate
+from helmgr.sim.config import scenario_cluster
+from helmgr.workload import WorkloadSpec
+
+VALIDATION_FIELDS = ("p99_ms", "window_slo_satisfaction", "mean_ratio", "utilization", "overloaded")
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    seeds: tuple[int, ...]
+    timesteps: int
+    env: dict = field(default_factory=dict)        # HelmEnv options (regimes, scenario, presets, relative, ...)
+    n_envs: int = 1                                # environments per training run
+    validate_seeds: tuple[int, ...] = (101, 102, 103)
+    validate_regimes: tuple[str, ...] = ("steady", "burst", "trend")
+    validate_duration_s: float | None = None       # None: the scenario's
+    validate_rps: float | None = None              # None: each regime's
+    cluster: SimConfig | None = None               # None: the scenario's cluster, HELM router
+
+    def validation_cluster(self) -> SimConfig:
+        if self.cluster is not None:
+            return self.cluster
+        return SimConfig(**scenario_cluster(self.env.get("scenario", "v2")), router="helm")
+
+
+def _train(args: tuple) -> dict:
+    from helmgr.learn.train import train
+    timesteps, seed, out, runs_dir, env, n_envs = args
+    return train(timesteps, seed, out, runs_dir, env, n_envs=n_envs)
+
+
+def _validate(args: tuple[str, WorkloadSpec, SimConfig]) -> dict:
+    from helmgr.policy.policies import HelmBase
+    path, spec, cfg = args
+    summary = simulate(replace(cfg, policy="helm-base"), spec.build(), policy=HelmBase(path=path)).summary
+    return {k: summary[k] for k in VALIDATION_FIELDS}
+
+
+def score(runs: list[dict]) -> float:
+    """Geometric mean of the runs' P99 (ms); infinite if any run measured nothing or overloaded."""
+    p99 = [r["p99_ms"] for r in runs]
+    if any(p is None or not p > 0 or r["overloaded"] for p, r in zip(p99, runs)):
+        return math.inf
+    return math.exp(sum(math.log(p) for p in p99) / len(p99))
+
+
+def curve(log: Path) -> tuple[list[int], list[float]]:
+    """(timesteps, mean episode reward) from a training run's progress.csv."""
+    steps, reward = [], []
+    with open(log, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("rollout/ep_rew_mean"):
+                steps.append(int(float(row["time/total_timesteps"])))
+                reward.append(float(row["rollout/ep_rew_mean"]))
+    return steps, reward
+
+
+def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path = Path("runs"), jobs: int = 1,
+                  on_done: Callable[[str], None] | None = None) -> dict:
+    """Train, validate, choose, write (see the module's docstring); returns the selection."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    paths = [report_dir / f"seed{s}.npz" for s in sc.seeds]
+    trained = run_all(_train, [(sc.timesteps, s, p, runs_dir, sc.env, sc.n_envs) for s, p in zip(sc.seeds, paths)],
+                      jobs, names=[f"training seed {s}" for s in sc.seeds],
+                      on_done=on_done and (lambda i: on_done("train")))
+    cfg = sc.validation_cluster()
+    scenario = sc.env.get("scenario", "v2")
+    specs = [WorkloadSpec(r, sc.validate_duration_s, v, sc.validate_rps, scenario=scenario)
+             for r in sc.validate_regimes for v in sc.validate_seeds]
+    tasks = [(str(p), spec, replace(cfg, seed=spec.seed)) for p in paths for spec in specs]
+    names = [f"seed {s}: {spec.regime} validation seed {spec.seed}" for s in sc.seeds for spec in specs]
+    runs = run_all(_validate, tasks, jobs, names=names, on_done=on_done and (lambda i: on_done("validate")))
+    candidates = []
+    for k, (seed, result) in enumerate(zip(sc.seeds, trained)):
+        mine = runs[k * len(specs):(k + 1) * len(specs)]
+        steps, reward = curve(Path(result["log"]))
+        candidates.append({"seed": seed, "policy": str(paths[k]), "run": result["run"], "log": result["log"],
+                           "train_wall_s": result["wall_s"], "final_reward": reward[-1] if reward else None,
+                           "score_p99_ms": score(mine),
+                           "validation": [{"regime": s.regime, "seed": s.seed} | r for s, r in zip(specs, mine)]})
+    best = min(candidates, key=lambda c: (c["score_p99_ms"], c["seed"]))
+    selection = {"config": asdict(replace(sc, cluster=cfg)), "candidates": candidates, "chosen_seed": best["seed"],
+                 "chosen": str(out)}
+    _ship(Path(best["policy"]), out, {"seeds": list(sc.seeds), "validate_seeds": list(sc.validate_seeds),
+                                      "validate_regimes": list(sc.validate_regimes),
+                                      "score_p99_ms": best["score_p99_ms"]})
+    plot_training(candidates, best["seed"], report_dir / "training.png")
+    (report_dir / "selection.json").write_text(dumps(selection, indent=2) + "\n")
+    return selection
+
+
+def _ship(src: Path, out: Path, selected: dict) -> None:
+    """`src` with `selected` in its meta, written to `out` whole (temporary file, then rename)."""
+    policy = MLPPolicy.load(src)
+    policy.meta = dict(policy.meta) | {"selected": selected}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_beside(out, ".npz")
+    try:
+        policy.save(Path(tmp))
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def plot_training(candidates: list[dict], chosen: int, path: Path) -> None:
+    """Mean episode reward against timesteps, one line per training seed (the chosen one bold)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for c in candidates:
+        steps, reward = curve(Path(c["log"]))
+        bold = c["seed"] == chosen
+        ax.plot(steps, reward, lw=2.2 if bold else 1.0, label=f"seed {c['seed']}" + (" (chosen)" if bold else ""))
+    ax.set_xlabel("timesteps")
+    ax.set_ylabel("mean episode reward")
+    ax.set_title("base policy training (PPO)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
