@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -72,3 +74,22 @@ def test_independent_sizes_each_cache_from_its_own_curve():
                                            n_users=5000, activity_exponent=0.0,
                                            session=SessionShape(30.0, 2.0, 4.0)), 0)
     assert ratios(simulate(SimConfig(nodes=1, ratio=0.7, policy="independent", warmup_s=0), wb)) == [0.7, 0.05]
+
+
+def test_marginal_value_prices_both_shadows_by_hand():
+    """The counterfactual d(saved s)/dr per request: EMB shadow hits at a row's gather + copy, KV
+    ghost tokens at their recompute plus their row's lookup at the window's miss rate."""
+    from helmgr.core.costs import CostModel
+    from helmgr.policy.policies import marginal_value, shadow_prices
+    cost = CostModel(row_bytes=1000, kv_bytes_per_token=1, hbm_bw=1e12, pcie_bw=1e9, pcie_latency_s=0.0,
+                     host_lookup_s=2e-6, flops=1e9, layers=1, linear_flops=100, attention_flops=1,
+                     launch_overhead_s=0.0)
+    # a row: 2 us gather + 1 us copy; a token of a 10-token prefix: (100 x 10 + 55 pairs) / 1e9 / 10
+    assert shadow_prices(cost, 10) == pytest.approx((3e-6, 1.055e-7))
+    w = NodeWindow(node=0, t=2.0, span_s=1.0, ratio=0.5, arrivals=10, completed=10, p99_s=0.01, queue_len=0,
+                   busy_s=0.5, emb_ids=1000, emb_misses=100, kv_prefix_tokens=100, kv_hit_tokens=50, cold_requests=0,
+                   emb_wait_s=0.0, recompute_s=0.0, h2d_busy_s=0.0, emb_shadow_hits=50, kv_shadow_tokens=200)
+    value, emb_s, kv_s = marginal_value(w, cost, share=0.05)
+    assert emb_s == pytest.approx(50 * 3e-6) and kv_s == pytest.approx(200 * (1.055e-7 + 0.1 * 3e-6))
+    assert value == pytest.approx((1.5e-4 - 8.11e-5) / 0.05 / 10)
+    assert marginal_value(dataclasses.replace(w, completed=0), cost, 0.05) is None

@@ -55,6 +55,37 @@ class Scheduled(MemoryPolicy):
         return ratio
 
 
+def shadow_prices(cost, mean_prefix: int, row_miss_rate: float = 0.0) -> tuple[float, float]:
+    """Seconds one shadow hit saves: (an EMB row that would have been resident: its host gather
+    and copy; a cached prefix token: its recompute, plus its row's lookup missing at
+    `row_miss_rate`), for a mean prefix of `mean_prefix` tokens."""
+    row_s = cost.host_s(1) + cost.row_bytes / cost.pcie_bw
+    mean_prefix = max(1, int(mean_prefix))
+    return row_s, cost.recompute_s(mean_prefix, 0) / mean_prefix + row_miss_rate * row_s
+
+
+def track_shadows(node, share: float) -> int:
+    """Count, on `node`, the hits of a shadow of `share` of its pool on each side: EMB rows ranked
+    just below the cut, KV prefixes just evicted. Returns the shadow's bytes."""
+    shadow_bytes = int(share * node.profile.pool_budget_bytes)
+    node.emb.track_shadow(max(1, shadow_bytes // node.emb.row_bytes))
+    node.kv.track_ghosts(shadow_bytes)
+    return shadow_bytes
+
+
+def marginal_value(w: NodeWindow, cost, share: float) -> tuple[float, float, float] | None:
+    """The window's counterfactual d(saved seconds)/dr per request (SPEC 6, adapter v2), from
+    shadows of `share` of the pool on each side (`track_shadows`): the seconds an EMB shadow's hits
+    would have saved minus those a KV ghost's would have, over `share` (moving r by `share` moves
+    that many bytes), per completed request. Positive: a larger EMB share saves time. Also the
+    two sides' seconds, for reports. None for a window without completions."""
+    if w.completed <= 0:
+        return None
+    row_s, token_s = shadow_prices(cost, w.kv_prefix_tokens // w.completed, w.emb_misses / max(1, w.emb_ids))
+    emb_s, kv_s = w.emb_shadow_hits * row_s, w.kv_shadow_tokens * token_s
+    return (emb_s - kv_s) / share / w.completed, emb_s, kv_s
+
+
 class Adaptive(MemoryPolicy):
     """A shared-memory cache manager after Cliffhanger (Cidon et al., NSDI 2016) and Memshare
     (Cidon et al., ATC 2017): each cache keeps a shadow queue of the data just outside it — for
@@ -71,9 +102,7 @@ class Adaptive(MemoryPolicy):
         self.state: dict[int, dict] = {}
 
     def attach(self, index, node):
-        shadow_bytes = int(self.shadow_share * node.profile.pool_budget_bytes)
-        node.emb.track_shadow(max(1, shadow_bytes // node.emb.row_bytes))
-        node.kv.track_ghosts(shadow_bytes)
+        track_shadows(node, self.shadow_share)
         self.state[index] = {"emb": 0, "kv": 0, "tokens": 0, "prefix": 0, "elapsed": 0.0, "target": None}
 
     def observe(self, index, w, node):
@@ -85,10 +114,7 @@ class Adaptive(MemoryPolicy):
         st["elapsed"] += w.span_s
         if st["elapsed"] < self.interval_s:
             return
-        cost = node.cost
-        row_s = cost.host_s(1) + cost.row_bytes / cost.pcie_bw
-        mean_prefix = max(1, st["prefix"] // max(1, st["tokens"]))
-        token_s = cost.recompute_s(mean_prefix, 0) / mean_prefix
+        row_s, token_s = shadow_prices(node.cost, st["prefix"] // max(1, st["tokens"]))
         emb_gain, kv_gain = st["emb"] * row_s, st["kv"] * token_s      # same shadow bytes on both sides
         if emb_gain > self.margin * kv_gain:
             st["target"] = min(node.ratio + self.step, 1.0)
