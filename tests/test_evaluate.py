@@ -32,6 +32,15 @@ def test_units_are_every_policy_router_and_grid_point():
     assert len({u.key for u in units}) == len(units)
 
 
+def test_a_retrained_base_policy_is_a_new_unit_for_helm_runs_only(monkeypatch):
+    from helmgr.controller import controller
+    units = first_units(TINY)
+    before = [u.key for u in units]
+    monkeypatch.setattr(controller, "default_policy_digest", lambda: "another policy")
+    after = [u.key for u in units]
+    assert [a != b for a, b in zip(before, after)] == [u.policy == "helm" for u in units] == [True, True] + [False] * 4
+
+
 def test_first_run_runs_every_unit_and_stores_it(done):
     folder, out = done
     kinds = sorted(u.kind for u in out["results"])

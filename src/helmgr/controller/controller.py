@@ -55,6 +55,12 @@ from helmgr.core.errors import HelmInputError
 from helmgr.core.window import WindowStats
 
 DEFAULT_POLICY = "default_policy.npz"
+def default_policy_digest() -> str:
+    """A short hash of the shipped base policy's bytes (what a stored HELM run depends on)."""
+    import hashlib
+    return hashlib.sha256((resources.files("helmgr.controller") / DEFAULT_POLICY).read_bytes()).hexdigest()[:16]
+
+
 MIN_MOVE = 0.03        # the node's ratio follows the target only in moves of at least this (Safety.min_move)
 
 

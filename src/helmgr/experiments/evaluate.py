@@ -37,6 +37,8 @@ from helmgr.sim import SimConfig, simulate
 from helmgr.sim.metrics import window_ratios
 from helmgr.workload import WorkloadSpec
 
+HELM_POLICIES = ("helm", "helm-base", "helm-base+adapter")     # runs that read the shipped base policy
+
 # the system-level pairs whose capacity is measured: full HELM and the paper's static baselines
 CAPACITY_PAIRS = (("helm", "helm"), ("static-best", "prefix-aware"), ("static-best", "least-loaded"))
 
@@ -94,8 +96,11 @@ class Unit:
     @property
     def key(self) -> str:
         from importlib.metadata import version
-        text = repr((self.kind, self.regime, self.seed, self.policy, self.router, self.ratio, self.payload,
-                     version("helmgr")))
+        parts = (self.kind, self.regime, self.seed, self.policy, self.router, self.ratio, self.payload, version("helmgr"))
+        if self.policy in HELM_POLICIES:                  # a retrained base policy is another run
+            from helmgr.controller.controller import default_policy_digest
+            parts += (default_policy_digest(),)
+        text = repr(parts)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
