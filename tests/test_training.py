@@ -49,3 +49,6 @@ def test_select_trains_each_seed_validates_and_ships_the_best(tmp_path):
     assert shipped.meta["selected"]["seeds"] == [1, 2] and f"--seed {best['seed']}" in shipped.meta["command"]
     assert (tmp_path / "report" / "training.png").stat().st_size > 0
     assert json.loads((tmp_path / "report" / "selection.json").read_text())["chosen_seed"] == best["seed"]
+    # the shipped policy, validated on the same runs
+    inc = sel["incumbent"]
+    assert inc["score_p99_ms"] == training.score(inc["validation"]) and inc["policy"].endswith("default_policy.npz")

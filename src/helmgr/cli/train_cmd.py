@@ -98,6 +98,8 @@ def _select(timesteps, seeds, validate_seeds, duration, env, n_envs, out_path, r
         return
     rows = {f"seed {c['seed']}" + (" (chosen)" if c["seed"] == sel["chosen_seed"] else ""):
             (c["final_reward"], c["score_p99_ms"], c["train_wall_s"]) for c in sel["candidates"]}
+    if sel["incumbent"] is not None:
+        rows["the shipped policy"] = (None, sel["incumbent"]["score_p99_ms"], None)
     stdout.print(table("base policy candidates", rows, ("final episode reward", "validation P99 (geo-mean ms)",
                                                         "training s")))
     stdout.print(f"policy -> {out_path}  (report {report}/selection.json, training.png)")

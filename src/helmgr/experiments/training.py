@@ -9,7 +9,8 @@ the validation P99s (a run with nothing measured, or overloaded, scores infinity
 draws each episode's workload seed from 31 bits, so validation seeds 101–103 are ones it has
 almost surely never seen. Outputs: the chosen policy at `out` (its `meta` gains `selected`),
 and in `report_dir` every candidate, `selection.json` and `training.png` (each seed's mean
-episode reward against timesteps).
+episode reward against timesteps). The shipped policy is validated beside them (`incumbent`),
+so the selection says whether the new one beats it; it is never the one written.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class SelectConfig:
     validate_duration_s: float | None = None       # None: the scenario's
     validate_rps: float | None = None              # None: each regime's
     cluster: SimConfig | None = None               # None: the scenario's cluster, HELM router
+    incumbent: bool = True                         # validate the shipped policy beside them (never chosen)
 
     def validation_cluster(self) -> SimConfig:
         if self.cluster is not None:
@@ -60,6 +62,14 @@ def _validate(args: tuple[str, WorkloadSpec, SimConfig]) -> dict:
     path, spec, cfg = args
     summary = simulate(replace(cfg, policy="helm-base"), spec.build(), policy=HelmBase(path=path)).summary
     return {k: summary[k] for k in VALIDATION_FIELDS}
+
+
+def shipped_policy_path() -> str:
+    """The shipped base policy's file (the incumbent a new one is validated against)."""
+    from importlib import resources
+
+    from helmgr.controller.controller import DEFAULT_POLICY
+    return str(resources.files("helmgr.controller") / DEFAULT_POLICY)
 
 
 def score(runs: list[dict]) -> float:
@@ -93,8 +103,10 @@ def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path 
     scenario = sc.env.get("scenario", "v2")
     specs = [WorkloadSpec(r, sc.validate_duration_s, v, sc.validate_rps, scenario=scenario)
              for r in sc.validate_regimes for v in sc.validate_seeds]
-    tasks = [(str(p), spec, replace(cfg, seed=spec.seed)) for p in paths for spec in specs]
-    names = [f"seed {s}: {spec.regime} validation seed {spec.seed}" for s in sc.seeds for spec in specs]
+    validated = [str(p) for p in paths] + ([shipped_policy_path()] if sc.incumbent else [])
+    labels = [f"seed {s}" for s in sc.seeds] + (["the shipped policy"] if sc.incumbent else [])
+    tasks = [(p, spec, replace(cfg, seed=spec.seed)) for p in validated for spec in specs]
+    names = [f"{who}: {spec.regime} validation seed {spec.seed}" for who in labels for spec in specs]
     runs = run_all(_validate, tasks, jobs, names=names, on_done=on_done and (lambda i: on_done("validate")))
     candidates = []
     for k, (seed, result) in enumerate(zip(sc.seeds, trained)):
@@ -106,7 +118,11 @@ def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path 
                            "validation": [{"regime": s.regime, "seed": s.seed} | r for s, r in zip(specs, mine)]})
     best = min(candidates, key=lambda c: (c["score_p99_ms"], c["seed"]))
     selection = {"config": asdict(replace(sc, cluster=cfg)), "candidates": candidates, "chosen_seed": best["seed"],
-                 "chosen": str(out)}
+                 "chosen": str(out), "incumbent": None}
+    if sc.incumbent:
+        mine = runs[len(paths) * len(specs):]
+        selection["incumbent"] = {"policy": validated[-1], "score_p99_ms": score(mine),
+                                  "validation": [{"regime": s.regime, "seed": s.seed} | r for s, r in zip(specs, mine)]}
     _ship(Path(best["policy"]), out, {"seeds": list(sc.seeds), "validate_seeds": list(sc.validate_seeds),
                                       "validate_regimes": list(sc.validate_regimes),
                                       "score_p99_ms": best["score_p99_ms"]})
