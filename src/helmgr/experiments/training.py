@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from helmgr.controller.mlp import MLPPolicy
-from helmgr.core.files import temp_beside
 from helmgr.core.jsonsafe import dumps
 from helmgr.experiments.parallel import run_all
 from helmgr.sim import SimConfig, simulate
@@ -132,17 +130,11 @@ def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path 
 
 
 def _ship(src: Path, out: Path, selected: dict) -> None:
-    """`src` with `selected` in its meta, written to `out` whole (temporary file, then rename)."""
+    """`src` with `selected` in its meta, written to `out` whole (learn.train.save_whole)."""
+    from helmgr.learn.train import save_whole
     policy = MLPPolicy.load(src)
     policy.meta = dict(policy.meta) | {"selected": selected}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_beside(out, ".npz")
-    try:
-        policy.save(Path(tmp))
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    save_whole(policy, out)
 
 
 def plot_training(candidates: list[dict], chosen: int, path: Path) -> None:
