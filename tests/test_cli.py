@@ -82,7 +82,7 @@ SPEC_FIELDS = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms",
 
 
 def test_simulate_json_has_the_spec_fields(capsys, tmp_path):
-    code, out, _ = run(capsys, "simulate", "--duration", "6", "--rps", "200", "--nodes", "2", "--json",
+    code, out, _ = run(capsys, "simulate", "--duration", "6", "--rps", "200", "--nodes", "2", "--policy", "static", "--json",
                        "--out", str(tmp_path / "sim"))
     assert code == 0
     s = json.loads(out)
@@ -159,7 +159,7 @@ def strict_loads(text: str):
 
 
 def test_nothing_measured_gives_strict_json_with_reasons(capsys, tmp_path):
-    code, out, _ = run(capsys, "simulate", "--duration", "5", "--nodes", "2", "--rps", "1e-9", "--json",
+    code, out, _ = run(capsys, "simulate", "--duration", "5", "--nodes", "2", "--rps", "1e-9", "--policy", "static", "--json",
                        "--out", str(tmp_path / "sim"))
     assert code == 0
     for s in (strict_loads(out), strict_loads((tmp_path / "sim" / "summary.json").read_text())):
@@ -169,7 +169,8 @@ def test_nothing_measured_gives_strict_json_with_reasons(capsys, tmp_path):
 
 
 def test_infinite_slo_gives_strict_json_or_exit_2(capsys):
-    code, out, err = run(capsys, "simulate", "--duration", "5", "--nodes", "2", "--slo-ms", "inf", "--json")
+    code, out, err = run(capsys, "simulate", "--duration", "5", "--nodes", "2", "--slo-ms", "inf", "--policy", "static",
+                          "--json")
     if code == 2:                                         # once options refuse infinite numbers
         assert out == "" and err.count("\n") == 1 and "inf" in err
     else:
@@ -231,20 +232,20 @@ def test_failed_write_leaves_the_old_out_folder_byte_identical(capsys, monkeypat
         raise RuntimeError("plotting failed")
     monkeypatch.setattr("helmgr.experiments.plots.plot_simulation", plot_then_fail)
     with pytest.raises(RuntimeError, match="plotting failed"):
-        main(["simulate", "--duration", "5", "--nodes", "2", "--rps", "100", "--out", str(out)])
+        main(["simulate", "--duration", "5", "--nodes", "2", "--rps", "100", "--policy", "static", "--out", str(out)])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["sim"]
 
 
 def test_result_table_goes_to_stdout(capsys):
-    code, out, err = run(capsys, "simulate", "--duration", "5", "--nodes", "2", "--rps", "100")
+    code, out, err = run(capsys, "simulate", "--duration", "5", "--nodes", "2", "--rps", "100", "--policy", "static")
     assert code == 0 and "p99_ms" in out and "slo_attainment" in out and "p99_ms" not in err
 
 
 def test_simulate_sim_path_option(capsys):
     """--sim-path picks the per-request path, the JSON says which ran, and both give the same run;
     `compiled` where the engine cannot run is a one-line error that names why."""
-    base = ["simulate", "--duration", "4", "--nodes", "2", "--rps", "150", "--json"]
+    base = ["simulate", "--duration", "4", "--nodes", "2", "--rps", "150", "--policy", "static", "--json"]
     runs = {}
     for path in ("python", "compiled"):
         code, out, err = run(capsys, *base, "--sim-path", path)

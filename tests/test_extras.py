@@ -69,7 +69,7 @@ def test_require_does_not_import():
 
 
 CORE_COMMANDS = [
-    ["simulate", "--duration", "2", "--nodes", "1", "--json"],
+    ["simulate", "--duration", "2", "--nodes", "1", "--jobs", "1", "--json"],     # HELM beside static-best
     ["simulate", "--duration", "2", "--nodes", "2", "--policy", "helm", "--router", "helm", "--json"],
     ["sweep", "--duration", "2", "--nodes", "1", "--ratios", "0.3,0.6", "--json"],
     ["workload", "--duration", "2", "--json"],
@@ -80,7 +80,8 @@ CORE_COMMANDS = [
 
 
 def test_simulate_runs_without_the_extras(tmp_path):
-    code, out, err, tried = blocked("simulate", "--duration", "2", "--nodes", "1", "--json", cwd=tmp_path)
+    code, out, err, tried = blocked("simulate", "--duration", "2", "--nodes", "1", "--policy", "static", "--json",
+                                    cwd=tmp_path)
     assert code == 0, err
     assert json.loads(out)["requests"] > 0
     assert tried == [], f"simulate tried to import {tried}"

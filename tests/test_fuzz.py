@@ -286,7 +286,8 @@ def test_fuzz_simulate(capsys, example_root, data):
     root = example_root()
     bad = data.draw(BAD, label="bad")
     table = WORKLOAD_OPTS | SIM_OPTS
-    argv = ["simulate"] + data.draw(options(table, ("--duration", "--nodes", "--rps"), bad, 5), label="argv")
+    argv = ["simulate", "--jobs", "1"] + data.draw(options(table, ("--duration", "--nodes", "--rps"), bad, 5),
+                                                   label="argv")
     if not bad and data.draw(st.booleans(), label="allow-large"):
         argv.append("--allow-large")
     _run_with_out(capsys, root, data, argv, bad)
@@ -541,7 +542,7 @@ def test_fuzz_trace_files(capsys, example_root, data):
     argv += data.draw(options({k: TRACE_OPTS[k] for k in ("--time-compression", "--clone-users", "--overlay")},
                               (), False, 2))
     if command == "simulate":
-        argv += ["--nodes", "1"]
+        argv += ["--nodes", "1", "--jobs", "1"]
     _run_with_out(capsys, root, data, argv)
 
 

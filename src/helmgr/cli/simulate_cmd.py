@@ -1,12 +1,14 @@
 """`helmgr simulate`: one run of the cluster simulator."""
 from __future__ import annotations
 
+import os
+
 import click
 
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, markdown_table, out_option,
                                progress, result_dir, stderr, stdout, table)
 from helmgr.cli.types import POSITIVE, Finite, profile_checked
-from helmgr.cli.workload_cmd import build_workload, workload_options
+from helmgr.cli.workload_cmd import workload_options, workload_spec
 from helmgr.memory.refill import REFILL_MODES
 from helmgr.core.profiles import available
 from helmgr.policy import POLICIES
@@ -20,15 +22,24 @@ SHOWN = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_
          "rerouted", "wall_s", "sim_path")
 
 
-def sim_options(f):
-    """Options that build the simulated cluster; shared by simulate, sweep and compare."""
+SHOWCASE_HELP = " [default: static; with neither --policy nor --router, full HELM beside static-best + prefix-aware]"
+
+
+def sim_options(f=None, *, showcase: bool = False):
+    """Options that build the simulated cluster; shared by simulate, sweep, compare and the rest.
+    `showcase`: --policy and --router default to None (simulate's full HELM against the baseline)."""
+    if f is None:
+        return lambda g: sim_options(g, showcase=showcase)
     options = [
         click.option("--nodes", type=click.IntRange(min=1), default=None, help="GPU nodes [default: the scenario's, 8]."),
-        click.option("--policy", type=click.Choice(sorted(POLICIES)), default="static", show_default=True,
-                     help="Memory policy that sets each node's EMB:KV ratio."),
+        click.option("--policy", type=click.Choice(sorted(POLICIES)), default=None if showcase else "static",
+                     show_default=not showcase,
+                     help="Memory policy that sets each node's EMB:KV ratio." + (SHOWCASE_HELP if showcase else "")),
         click.option("--ratio", type=Finite(0.0, 1.0), default=0.5, show_default=True,
                      help="EMB share of each node's pool (initial; fixed for static)."),
-        click.option("--router", type=click.Choice(list(ROUTERS)), default="prefix-aware", show_default=True),
+        click.option("--router", type=click.Choice(list(ROUTERS)), default=None if showcase else "prefix-aware",
+                     show_default=not showcase,
+                     help="Request router" + (" [default: prefix-aware; see --policy]" if showcase else ".")),
         click.option("--hardware", default="a100-80g", show_default=True, callback=profile_checked("hardware"),
                      help=f"Hardware preset ({', '.join(sorted(available('hardware')))}) or profile TOML."),
         click.option("--model", default="large", show_default=True, callback=profile_checked("model"),
@@ -67,26 +78,36 @@ def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, 
 
 @click.command("simulate")
 @workload_options
-@sim_options
+@sim_options(showcase=True)
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Worker processes for the side-by-side runs [default: all cores].")
 @json_option
 @out_option
 def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                  nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch,
-                 engine, sim_path, as_json, out_dir):
+                 engine, sim_path, jobs, as_json, out_dir):
     """Simulate a cluster serving a workload; report latency, SLO, hit rates and H2D traffic.
 
-    With no options: the default scenario v2 (8 x A100-80G, large HSTU, batches of up to 8 on two
-    engines, steady traffic, 360 s); `--scenario v1` the first version's.
+    With neither --policy nor --router: full HELM (the controller and the HELM router) beside
+    static-best + prefix-aware, with each one's capacity headroom where the evaluation measured
+    this configuration. With no options at all: the default scenario v2 (8 x A100-80G, large
+    HSTU, batches of up to 8 on two engines, steady traffic, 360 s); `--scenario v1` the first
+    version's. Name a policy or a router for one run (the other defaults to static / prefix-aware).
 
     \b
-    helmgr simulate --workload burst --ratio 0.7 --json
-    helmgr simulate --nodes 8 --fail-node 2@20:40 --out results/fault
+    helmgr simulate --out results/helm                 # HELM vs static-best + prefix-aware, with plots
+    helmgr simulate --workload burst --policy static --ratio 0.7 --json
+    helmgr simulate --nodes 8 --policy helm --router helm --fail-node 2@20:40 --out results/fault
     """
     check_out(out_dir)
-    cfg = build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                       max_batch, seed, engine, sim_path)
-    w = build_workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
-                       scenario=scenario)
+    side_by_side = policy is None and router is None
+    cfg = build_config(nodes, policy or "static", ratio, router or "prefix-aware", hardware, model, slo_ms, refill,
+                       faults, tick_ms, refresh_s, max_batch, seed, engine, sim_path)
+    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
+                         scenario=scenario)
+    if side_by_side:
+        return _side_by_side(spec, cfg, jobs, as_json, out_dir)
+    w = spec.build()
     with progress("simulating", w.duration_s) as bar:
         task = bar.add_task(f"simulating {w.name}", total=round(w.duration_s))
         result = simulate(cfg, w, on_progress=lambda t: bar.update(task, completed=round(t)))
@@ -106,3 +127,57 @@ def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, tim
                            {k: summary[k] for k in SHOWN}))
         if out_dir is not None:
             stderr.print(f"wrote {out_dir}/summary.json, summary.md and plots")
+
+
+SIDE_BY_SIDE = ("p50_ms", "p99_ms", "p999_ms", "slo_ms", "window_slo_satisfaction", "slo_attainment", "throughput_rps",
+                "emb_hit_rate", "kv_hit_rate", "mean_ratio", "utilization", "overloaded", "h2d_gb",
+                "burst_violation_share", "wall_s", "sim_path")
+
+
+def _side_by_side(spec, cfg, jobs, as_json, out_dir) -> None:
+    """Full HELM beside static-best + prefix-aware (experiments.showcase)."""
+    from helmgr.experiments.showcase import BASELINE_ROUTER, RECORD, SWEEP, reference, showcase
+    stored = reference(spec, cfg) is not None
+    n_runs = 2 if stored else 1 + len(SWEEP)
+    if not stored and not as_json:
+        stderr.print(f"static-best is stored for the default scenario's regimes only: sweeping "
+                     f"{', '.join(f'{r:g}' for r in SWEEP)} under {BASELINE_ROUTER} ({n_runs} runs; "
+                     "name --policy or --router for one run)")
+    with progress("simulating", n_runs) as bar:
+        task = bar.add_task(f"HELM and static-best + {BASELINE_ROUTER}", total=n_runs)
+        sc = showcase(spec, cfg, jobs or os.cpu_count() or 1, on_done=lambda _: bar.advance(task))
+    (helm, helm_series), (base, base_series) = sc.helm, sc.baseline
+    split = base["ratio"]
+    source = (f"the evaluation's static-best for {spec.regime} ({RECORD})" if sc.stored
+              else f"the best of {len(SWEEP)} static ratios on this run")
+    helm_label, base_label = "HELM (helm + helm router)", f"static-best {split:g} + {BASELINE_ROUTER}"
+    rows = {k: (helm[k], base[k]) for k in SIDE_BY_SIDE}
+    rows["capacity_rps"] = (sc.capacity_rps["helm"], sc.capacity_rps["baseline"]) if sc.capacity_rps else (None, None)
+    rows["capacity_headroom"] = (sc.headroom("helm"), sc.headroom("baseline"))
+    verdict = (f"HELM's P99 is {abs(sc.p99_reduction):.1%} {'below' if sc.p99_reduction >= 0 else 'above'} "
+               f"static-best + {BASELINE_ROUTER}'s (static {split:g}: {source}).")
+    result = {"helm": helm, "static_best": base, "static_best_source": "stored" if sc.stored else "swept",
+              "p99_reduction": sc.p99_reduction, "capacity_rps": sc.capacity_rps,
+              "capacity_headroom": None if sc.capacity_rps is None else
+              {"helm": sc.headroom("helm"), "baseline": sc.headroom("baseline")}}
+    name = spec.regime if spec.trace is None else "trace"
+    title = f"{name}: {cfg.nodes} nodes, full HELM vs static-best + {BASELINE_ROUTER}"
+    with result_dir(out_dir) as scratch:
+        if scratch is not None:
+            from helmgr.experiments.plots import plot_showcase, plot_simulation
+            plot_showcase({helm_label: helm_series, base_label: base_series}, title, scratch / "showcase.png")
+            pngs = ["showcase.png"] + plot_simulation(helm_series, f"{title}: HELM", scratch)
+            (scratch / "summary.json").write_text(json_text(result))
+            (scratch / "summary.md").write_text(f"# {title}\n\n{verdict}\n\n"
+                                                + markdown_table(rows, (helm_label, base_label))
+                                                + "".join(f"\n![{p}]({p})\n" for p in pngs))
+    if as_json:
+        emit_json(result)
+        return
+    stdout.print(table(title, rows, (helm_label, base_label)))
+    stdout.print(verdict)
+    if sc.capacity_rps is None:
+        where = f"measured by the evaluation for {spec.regime}" if sc.stored else "stored for this configuration"
+        stdout.print(f"capacity at SLO: not {where} (helmgr capacity measures it)")
+    if out_dir is not None:
+        stderr.print(f"wrote {out_dir}/summary.json, summary.md, showcase.png and HELM's plots")

@@ -34,7 +34,8 @@ class Comparison:
     oracles: dict = field(default_factory=dict)   # router -> PhaseOracleResult
 
 
-def _run(args: tuple[WorkloadSpec, SimConfig]) -> tuple[dict, Series]:
+def run_series(args: tuple[WorkloadSpec, SimConfig]) -> tuple[dict, Series]:
+    """One run (in a worker process: it builds its own workload): its summary and series."""
     spec, cfg = args
     r = simulate(cfg, spec.build())
     return r.summary, r.series
@@ -43,7 +44,7 @@ def _run(args: tuple[WorkloadSpec, SimConfig]) -> tuple[dict, Series]:
 def _one(args: tuple[bool, WorkloadSpec, SimConfig]):
     """A policy run (summary, series), or with the flag set a sweep point (`run_point`)."""
     point, spec, cfg = args
-    return run_point((spec, cfg)) if point else _run((spec, cfg))
+    return run_point((spec, cfg)) if point else run_series((spec, cfg))
 
 
 def _quiet(label: str, total: int) -> Callable[[int], None]:

@@ -80,6 +80,33 @@ def plot_simulation(series, title: str, out: Path) -> list[str]:
     return names
 
 
+def plot_showcase(runs: dict, title: str, path: Path) -> None:
+    """label -> Series: each run's window P99 (SLO dashed) above its EMB ratio per window (the
+    mean over nodes)."""
+    from helmgr.sim.metrics import window_ratios
+    fig, (a, b) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    first = next(iter(runs.values()))
+    for (label, s), color in zip(runs.items(), ("tab:blue", "tab:orange", "tab:green")):
+        a.plot(s.window_start, s.window_p99_ms, lw=1, color=color, label=label)
+        step = s.window_start[1] - s.window_start[0] if len(s.window_start) > 1 else 1.0
+        r = window_ratios(s.timeline, s.n_nodes, len(s.window_start) * step, step)
+        b.step(s.window_start, r, where="post", lw=1.2, color=color, label=label)
+    a.axhline(first.slo_ms, color="tab:red", ls="--", lw=1, label=f"SLO {first.slo_ms:g} ms")
+    for ax in (a, b):
+        _shade_bursts(ax, first.bursts)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    a.set_yscale("log")
+    a.set_ylabel("window P99 (ms)")
+    a.set_title(title)
+    b.set_ylim(0, 1)
+    b.set_ylabel("EMB ratio r (mean of nodes)")
+    b.set_xlabel("time (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_sweep(rows: list[dict], title: str, path: Path) -> None:
     """P99 and SLO attainment against the static ratio."""
     r = [x["ratio"] for x in rows]
