@@ -387,3 +387,12 @@ def test_the_hot_spot_figure_needs_no_dense_array_of_empty_spans():
     start = np.array([0.0, 1.0, 20.0, 21.0, 1e12])
     end = start + np.array([1.0, 3.0, 2.0, 2.0, 1.0])
     assert node_load_peak(node, start, end, 2) == pytest.approx(1.5)      # span 0: 1 vs 3 -> 3 / 2
+
+
+def test_a_trace_error_crosses_a_process_boundary_whole():
+    """A worker's TraceFormatError is pickled back to the parent (unpickling it used to fail,
+    which killed the process pool instead of naming the bad line)."""
+    import pickle
+    from helmgr.core.errors import TraceFormatError
+    err = pickle.loads(pickle.dumps(TraceFormatError("bad.trace", 6, "not UTF-8")))
+    assert (type(err), str(err), err.line) == (TraceFormatError, "bad.trace:6: not UTF-8", 6)

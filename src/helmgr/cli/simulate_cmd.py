@@ -105,9 +105,10 @@ def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, tim
                        faults, tick_ms, refresh_s, max_batch, seed, engine, sim_path)
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                          scenario=scenario)
+    w = spec.build()                         # a bad trace or fault is refused here, before any work
+    cfg.validate(w.duration_s)
     if side_by_side:
         return _side_by_side(spec, cfg, jobs, as_json, out_dir)
-    w = spec.build()
     with progress("simulating", w.duration_s) as bar:
         task = bar.add_task(f"simulating {w.name}", total=round(w.duration_s))
         result = simulate(cfg, w, on_progress=lambda t: bar.update(task, completed=round(t)))

@@ -11,3 +11,7 @@ class TraceFormatError(HelmInputError):
     def __init__(self, path: str, line: int, reason: str):
         super().__init__(f"{path}:{line}: {reason}")
         self.path, self.line, self.reason = path, line, reason
+
+    def __reduce__(self):
+        """Pickled with its three fields (a worker process sends it back whole)."""
+        return type(self), (self.path, self.line, self.reason)
