@@ -25,7 +25,9 @@ def workload_options(f):
         click.option("--duration", type=positive, default=None,
                      help="Simulated seconds [default: the scenario's, 360 (v2) or 120 (v1, traces)]."),
         click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed."),
-        click.option("--rps", type=positive, default=None, help="Base request rate of the synthetic workload [default: 2400]."),
+        click.option("--rps", type=positive, default=None,
+                     help="Base request rate of the synthetic workload [default: the regime's; v2: 1,300, trend "
+                          "2,200; v1: 2,400]."),
         click.option("--trace", type=click.Path(dir_okay=False), default=None, help="Replay this log instead of the synthetic workload."),
         click.option("--trace-format", type=click.Choice(FORMATS), default="inter", show_default=True,
                      help="inter: RecBole atomic file; sequences: 'user item item ...' per line."),
