@@ -55,13 +55,18 @@ from helmgr.core.errors import HelmInputError
 from helmgr.core.window import WindowStats
 
 DEFAULT_POLICY = "default_policy.npz"
+MIN_MOVE = 0.03        # the node's ratio follows the target only in moves of at least this (Safety.min_move)
+
+
+def default_policy_file():
+    """The shipped base policy's file in the package (a resource: `is_file`, `read_bytes`)."""
+    return resources.files("helmgr.controller") / DEFAULT_POLICY
+
+
 def default_policy_digest() -> str:
     """A short hash of the shipped base policy's bytes (what a stored HELM run depends on)."""
     import hashlib
-    return hashlib.sha256((resources.files("helmgr.controller") / DEFAULT_POLICY).read_bytes()).hexdigest()[:16]
-
-
-MIN_MOVE = 0.03        # the node's ratio follows the target only in moves of at least this (Safety.min_move)
+    return hashlib.sha256(default_policy_file().read_bytes()).hexdigest()[:16]
 
 
 def _floats(s: WindowStats) -> list[float]:
@@ -115,7 +120,7 @@ class Controller:
     @classmethod
     def default(cls, **kw) -> "Controller":
         """The base policy that ships with the package (docs/controller.md says how it was trained)."""
-        ref = resources.files("helmgr.controller") / DEFAULT_POLICY
+        ref = default_policy_file()
         if not ref.is_file():
             raise HelmInputError("no default policy ships with this build; pass one: "
                                  "Controller.load(PATH) (make one with `helmgr train --out PATH`)")

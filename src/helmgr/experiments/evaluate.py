@@ -33,11 +33,10 @@ from helmgr.experiments.capacity import CapacityTask, base_rate, bisect_task
 from helmgr.experiments.parallel import run_all
 from helmgr.experiments.phase_oracle import oracle_blocks, run_phase_oracle
 from helmgr.experiments.scenario import PhaseRun, phase_point
+from helmgr.policy.policies import POLICIES, HelmPolicy
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.metrics import window_ratios
 from helmgr.workload import WorkloadSpec
-
-HELM_POLICIES = ("helm", "helm-base", "helm-base+adapter")     # runs that read the shipped base policy
 
 # the system-level pairs whose capacity is measured: full HELM and the paper's static baselines
 CAPACITY_PAIRS = (("helm", "helm"), ("static-best", "prefix-aware"), ("static-best", "least-loaded"))
@@ -97,7 +96,7 @@ class Unit:
     def key(self) -> str:
         from importlib.metadata import version
         parts = (self.kind, self.regime, self.seed, self.policy, self.router, self.ratio, self.payload, version("helmgr"))
-        if self.policy in HELM_POLICIES:                  # a retrained base policy is another run
+        if issubclass(POLICIES.get(self.policy, object), HelmPolicy):   # a retrained base policy: another run
             from helmgr.controller.controller import default_policy_digest
             parts += (default_policy_digest(),)
         text = repr(parts)

@@ -15,6 +15,7 @@ from typing import Callable
 from helmgr.experiments.capacity import base_rate
 from helmgr.experiments.compare import run_series
 from helmgr.experiments.parallel import run_all
+from helmgr.experiments.sweep import static_best
 from helmgr.sim import SimConfig
 from helmgr.sim.config import scenario_cluster
 from helmgr.sim.metrics import Series
@@ -107,11 +108,11 @@ def showcase(spec: WorkloadSpec, cfg: SimConfig, jobs: int = 1,
     tasks += [(spec, replace(cfg, policy="static", router=BASELINE_ROUTER, ratio=r)) for r in ratios]
     names = ["helm (helm)"] + [f"static {r:g} ({BASELINE_ROUTER})" for r in ratios]
     results = run_all(run_series, tasks, jobs, None, names, on_done)
-    best = min(results[1:], key=lambda run: run[0]["p99_ms"])
-    best[0]["policy"] = "static-best"
+    best = static_best([summary for summary, _ in results[1:]])
+    series = next(ser for summary, ser in results[1:] if summary["ratio"] == best["ratio"])
     capacity = None
     if ref is not None and ref.capacity_rps is not None:
         capacity = {"helm": ref.capacity_rps["@".join(HELM)],
                     "baseline": ref.capacity_rps[f"static-best@{BASELINE_ROUTER}"]}
-    return Showcase(results[0], best, ref is not None, capacity,
+    return Showcase(results[0], (best, series), ref is not None, capacity,
                     base_rate(spec) if spec.trace is None else None)

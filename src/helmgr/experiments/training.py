@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from helmgr.controller.controller import default_policy_file
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.core.jsonsafe import dumps
 from helmgr.experiments.parallel import run_all
@@ -62,14 +63,6 @@ def _validate(args: tuple[str, WorkloadSpec, SimConfig]) -> dict:
     return {k: summary[k] for k in VALIDATION_FIELDS}
 
 
-def shipped_policy_path() -> str:
-    """The shipped base policy's file (the incumbent a new one is validated against)."""
-    from importlib import resources
-
-    from helmgr.controller.controller import DEFAULT_POLICY
-    return str(resources.files("helmgr.controller") / DEFAULT_POLICY)
-
-
 def score(runs: list[dict]) -> float:
     """Geometric mean of the runs' P99 (ms); infinite if any run measured nothing or overloaded."""
     p99 = [r["p99_ms"] for r in runs]
@@ -101,26 +94,27 @@ def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path 
     scenario = sc.env.get("scenario", "v2")
     specs = [WorkloadSpec(r, sc.validate_duration_s, v, sc.validate_rps, scenario=scenario)
              for r in sc.validate_regimes for v in sc.validate_seeds]
-    validated = [str(p) for p in paths] + ([shipped_policy_path()] if sc.incumbent else [])
+    validated = [str(p) for p in paths] + ([str(default_policy_file())] if sc.incumbent else [])
     labels = [f"seed {s}" for s in sc.seeds] + (["the shipped policy"] if sc.incumbent else [])
     tasks = [(p, spec, replace(cfg, seed=spec.seed)) for p in validated for spec in specs]
     names = [f"{who}: {spec.regime} validation seed {spec.seed}" for who in labels for spec in specs]
     runs = run_all(_validate, tasks, jobs, names=names, on_done=on_done and (lambda i: on_done("validate")))
+    def validation(k: int) -> dict:
+        """The k-th validated policy's runs, and their score."""
+        mine = runs[k * len(specs):(k + 1) * len(specs)]
+        return {"score_p99_ms": score(mine),
+                "validation": [{"regime": s.regime, "seed": s.seed} | r for s, r in zip(specs, mine)]}
     candidates = []
     for k, (seed, result) in enumerate(zip(sc.seeds, trained)):
-        mine = runs[k * len(specs):(k + 1) * len(specs)]
-        steps, reward = curve(Path(result["log"]))
+        _, reward = curve(Path(result["log"]))
         candidates.append({"seed": seed, "policy": str(paths[k]), "run": result["run"], "log": result["log"],
-                           "train_wall_s": result["wall_s"], "final_reward": reward[-1] if reward else None,
-                           "score_p99_ms": score(mine),
-                           "validation": [{"regime": s.regime, "seed": s.seed} | r for s, r in zip(specs, mine)]})
+                           "train_wall_s": result["wall_s"], "final_reward": reward[-1] if reward else None}
+                          | validation(k))
     best = min(candidates, key=lambda c: (c["score_p99_ms"], c["seed"]))
     selection = {"config": asdict(replace(sc, cluster=cfg)), "candidates": candidates, "chosen_seed": best["seed"],
                  "chosen": str(out), "incumbent": None}
     if sc.incumbent:
-        mine = runs[len(paths) * len(specs):]
-        selection["incumbent"] = {"policy": validated[-1], "score_p99_ms": score(mine),
-                                  "validation": [{"regime": s.regime, "seed": s.seed} | r for s, r in zip(specs, mine)]}
+        selection["incumbent"] = {"policy": validated[-1]} | validation(len(paths))
     _ship(Path(best["policy"]), out, {"seeds": list(sc.seeds), "validate_seeds": list(sc.validate_seeds),
                                       "validate_regimes": list(sc.validate_regimes),
                                       "score_p99_ms": best["score_p99_ms"]})
