@@ -29,11 +29,12 @@ from helmgr.workload import WorkloadSpec
 class ShadowProbe(Static):
     """A static split whose nodes track shadows; keeps every window's (end, marginal value)."""
 
-    def __init__(self, share: float):
+    def __init__(self, share: float, cluster_ghosts: bool = False):
         self.share, self.values = share, []
+        self.peers = [] if cluster_ghosts else None
 
     def attach(self, index, node):
-        track_shadows(node, self.share)
+        track_shadows(node, self.share, self.peers)
 
     def observe(self, index, w, node):
         v = marginal_value(w, node.cost, self.share)
@@ -53,11 +54,13 @@ def main() -> None:
     ap.add_argument("--ratios", default="0.3,0.5,0.7,0.9")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--share", type=float, default=0.05)
+    ap.add_argument("--cluster-ghosts", action="store_true",
+                    help="credit a KV ghost wherever its user's prefix is recomputed (track_shadows' peers)")
     args = ap.parse_args()
     spec = WorkloadSpec(args.workload, args.duration, args.seed)
     cluster = SimConfig(**scenario_cluster("v2"), router=args.router, seed=args.seed)
     for r in (float(x) for x in args.ratios.split(",")):
-        probe = ShadowProbe(args.share)
+        probe = ShadowProbe(args.share, args.cluster_ghosts)
         w = spec.build()
         res = simulate(replace(cluster, ratio=r), w, policy=probe)
         t, v = (np.array(a) for a in zip(*probe.values))

@@ -52,6 +52,7 @@ class Node:
         self.blocked_until = 0.0
         self.stats = NodeStats()
         self.kv_log: list[tuple[int, int]] | None = None   # (user, prefix tokens) per request, when on
+        self.ghost_peers: list | None = None     # nodes whose KV ghosts this node's recomputes credit (None: itself)
 
     # -- memory ---------------------------------------------------------------------------
     @property
@@ -111,9 +112,10 @@ class Node:
             if lk.computed_from == 0:
                 s.cold_requests += 1
             if kv.ghost is not None:           # before the insert below takes the user out of it
-                shadow = min(kv.ghost.get(user, 0), prefix_len) - lk.computed_from
-                if shadow > 0:
-                    s.kv_shadow_tokens += shadow
+                for peer in self.ghost_peers or (self,):
+                    shadow = min(peer.kv.ghost.get(user, 0), prefix_len) - lk.computed_from
+                    if shadow > 0:
+                        peer.stats.kv_shadow_tokens += shadow
         kv.insert(user, prefix_len + n_new)
         if self.kv_log is not None:
             self.kv_log.append((user, prefix_len + n_new))
