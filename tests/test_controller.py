@@ -295,18 +295,24 @@ def test_burst_events_reach_the_results():
     """A x3.8 burst from 37.9 s to 41.7 s: both nodes' recovery tiers start at the end of the
     first whole window inside it (39 s), and the events are in the run's summary."""
     from helmgr.sim import SimConfig, simulate
-    from helmgr.policy.policies import HelmPolicy
+    from helmgr.policy.policies import HelmPolicy, HelmV1
     from tests.test_sim import small
     w = small("flash", seed=1, duration_s=60.0)            # the first version's burst
     assert [(round(b.start, 1), round(b.end, 1)) for b in w.bursts] == [(37.9, 41.7)]
-    r = simulate(SimConfig(nodes=2, ratio=0.5, router="helm", warmup_s=2.0), w, policy=HelmPolicy())
-    assert r.summary["controller"]["burst_events"] == [{"node": 0, "t": 39.0, "event": "start"},
-                                                       {"node": 1, "t": 39.0, "event": "start"}]
-    # each adapter learned from the windows before the burst (windows 1-38, less the first two:
-    # nothing to credit yet, then the reward baseline) and is frozen since: 36 estimates, no
-    # 60-window block full, so no step
-    assert r.summary["controller"]["adapter_estimates"] == 72 and r.summary["controller"]["adapter_steps"] == 0
-    assert [c.safety.bad_input for c in r.cluster.policy.ctl.values()] == [0, 0]    # the simulator's windows: all taken
+    for policy in (HelmPolicy(), HelmV1()):
+        r = simulate(SimConfig(nodes=2, ratio=0.5, router="helm", warmup_s=2.0), w, policy=policy)
+        assert r.summary["controller"]["burst_events"] == [{"node": 0, "t": 39.0, "event": "start"},
+                                                           {"node": 1, "t": 39.0, "event": "start"}]
+        assert [c.safety.bad_input for c in r.cluster.policy.ctl.values()] == [0, 0]  # the simulator's windows: all taken
+        if isinstance(policy, HelmV1):
+            # each adapter learned from the windows before the burst (windows 1-38, less the first
+            # two: nothing to credit yet, then the reward baseline) and is frozen since: 36
+            # estimates, no 60-window block full, so no step
+            assert r.summary["controller"]["adapter_estimates"] == 72 and r.summary["controller"]["adapter_steps"] == 0
+        else:
+            # adapter v2: a sample at each window after a refresh (2, 4, ..., 38 s) and none once
+            # the burst froze it: 19 a node
+            assert r.summary["controller"]["adapter_estimates"] == 38
 
 
 def test_relative_reward_is_zero_for_holding_and_moves_when_the_policy_moves():

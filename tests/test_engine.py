@@ -65,7 +65,9 @@ def test_compiled_path_equals_python_path(engine, router):
 
 @pytest.mark.parametrize("regime", ["burst", "trend"])
 def test_compiled_path_equals_python_path_with_the_helm_controller(regime):
-    cfg = SimConfig(**(V2 | dict(nodes=4, router="helm", policy="helm", seed=2, warmup_s=2.0, ratio=0.3)))
+    """The controller with the first version's adapter (`helm-v1`): v2's shadows keep `helm` on
+    the Python path (test_adapter_v2)."""
+    cfg = SimConfig(**(V2 | dict(nodes=4, router="helm", policy="helm-v1", seed=2, warmup_s=2.0, ratio=0.3)))
     py, co = both(cfg, regime, rps=300.0, duration=12.0)
     assert len(py.series.timeline) > 4                 # the controller resized the pools during the run
     assert_same(py, co)

@@ -93,13 +93,20 @@ def test_a_configuration_without_stored_figures_sweeps_the_baseline():
 
 
 def test_stored_figures_hold_the_split_and_give_the_headroom(monkeypatch):
+    """The stored capacities give the headroom over the run's base rate (150 req/s); HELM's only
+    while HELM is the one measured (`policies.helm_revision`): another base policy or adapter
+    keeps the baseline's and drops HELM's."""
+    from helmgr.policy.policies import helm_revision
     spec, cfg = tiny()
-    ref = sc.Reference(0.3, {"helm@helm": 240.0, "static-best@prefix-aware": 180.0})
-    monkeypatch.setattr(sc, "reference", lambda s, c: ref)
-    out = sc.showcase(spec, cfg, jobs=1)
-    assert out.stored and out.baseline[0]["ratio"] == 0.3 and out.baseline[0]["policy"] == "static-best"
-    assert out.capacity_rps == {"helm": 240.0, "baseline": 180.0}
-    assert out.headroom("helm") == pytest.approx(240 / 150 - 1) and out.headroom("baseline") == pytest.approx(0.2)
+    caps = {"helm@helm": 240.0, "static-best@prefix-aware": 180.0}
+    for revision, expect in ((helm_revision(), {"helm": 240.0, "baseline": 180.0}),
+                             ("0123456789abcdef/adapter=True/recovery=True", {"baseline": 180.0})):
+        ref = sc.Reference(0.3, caps, revision)
+        monkeypatch.setattr(sc, "reference", lambda s, c: ref)
+        out = sc.showcase(spec, cfg, jobs=1)
+        assert out.stored and out.baseline[0]["ratio"] == 0.3 and out.baseline[0]["policy"] == "static-best"
+        assert out.capacity_rps == expect and out.headroom("baseline") == pytest.approx(0.2)
+        assert out.headroom("helm") == (pytest.approx(240 / 150 - 1) if "helm" in expect else None)
 
 
 def test_simulate_without_policy_or_router_shows_both(capsys, tmp_path):

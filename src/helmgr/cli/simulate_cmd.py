@@ -153,14 +153,15 @@ def _side_by_side(spec, cfg, jobs, as_json, out_dir) -> None:
               else f"the best of {len(SWEEP)} static ratios on this run")
     helm_label, base_label = "HELM (helm + helm router)", f"static-best {split:g} + {BASELINE_ROUTER}"
     rows = {k: (helm[k], base[k]) for k in SIDE_BY_SIDE}
-    rows["capacity_rps"] = (sc.capacity_rps["helm"], sc.capacity_rps["baseline"]) if sc.capacity_rps else (None, None)
+    caps = sc.capacity_rps or {}
+    rows["capacity_rps"] = (caps.get("helm"), caps.get("baseline"))
     rows["capacity_headroom"] = (sc.headroom("helm"), sc.headroom("baseline"))
     verdict = (f"HELM's P99 is {abs(sc.p99_reduction):.1%} {'below' if sc.p99_reduction >= 0 else 'above'} "
                f"static-best + {BASELINE_ROUTER}'s (static {split:g}: {source}).")
     result = {"helm": helm, "static_best": base, "static_best_source": "stored" if sc.stored else "swept",
               "p99_reduction": sc.p99_reduction, "capacity_rps": sc.capacity_rps,
               "capacity_headroom": None if sc.capacity_rps is None else
-              {"helm": sc.headroom("helm"), "baseline": sc.headroom("baseline")}}
+              {k: sc.headroom(k) for k in sc.capacity_rps}}
     name = spec.regime if spec.trace is None else "trace"
     title = f"{name}: {cfg.nodes} nodes, full HELM vs static-best + {BASELINE_ROUTER}"
     with result_dir(out_dir) as scratch:
@@ -180,5 +181,8 @@ def _side_by_side(spec, cfg, jobs, as_json, out_dir) -> None:
     if sc.capacity_rps is None:
         where = f"measured by the evaluation for {spec.regime}" if sc.stored else "stored for this configuration"
         stdout.print(f"capacity at SLO: not {where} (helmgr capacity measures it)")
+    elif "helm" not in sc.capacity_rps:
+        stdout.print("HELM's capacity at SLO: not stored for this HELM (its base policy or adapter changed since the "
+                     "evaluation measured it; helmgr capacity measures it)")
     if out_dir is not None:
         stderr.print(f"wrote {out_dir}/summary.json, summary.md, showcase.png and HELM's plots")

@@ -153,3 +153,76 @@ def learn(st, lc, r, old, new):
         for i in range(N_FEATURES):
             st[T_OBS + i] = st[OBS + i]
     return updated
+
+
+@dataclass(slots=True, eq=False)
+class MarginalAdapter:
+    """Adapter v2 (SPEC 6): the same bounded offset around the base tier's plan, learned from the
+    counterfactual marginal value of memory instead of from window rewards.
+
+    A sample is the latency a larger EMB share would save, in seconds per request per unit of r
+    (positive: grow EMB), priced from the two caches' shadows over a stretch of windows
+    (`policy.policies.marginal_value`; the simulator's HELM policies hand one over per EMB
+    refresh, when the EMB shadow's hits are folded in). Every `block` samples, if their mean is
+    more than `z` standard errors from zero, the offset steps `step` toward its sign, within
+    ±`bound`; otherwise it stays. So it needs no exploration noise (`explore` is False: the
+    decision adds the offset and nothing else) and, gated on the sign's significance, it holds
+    still on the plateau where the signal is noise. It is a sign-stepped integrator: the signal is
+    a slope at the current split, not a distance to the optimum (its size stays ≈ 1 ms/request/unit
+    on the way to trend's 0.9), so a step proportional to it would move as fast far from and near
+    to the optimum. It learns bias only: one scalar a sample says which way to go now, not how
+    that depends on the features, and the base tier already moves with them.
+
+    The bound is ±0.15 (v1: ±0.05): issue 22's test of a wrong base is one biased by ±0.15,
+    and a step here is taken on evidence, not on a noisy reward. `params` is swapped whole
+    (`[0..., atanh(offset / bound)]`, what the kernel's `offset` reads), never edited."""
+
+    n_features: int
+    bound: float = 0.15
+    step: float = 0.02
+    block: int = 5
+    z: float = 2.5
+    explore: bool = field(init=False, default=False)
+    params: np.ndarray = field(init=False)
+    offset: float = field(init=False, default=0.0)
+    frozen: bool = field(init=False, default=False)
+    baseline: float | None = field(init=False, default=None)   # (v1's report field; none here)
+    updates: int = field(init=False, default=0)      # samples taken
+    applied: int = field(init=False, default=0)      # blocks that moved the offset
+    samples: list = field(init=False, default_factory=list)
+
+    def __post_init__(self):
+        if not (self.bound > 0 and 0 < self.step <= self.bound):
+            raise ValueError(f"adapter v2 needs bound > 0 and 0 < step <= bound, got {self.bound}, {self.step}")
+        if not (self.block >= 2 and self.z >= 0):
+            raise ValueError(f"adapter v2 needs block >= 2 samples and z >= 0, got {self.block}, {self.z}")
+        self.block = int(self.block)
+        self.params = np.zeros(self.n_features + 1)
+
+    def configure(self, cfg, lc, miss_penalty: float, move_cost: float) -> None:
+        """Write the constants the decision reads into the kernel's `cfg` (it learns in Python)."""
+        cfg[[C_HAS_AD, C_BOUND, C_EXPLORE]] = True, self.bound, False
+
+    def learn(self, sample: float | None) -> bool:
+        """Take one sample (None or non-finite: none; frozen: ignored). True when a block moved
+        the offset, and `params` was swapped for the new one."""
+        if self.frozen or sample is None or not math.isfinite(sample):
+            return False
+        self.updates += 1
+        self.samples.append(float(sample))
+        if len(self.samples) < self.block:
+            return False
+        x = np.asarray(self.samples)
+        self.samples = []
+        mean, se = float(x.mean()), float(x.std(ddof=1)) / math.sqrt(len(x))
+        if not abs(mean) > self.z * se:
+            return False
+        offset = min(self.bound, max(-self.bound, self.offset + math.copysign(self.step, mean)))
+        if offset == self.offset:
+            return False
+        self.offset = offset
+        params = np.zeros(self.n_features + 1)
+        params[-1] = math.atanh(max(-1.0 + 1e-12, min(1.0 - 1e-12, offset / self.bound)))
+        self.params = params                   # the swap
+        self.applied += 1
+        return True

@@ -46,7 +46,7 @@ import numpy as np
 
 from helmgr.controller import kernel as K
 from helmgr.controller import layout as L
-from helmgr.controller.adapter import NOISE_BATCH, ResidualAdapter
+from helmgr.controller.adapter import NOISE_BATCH, MarginalAdapter, ResidualAdapter
 from helmgr.controller.detect import BurstDetector
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.controller.observe import MEAN_ALPHA, MISS_PENALTY, MOVE_COST, N_FEATURES
@@ -79,7 +79,7 @@ def _floats(s: WindowStats) -> list[float]:
 
 
 class Controller:
-    def __init__(self, base: MLPPolicy | None, adapter: ResidualAdapter | None = None,
+    def __init__(self, base: MLPPolicy | None, adapter: ResidualAdapter | MarginalAdapter | None = None,
                  detector: BurstDetector | None = None, safety: Safety | None = None,
                  recovery_ratio: float = 0.85, recovery_step: float = 0.1, recovery_hold: float = 60.0,
                  recovery_miss: float = 0.01):
@@ -111,11 +111,21 @@ class Controller:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def load(cls, path, adapter: bool = True, recovery: bool = True, seed: int = 0, **kw) -> "Controller":
-        """A controller around the base policy in `path` (an exported .npz)."""
+    def load(cls, path, adapter: bool | str = True, recovery: bool = True, seed: int = 0,
+             adapter_kw: dict | None = None, **kw) -> "Controller":
+        """A controller around the base policy in `path` (an exported .npz); `adapter` True (or
+        "reward") the first version's adapter, "marginal" adapter v2 (`adapter_kw`: its
+        settings, e.g. bound), False none."""
         base = MLPPolicy.load(path)
-        return cls(base, ResidualAdapter(N_FEATURES, rng=np.random.default_rng(seed)) if adapter else None,
-                   BurstDetector(3) if recovery else None, **kw)
+        if adapter == "marginal":
+            tier = MarginalAdapter(N_FEATURES, **(adapter_kw or {}))
+        elif adapter in (True, "reward"):
+            tier = ResidualAdapter(N_FEATURES, rng=np.random.default_rng(seed))
+        elif adapter is False or adapter is None:
+            tier = None
+        else:
+            raise ValueError(f"unknown adapter {adapter!r} (known: reward, marginal, or False)")
+        return cls(base, tier, BurstDetector(3) if recovery else None, **kw)
 
     @classmethod
     def default(cls, **kw) -> "Controller":
@@ -142,7 +152,7 @@ class Controller:
         b, a = self.base, self.adapter
         d = self.detector or BurstDetector(3)
         flat, dims, h = (b.flat, b.dims, b.scratch) if b else (np.zeros(1), np.zeros(1, np.int64), np.zeros(2))
-        mem, views = L.layout(d.exit_ticks, len(h), NOISE_BATCH if a is not None else 0)
+        mem, views = L.layout(d.exit_ticks, len(h), NOISE_BATCH if a is not None and a.explore else 0)
         st, cfg, lc, _, det = views[:5]
         cfg[L.C_OB_ALPHA] = MEAN_ALPHA
         d.configure(cfg, det, on=self.detector is not None)
@@ -155,8 +165,9 @@ class Controller:
         st[[L.TARGET, L.PLAN, L.HOLD, L.APPLIED]] = np.nan
         return mem, flat, dims, np.zeros(a.params.shape if a is not None else 1), views
 
-    def step(self, stats: WindowStats) -> float:
+    def step(self, stats: WindowStats, marginal: float | None = None) -> float:
         """The next ratio for the window `stats` describes (one compiled call up to the decision).
+        `marginal`: adapter v2's sample, if one closed with this window (MarginalAdapter.learn).
 
         Whatever the numbers, the ratio is finite and in [r_min, r_max]. Stats the safety layer
         refuses (non-finite or out of range, `safety.stats_ok`; a P99 of NaN too: say None) are
@@ -167,7 +178,7 @@ class Controller:
             self._k = self._kernel_arrays()
         mem, flat, dims, spare, views = self._k
         st, s, a = views[0], stats, self.adapter
-        if a is not None and st[L.NOISE_I] == 0:         # the adapter's next batch of exploration noise
+        if a is not None and a.explore and st[L.NOISE_I] == 0:   # the adapter's next batch of exploration noise
             noise = views[-1]
             noise[:] = a.rng.normal(0.0, a.sigma, len(noise))
             st[L.NOISE_I] = len(noise)
@@ -185,7 +196,7 @@ class Controller:
         if st[L.BAD_INPUT] != bad:                       # refused: the window never happened, but for the count
             return ratio
         if a is not None:
-            self._learn(a, mem, spare, views)
+            self._learn(a, mem, spare, views, marginal)
         self.moved = ratio - (float(s.ratio) if self.last is None else self.last)
         self.last = ratio
         return ratio
@@ -200,10 +211,14 @@ class Controller:
         self.plan, self.target = st[L.PLAN], st[L.TARGET]
         self.hold = None if math.isnan(st[L.HOLD]) else float(st[L.HOLD])
 
-    def _learn(self, a: ResidualAdapter, mem, spare, views) -> None:
-        """The adapter's learning, after the decision, into the spare array (the next parameters):
-        the window just seen is the outcome of the previous decision."""
+    def _learn(self, a, mem, spare, views, marginal: float | None) -> None:
+        """The adapter's learning, after the decision: v1's into the spare array (the next
+        parameters), the window just seen being the outcome of the previous decision; v2's from
+        the sample (it swaps its own parameters)."""
         a.frozen = self.recovering
+        if isinstance(a, MarginalAdapter):
+            a.learn(marginal)
+            return
         if K.learn(mem, a.params, spare, self.moved):
             a.params = spare                     # the atomic swap; a fresh spare for the next one
             self._k = self._k[:3] + (np.empty_like(spare), views)

@@ -33,7 +33,7 @@ from helmgr.experiments.capacity import CapacityTask, base_rate, bisect_task
 from helmgr.experiments.parallel import run_all
 from helmgr.experiments.phase_oracle import oracle_blocks, run_phase_oracle
 from helmgr.experiments.scenario import PhaseRun, phase_point
-from helmgr.policy.policies import POLICIES, HelmPolicy
+from helmgr.policy.policies import POLICIES, HelmPolicy, helm_revision
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.metrics import window_ratios
 from helmgr.workload import WorkloadSpec
@@ -96,9 +96,8 @@ class Unit:
     def key(self) -> str:
         from importlib.metadata import version
         parts = (self.kind, self.regime, self.seed, self.policy, self.router, self.ratio, self.payload, version("helmgr"))
-        if issubclass(POLICIES.get(self.policy, object), HelmPolicy):   # a retrained base policy: another run
-            from helmgr.controller.controller import default_policy_digest
-            parts += (default_policy_digest(),)
+        if issubclass(POLICIES.get(self.policy, object), HelmPolicy):   # a retrained base, another adapter: another run
+            parts += (helm_revision(POLICIES[self.policy]),)
         text = repr(parts)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -251,5 +250,6 @@ def config_dict(ev: EvalConfig) -> dict:
     """The evaluation's configuration, JSON-safe."""
     d = asdict(ev)
     d["cluster"] = {k: v for k, v in d["cluster"].items() if k not in ("policy", "ratio", "router", "seed")}
+    d["helm_revision"] = helm_revision()            # which HELM its `helm` rows are (base hash, adapter, recovery)
     return d
 

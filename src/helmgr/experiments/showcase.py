@@ -9,13 +9,14 @@ checked against the committed record by `tests/test_showcase.py`. Any other conf
 `SWEEP` here and has no stored capacity."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from helmgr.experiments.capacity import base_rate
 from helmgr.experiments.compare import run_series
 from helmgr.experiments.parallel import run_all
 from helmgr.experiments.sweep import static_best
+from helmgr.policy.policies import helm_revision
 from helmgr.sim import SimConfig
 from helmgr.sim.config import scenario_cluster
 from helmgr.sim.metrics import Series
@@ -34,12 +35,14 @@ class Reference:
 
     static_best: float
     capacity_rps: dict[str, float] | None = None       # None: not measured for this regime
+    helm_revision: str | None = field(default=None, compare=False)   # the HELM measured (policies.helm_revision)
 
 
 # (scenario, regime) -> Reference: `reference_from_record` of RECORD's evaluate.json (seeds 1-3,
 # 360-s runs; capacity measured on steady only), checked by tests/test_showcase.py
 REFERENCE: dict[tuple[str, str], Reference] = {
-    ("v2", "steady"): Reference(0.6, {"helm@helm": 3335.462041804824, "static-best@prefix-aware": 3025.6846328217016}),
+    ("v2", "steady"): Reference(0.6, {"helm@helm": 3335.462041804824, "static-best@prefix-aware": 3025.6846328217016},
+                                "849752cc1afe59d5/adapter=True/recovery=True"),
     ("v2", "burst"): Reference(0.8),
     ("v2", "trend"): Reference(0.8),
 }
@@ -61,7 +64,8 @@ def reference_from_record(record: dict) -> dict[tuple[str, str], Reference]:
         mean = np.mean([s["p99_ms"] for s in seeds], axis=0)
         measured = {k: caps[(regime, k)] for k in pairs if (regime, k) in caps}
         out[(config["scenario"], regime)] = Reference(float(seeds[0]["ratios"][int(np.argmin(mean))]),
-                                                      measured if len(measured) == len(pairs) else None)
+                                                      measured if len(measured) == len(pairs) else None,
+                                                      config.get("helm_revision"))
     return out
 
 
@@ -84,7 +88,8 @@ class Showcase:
     helm: tuple[dict, Series]                       # full HELM's summary and series
     baseline: tuple[dict, Series]                   # static-best + prefix-aware's
     stored: bool                                    # the split is the evaluation's (else swept here)
-    capacity_rps: dict[str, float] | None           # "helm" / "baseline" -> capacity at SLO, if stored
+    capacity_rps: dict[str, float] | None           # "helm" / "baseline" -> capacity at SLO, where stored (not
+                                                    # "helm" when HELM changed since it was measured)
     base_rps: float | None                          # the run's base rate (for the headroom)
 
     @property
@@ -93,7 +98,7 @@ class Showcase:
 
     def headroom(self, which: str) -> float | None:
         """Capacity at SLO over the run's base rate, minus 1 (None where not stored)."""
-        if self.capacity_rps is None or self.base_rps is None:
+        if self.capacity_rps is None or which not in self.capacity_rps or self.base_rps is None:
             return None
         return self.capacity_rps[which] / self.base_rps - 1.0
 
@@ -112,7 +117,8 @@ def showcase(spec: WorkloadSpec, cfg: SimConfig, jobs: int = 1,
     series = next(ser for summary, ser in results[1:] if summary["ratio"] == best["ratio"])
     capacity = None
     if ref is not None and ref.capacity_rps is not None:
-        capacity = {"helm": ref.capacity_rps["@".join(HELM)],
-                    "baseline": ref.capacity_rps[f"static-best@{BASELINE_ROUTER}"]}
+        capacity = {"baseline": ref.capacity_rps[f"static-best@{BASELINE_ROUTER}"]}
+        if ref.helm_revision == helm_revision():            # else HELM changed since: its capacity is not this one's
+            capacity["helm"] = ref.capacity_rps["@".join(HELM)]
     return Showcase(results[0], (best, series), ref is not None, capacity,
                     base_rate(spec) if spec.trace is None else None)

@@ -64,12 +64,21 @@ def shadow_prices(cost, mean_prefix: int, row_miss_rate: float = 0.0) -> tuple[f
     return row_s, cost.recompute_s(mean_prefix, 0) / mean_prefix + row_miss_rate * row_s
 
 
-def track_shadows(node, share: float) -> int:
+def track_shadows(node, share: float, peers: list | None = None) -> int:
     """Count, on `node`, the hits of a shadow of `share` of its pool on each side: EMB rows ranked
-    just below the cut, KV prefixes just evicted. Returns the shadow's bytes."""
+    just below the cut, KV prefixes just evicted. Returns the shadow's bytes.
+
+    A prefix is credited to the ghost of the node that evicted it wherever its user's next request
+    recomputes it, among `peers` (a list shared by the cluster's nodes, this one appended; None:
+    this node alone). Under a router that follows KV residency that is the counterfactual: had the
+    node kept the prefix, the router would have sent the request there; having lost it, the router
+    sends it elsewhere, and a per-node ghost would never see the hit."""
     shadow_bytes = int(share * node.profile.pool_budget_bytes)
     node.emb.track_shadow(max(1, shadow_bytes // node.emb.row_bytes))
     node.kv.track_ghosts(shadow_bytes)
+    if peers is not None:
+        peers[:] = [p for p in peers if p.id != node.id] + [node]   # (a restarted node replaces itself)
+        node.ghost_peers = peers
     return shadow_bytes
 
 
@@ -213,30 +222,62 @@ class HelmPolicy(MemoryPolicy):
     every window; `path` names an exported base policy (default: the one shipped)."""
 
     name = "helm"
-    adapter, recovery = True, True
+    adapter, recovery = "marginal", True    # adapter: "marginal" (v2, from the shadows), True (v1, from window rewards), False
+    shadow_share = 0.05                     # adapter v2: each cache's shadow, of the pool
 
-    def __init__(self, path: str | None = None, seed: int = 0):
-        self.path, self.seed = path, seed
+    def __init__(self, path: str | None = None, seed: int = 0, bias: float = 0.0, adapter_kw: dict | None = None):
+        """`bias`: set each node `bias` above the controller's decision (clamped): a base policy
+        deliberately wrong by that much, for measuring what the adapter corrects (0: none).
+        `adapter_kw`: adapter v2's settings (`MarginalAdapter`; default: its own)."""
+        self.path, self.seed, self.bias, self.adapter_kw = path, seed, bias, adapter_kw
         self.ctl: dict = {}
         self.slo: dict[int, float] = {}
         self.target: dict[int, float] = {}
         self.events: list[tuple[int, float, str]] = []     # (node, window end s, "start" | "end")
         self.retired: list = []                              # controllers of nodes that went down
+        self.shadows: dict[int, list] = {}                   # adapter v2: [EMB s, KV s, completed, refresh epoch]
+        self.peers: list = []                                # adapter v2: the nodes sharing KV ghosts
 
     def attach(self, index, node):
         from helmgr.controller import Controller
         kw = {"adapter": self.adapter, "recovery": self.recovery, "seed": self.seed * 1000 + index}
+        if self.adapter_kw and self.adapter == "marginal":
+            kw["adapter_kw"] = self.adapter_kw
         if index in self.ctl:                               # a node restarting: a fresh controller
             self.retired.append(self.ctl[index])
         self.ctl[index] = Controller.load(self.path, **kw) if self.path else Controller.default(**kw)
         self.ctl[index].safety.r_min, self.ctl[index].safety.r_max = node.config.r_min, node.config.r_max
         self.slo[index] = node.profile.model.slo_ms * 1e-3
+        if self.adapter == "marginal":
+            track_shadows(node, self.shadow_share, self.peers)
+            self.shadows[index] = [0.0, 0.0, 0, node.emb.epoch]
 
     def observe(self, index, w, node):
         ctl = self.ctl[index]
         seen = len(ctl.events)
-        self.target[index] = ctl.step(WindowStats.from_window(w, self.slo[index]))
+        target = ctl.step(WindowStats.from_window(w, self.slo[index]), self._sample(index, w, node))
+        if self.bias:
+            target = min(node.config.r_max, max(node.config.r_min, target + self.bias))
+        self.target[index] = target
         self.events += [(index, w.t, e) for _, e in ctl.events[seen:]]
+
+    def _sample(self, index, w, node) -> float | None:
+        """Adapter v2's sample: the marginal value (`marginal_value`) summed since the last one,
+        closed at the first window after an EMB refresh (which folds the EMB shadow's hits in);
+        None in between and without shadows."""
+        acc = self.shadows.get(index)
+        if acc is None:
+            return None
+        value = marginal_value(w, node.cost, self.shadow_share)
+        if value is not None:
+            acc[0] += value[1]
+            acc[1] += value[2]
+            acc[2] += w.completed
+        if node.emb.epoch == acc[3] or not acc[2]:
+            return None
+        sample = (acc[0] - acc[1]) / self.shadow_share / acc[2]
+        acc[:] = [0.0, 0.0, 0, node.emb.epoch]
+        return sample
 
     def report(self):
         """Burst start/end events per node, the controllers' decisions and their wall-clock
@@ -252,7 +293,9 @@ class HelmPolicy(MemoryPolicy):
             "non_finite": sum(c.safety.non_finite for c in ctls), "clamped": sum(c.safety.clamped for c in ctls),
             "slewed": sum(c.safety.slewed for c in ctls), "settled": sum(c.safety.settled for c in ctls),
             "adapter_estimates": sum(c.adapter.updates for c in ctls if c.adapter),
-            "adapter_steps": sum(c.adapter.applied for c in ctls if c.adapter)}}
+            "adapter_steps": sum(c.adapter.applied for c in ctls if c.adapter)}
+            | ({"adapter_offsets": [round(c.adapter.offset, 4) for c in self.ctl.values()]}
+               if self.adapter == "marginal" else {})}
 
     def decide(self, index, node, now):
         return self.target.pop(index, None)
@@ -269,11 +312,34 @@ class HelmBaseAdapter(HelmPolicy):
     """Ablation: base policy + residual adapter, no burst recovery."""
 
     name = "helm-base+adapter"
+    adapter, recovery = "marginal", False
+
+
+class HelmV1(HelmPolicy):
+    """HELM with the first version's adapter (REINFORCE on window rewards) instead of v2's."""
+
+    name = "helm-v1"
+    adapter, recovery = True, True
+
+
+class HelmBaseAdapterV1(HelmPolicy):
+    """Ablation: base policy + the first version's adapter, no burst recovery."""
+
+    name = "helm-base+adapter-v1"
     adapter, recovery = True, False
 
 
+def helm_revision(policy: type = HelmPolicy) -> str:
+    """What a HELM policy's results depend on besides its name and the package's version: the
+    shipped base policy's hash, its adapter and its recovery tier (evaluate's keys, the
+    showcase's stored capacity)."""
+    from helmgr.controller.controller import default_policy_digest
+    return f"{default_policy_digest()}/adapter={policy.adapter}/recovery={policy.recovery}"
+
+
 POLICIES = {"static": Static, "adaptive": Adaptive, "latency-driven": LatencyDriven, "independent": Independent,
-            "helm": HelmPolicy, "helm-base": HelmBase, "helm-base+adapter": HelmBaseAdapter}
+            "helm": HelmPolicy, "helm-base": HelmBase, "helm-base+adapter": HelmBaseAdapter,
+            "helm-v1": HelmV1, "helm-base+adapter-v1": HelmBaseAdapterV1}
 
 
 def make_policy(name: str) -> MemoryPolicy:

@@ -1,0 +1,114 @@
+"""Adapter v2 (SPEC 6): the offset learned from the shadows' marginal value."""
+import math
+
+import numpy as np
+import pytest
+
+from helmgr.controller import Controller
+from helmgr.controller.adapter import MarginalAdapter
+from helmgr.controller.observe import N_FEATURES
+from helmgr.controller.safety import Safety
+from tests.test_controller import constant_policy, stats
+
+
+def test_a_block_of_significant_samples_steps_the_offset_toward_its_sign():
+    """Block 5, z 2.5, step 0.02: samples 1.0, 1.2, 0.8, 1.1, 0.9 have mean 1.0 and standard
+    error sqrt(0.025 / 5) = 0.0707, so 14 standard errors: +0.02. The same block negated: back to
+    0. Eight such blocks end at the bound (0.15, not 0.16); a ninth moves nothing."""
+    a = MarginalAdapter(N_FEATURES)
+    block = [1.0, 1.2, 0.8, 1.1, 0.9]
+    assert [a.learn(x) for x in block] == [False] * 4 + [True]
+    assert a.offset == pytest.approx(0.02) and a.updates == 5 and a.applied == 1
+    assert math.tanh(a.params[-1]) * a.bound == pytest.approx(0.02) and not a.params[:-1].any()
+    for x in block:
+        a.learn(-x)
+    assert a.offset == pytest.approx(0.0, abs=1e-12)
+    for _ in range(8):
+        for x in block:
+            a.learn(x)
+    assert a.offset == pytest.approx(0.15) and a.applied == 2 + 8
+    assert [a.learn(x) for x in block] == [False] * 5 and a.applied == 10
+
+
+def test_noise_frozen_and_missing_samples_leave_the_offset_alone():
+    """Mean 0.2 with samples 1, -1, 1, -1, 0.2: standard error sqrt(4.2 / 4 / 5) = 0.458, 0.44
+    errors: no step. Frozen (recovery) or None / NaN: not even counted."""
+    a = MarginalAdapter(N_FEATURES)
+    params = a.params
+    for x in (1.0, -1.0, 1.0, -1.0, 0.2):
+        assert not a.learn(x)
+    assert a.offset == 0.0 and a.params is params and a.updates == 5
+    a.frozen = True
+    for x in [1.0] * 10:
+        a.learn(x)
+    a.frozen = False
+    for x in (None, math.nan, math.inf):
+        a.learn(x)
+    assert a.updates == 5 and a.offset == 0.0
+
+
+def test_adapter_v2_rejects_a_step_past_its_bound():
+    with pytest.raises(ValueError, match="step"):
+        MarginalAdapter(N_FEATURES, bound=0.05, step=0.1)
+    with pytest.raises(ValueError, match="block"):
+        MarginalAdapter(N_FEATURES, block=1)
+
+
+def test_the_controller_adds_the_learned_offset_after_the_decision_that_closed_the_block():
+    """A base that holds at 0.5 (no min_move), a sample every other window: the block closes in
+    the learning after the ninth decision (the fifth sample's), which is still 0.5; from the
+    tenth decision on the ratio is 0.52. Windows without a sample learn nothing."""
+    ctl = Controller(constant_policy(0.0), adapter=MarginalAdapter(N_FEATURES), safety=Safety(max_slew=0.1))
+    ratios = []
+    for k in range(7):
+        ratios.append(ctl.step(stats(0.5), marginal=1.0 + 0.1 * (k % 2)))
+        ratios.append(ctl.step(stats(0.5)))                         # no sample this window
+    assert ratios[:9] == pytest.approx([0.5] * 9, abs=1e-12)
+    assert ratios[9:] == pytest.approx([0.52] * 5, abs=1e-12)
+    assert ctl.adapter.updates == 7 and ctl.adapter.applied == 1 and ctl.plan == pytest.approx(0.5)
+
+
+def test_the_shipped_controller_takes_adapter_v2_by_name():
+    ctl = Controller.default(adapter="marginal")
+    assert isinstance(ctl.adapter, MarginalAdapter) and ctl.adapter.bound == 0.15
+    with pytest.raises(ValueError, match="unknown adapter 'ghost'"):
+        Controller.default(adapter="ghost")
+
+
+def test_helm_v2_samples_the_shadows_once_per_emb_refresh():
+    """On a small two-node run (6 s, refresh every 2 s) each node's controller gets a sample at
+    the windows closing at 2, 4 and 6 s (a refresh runs before a window due at the same time):
+    three each, one block short of a step; the run says it took the Python path because of the
+    shadows; a bias sets every node that much above its controller."""
+    from helmgr.policy.policies import HelmBaseAdapter
+    from helmgr.sim import SimConfig, simulate
+    from tests.test_sim import small
+    runs = {}
+    for bias in (0.0, 0.1):
+        policy = HelmBaseAdapter(bias=bias)
+        r = simulate(SimConfig(nodes=2, ratio=0.5, router="helm", warmup_s=2.0), small(duration_s=6.0),
+                     policy=policy)
+        s = r.summary
+        assert s["sim_path"] == "python" and "shadow" in s["sim_path_reason"]
+        assert s["controller"]["adapter_estimates"] == 6 and s["controller"]["adapter_offsets"] == [0.0, 0.0]
+        runs[bias] = [node.ratio for node in r.cluster.nodes], [c.last for c in policy.ctl.values()]
+    assert np.allclose(runs[0.1][0], np.minimum(np.array(runs[0.1][1]) + 0.1, 0.95), atol=0.011)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_prefix_recomputed_anywhere_credits_the_ghost_that_evicted_it(shared):
+    """Node A evicted user 9's 80-token prefix (its ghost holds it); the router sent user 9's next
+    request, a 100-token prefix, to node B, which holds 60 of it. With the ghosts shared, A is
+    credited the 80 - 60 = 20 tokens keeping the prefix would have saved; per node, nobody is."""
+    from helmgr.policy.policies import track_shadows
+    from tests.test_node import history, warm_node
+    a, b = warm_node(), warm_node()
+    a.id, b.id = 0, 1
+    peers = [] if shared else None
+    for node in (a, b):
+        track_shadows(node, 0.05, peers)
+    a.kv.ghost[9] = 80
+    b.kv.insert(9, 60)
+    b.serve(0.0, 9, 100, np.zeros(0, np.int64), np.zeros(0, np.int64), history)
+    assert (a.stats.kv_shadow_tokens, b.stats.kv_shadow_tokens) == ((20, 0) if shared else (0, 0))
+    assert peers is None or [n.id for n in peers] == [0, 1]
