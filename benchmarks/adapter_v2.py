@@ -17,7 +17,6 @@ import argparse
 import json
 from dataclasses import replace
 
-import numpy as np
 
 from helmgr.policy.policies import POLICIES, HelmPolicy
 from helmgr.sim import SimConfig, simulate
