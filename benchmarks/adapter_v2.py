@@ -2,6 +2,8 @@
 
     python benchmarks/adapter_v2.py --workload steady --duration 240 --bias -0.15,0,0.15 \
         [--policies helm-base,helm-base+adapter-v1,helm-base+adapter] [--hardware a100-80g] [--seed 1]
+    python benchmarks/adapter_v2.py --trace ../shared/data/amazon-beauty.txt --clone-users 32 \
+        --widen-catalogue --time-compression 100 --duration 180 --bias 0,-0.2
 
 Each (bias, policy) is one run on the v2 cluster under the HELM router, every node set `bias`
 above its controller's decision (`HelmPolicy(bias=...)`: a base deliberately wrong by that much;
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
-
 
 from helmgr.policy.policies import POLICIES, HelmPolicy
 from helmgr.sim import SimConfig, simulate
@@ -35,9 +36,15 @@ def main() -> None:
     ap.add_argument("--model", default="large")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bound", type=float, default=None, help="adapter v2's bound [default: its own, 0.15]")
+    ap.add_argument("--trace", default=None, help="replay this log (sequences format) instead of --workload")
+    ap.add_argument("--clone-users", type=int, default=1)
+    ap.add_argument("--widen-catalogue", action="store_true")
+    ap.add_argument("--time-compression", type=float, default=None)
     args = ap.parse_args()
     adapter_kw = None if args.bound is None else {"bound": args.bound}
-    spec = WorkloadSpec(args.workload, args.duration, args.seed)
+    spec = WorkloadSpec(args.workload, args.duration, args.seed, trace=args.trace, trace_format="sequences",
+                        time_compression=args.time_compression, clone_users=args.clone_users,
+                        overlays=("widen",) if args.widen_catalogue else ())
     cluster = SimConfig(**scenario_cluster("v2"), router="helm", seed=args.seed, hardware=args.hardware,
                         model=args.model)
     for bias in (float(x) for x in args.bias.split(",")):
