@@ -330,6 +330,6 @@ def test_relative_reward_is_zero_for_holding_and_moves_when_the_policy_moves():
 def test_the_shipped_policy_loads_and_decides():
     import helmgr
     ctl = helmgr.Controller.default()
-    assert ctl.base.n_obs == N_FEATURES and "--seed 3" in ctl.base.meta["command"]
+    assert ctl.base.n_obs == N_FEATURES and "--timesteps 122880 --seed 3" in ctl.base.meta["command"]
     r = ctl.step(stats(0.5))
     assert 0.4 <= r <= 0.6 and len(ctl.latency_ns) == 1
