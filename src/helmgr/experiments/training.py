@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from helmgr.controller.controller import default_policy_file
+from helmgr.controller.controller import default_policy_digest, default_policy_file
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.core.jsonsafe import dumps
 from helmgr.experiments.parallel import run_all
@@ -114,7 +114,9 @@ def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path 
     selection = {"config": asdict(replace(sc, cluster=cfg)), "candidates": candidates, "chosen_seed": best["seed"],
                  "chosen": str(out), "incumbent": None}
     if sc.incumbent:
-        selection["incumbent"] = {"policy": validated[-1]} | validation(len(paths))
+        # named by the package and its hash, not by where this machine installed it
+        selection["incumbent"] = {"policy": f"package:helmgr.controller/{default_policy_file().name}",
+                                  "sha256_16": default_policy_digest()} | validation(len(paths))
     _ship(Path(best["policy"]), out, {"seeds": list(sc.seeds), "validate_seeds": list(sc.validate_seeds),
                                       "validate_regimes": list(sc.validate_regimes),
                                       "score_p99_ms": best["score_p99_ms"]})
