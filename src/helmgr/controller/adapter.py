@@ -186,7 +186,6 @@ class MarginalAdapter:
     params: np.ndarray = field(init=False)
     offset: float = field(init=False, default=0.0)
     frozen: bool = field(init=False, default=False)
-    baseline: float | None = field(init=False, default=None)   # (v1's report field; none here)
     updates: int = field(init=False, default=0)      # samples taken
     applied: int = field(init=False, default=0)      # blocks that moved the offset
     samples: list = field(init=False, default_factory=list)
