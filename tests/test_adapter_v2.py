@@ -14,8 +14,9 @@ from tests.test_controller import constant_policy, stats
 def test_a_block_of_significant_samples_steps_the_offset_toward_its_sign():
     """Block 5, z 2.5, step 0.02: samples 1.0, 1.2, 0.8, 1.1, 0.9 have mean 1.0 and standard
     error sqrt(0.025 / 5) = 0.0707, so 14 standard errors: +0.02. The same block negated: back to
-    0. Eight such blocks end at the bound (0.15, not 0.16); a ninth moves nothing."""
-    a = MarginalAdapter(N_FEATURES)
+    0. Eight such blocks end at the bound (0.15, not 0.16); a ninth moves nothing. (A fixed step:
+    grow 1; bound 0.15.)"""
+    a = MarginalAdapter(N_FEATURES, bound=0.15, grow=1.0, max_step=None)
     block = [1.0, 1.2, 0.8, 1.1, 0.9]
     assert [a.learn(x) for x in block] == [False] * 4 + [True]
     assert a.offset == pytest.approx(0.02) and a.updates == 5 and a.applied == 1
@@ -47,11 +48,30 @@ def test_noise_frozen_and_missing_samples_leave_the_offset_alone():
     assert a.updates == 5 and a.offset == 0.0
 
 
+def test_steps_in_one_direction_grow_and_a_turn_starts_again_from_the_first():
+    """step 0.02, grow 1.5, max_step 0.06, bound 0.15: four positive blocks step 0.02, 0.03,
+    0.045, then 0.06 (0.0675 capped), the offsets 0.02, 0.05, 0.095, 0.15 (0.155 at the bound).
+    A negative block turns: 0.02 back to 0.13; the next one grows again: 0.03, to 0.10."""
+    a = MarginalAdapter(N_FEATURES, bound=0.15, grow=1.5, max_step=0.06)
+    block = [1.0, 1.2, 0.8, 1.1, 0.9]
+    offsets = []
+    for sign in (1, 1, 1, 1, -1, -1):
+        for x in block:
+            a.learn(sign * x)
+        offsets.append(a.offset)
+    assert offsets == pytest.approx([0.02, 0.05, 0.095, 0.15, 0.13, 0.10])
+    assert a.last_step == pytest.approx(-0.03) and a.applied == 6
+
+
 def test_adapter_v2_rejects_a_step_past_its_bound():
     with pytest.raises(ValueError, match="step"):
-        MarginalAdapter(N_FEATURES, bound=0.05, step=0.1)
+        MarginalAdapter(N_FEATURES, bound=0.05, step=0.1, max_step=0.1)
     with pytest.raises(ValueError, match="block"):
         MarginalAdapter(N_FEATURES, block=1)
+    with pytest.raises(ValueError, match="max_step 0.3"):
+        MarginalAdapter(N_FEATURES, max_step=0.3)
+    with pytest.raises(ValueError, match="grow 0.5"):
+        MarginalAdapter(N_FEATURES, grow=0.5)
 
 
 def test_the_controller_adds_the_learned_offset_after_the_decision_that_closed_the_block():
@@ -70,7 +90,7 @@ def test_the_controller_adds_the_learned_offset_after_the_decision_that_closed_t
 
 def test_the_shipped_controller_takes_adapter_v2_by_name():
     ctl = Controller.default(adapter="marginal")
-    assert isinstance(ctl.adapter, MarginalAdapter) and ctl.adapter.bound == 0.15
+    assert isinstance(ctl.adapter, MarginalAdapter) and ctl.adapter.bound == 0.25
     with pytest.raises(ValueError, match="unknown adapter 'ghost'"):
         Controller.default(adapter="ghost")
 
@@ -121,3 +141,14 @@ def test_a_prefix_recomputed_anywhere_credits_the_ghost_that_evicted_it(shared):
     b.serve(0.0, 9, 100, np.zeros(0, np.int64), np.zeros(0, np.int64), history)
     assert (a.stats.kv_shadow_tokens, b.stats.kv_shadow_tokens) == ((20, 0) if shared else (0, 0))
     assert peers is None or [n.id for n in peers] == [0, 1]
+
+
+def test_helm_revision_names_the_tiers_default_settings():
+    """Stored HELM runs are keyed by the revision: a change of adapter v2's or the recovery tier's
+    defaults must give a new one (bound 0.25, grow 1.5, recovery to 0.95 today); the base alone
+    names neither tier's settings."""
+    from helmgr.policy.policies import POLICIES, helm_revision
+    full, base = helm_revision(POLICIES["helm"]), helm_revision(POLICIES["helm-base"])
+    assert "adapter=marginal(bound=0.25," in full and "grow=1.5" in full and "shadow=0.05" in full
+    assert "/recovery=True(ratio=0.95,step=0.1,hold=60.0,miss=0.01)" in full
+    assert base.endswith("/adapter=False/recovery=False") and base.split("/")[0] == full.split("/")[0]

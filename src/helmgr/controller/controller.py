@@ -7,7 +7,7 @@ Each step: check the window's stats (a non-finite or impossible value: the windo
 counted and answered by Safety's fallback, and nothing below sees it; safety.py); build the
 observation; run the burst detector on arrival rate and miss rates; then
 - no burst: the plan (the base tier's ratio) moves by the base policy's step, and the adapter's
-  correction is added on top of the plan: the adapter is a bounded *offset* (±0.05 by default)
+  correction is added on top of the plan: the adapter is a bounded *offset* (v1: ±0.05, v2: ±0.25)
   around the base tier's trajectory, never a step of its own, so it cannot walk the ratio away;
 - recovery: the plan steers toward the recovery target, at most `recovery_step` per window, and
   the adapter is left out (transients must not push the learned tiers around). It grows the
@@ -69,6 +69,19 @@ def default_policy_digest() -> str:
     return hashlib.sha256(default_policy_file().read_bytes()).hexdigest()[:16]
 
 
+def tier_settings() -> tuple[str, str]:
+    """Adapter v2's and the recovery tier's default settings, as `name=value,...` strings (what
+    a stored HELM result depends on besides the base policy: `policies.helm_revision`)."""
+    import dataclasses
+    import inspect
+    adapter = ",".join(f"{f.name}={f.default}" for f in dataclasses.fields(MarginalAdapter)
+                       if f.init and f.name != "n_features")
+    params = inspect.signature(Controller.__init__).parameters
+    recovery = ",".join(f"{k.removeprefix('recovery_')}={p.default}" for k, p in params.items()
+                        if k.startswith("recovery_"))
+    return adapter, recovery
+
+
 def _floats(s: WindowStats) -> list[float]:
     """The slow path of `Controller.step`: the stats as the kernel's ten floats (`as_floats`), a
     reported NaN P99 refused as -inf; TypeError naming a field that is not a number."""
@@ -81,7 +94,7 @@ def _floats(s: WindowStats) -> list[float]:
 class Controller:
     def __init__(self, base: MLPPolicy | None, adapter: ResidualAdapter | MarginalAdapter | None = None,
                  detector: BurstDetector | None = None, safety: Safety | None = None,
-                 recovery_ratio: float = 0.85, recovery_step: float = 0.1, recovery_hold: float = 60.0,
+                 recovery_ratio: float = 0.95, recovery_step: float = 0.1, recovery_hold: float = 60.0,
                  recovery_miss: float = 0.01):
         if base is not None and base.n_obs != N_FEATURES:
             raise ValueError(f"base policy takes {base.n_obs} observations, the controller gives {N_FEATURES}")

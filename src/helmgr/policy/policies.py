@@ -225,11 +225,14 @@ class HelmPolicy(MemoryPolicy):
     adapter, recovery = "marginal", True    # adapter: "marginal" (v2, from the shadows), True (v1, from window rewards), False
     shadow_share = 0.05                     # adapter v2: each cache's shadow, of the pool
 
-    def __init__(self, path: str | None = None, seed: int = 0, bias: float = 0.0, adapter_kw: dict | None = None):
+    def __init__(self, path: str | None = None, seed: int = 0, bias: float = 0.0, adapter_kw: dict | None = None,
+                 controller_kw: dict | None = None):
         """`bias`: set each node `bias` above the controller's decision (clamped): a base policy
         deliberately wrong by that much, for measuring what the adapter corrects (0: none).
-        `adapter_kw`: adapter v2's settings (`MarginalAdapter`; default: its own)."""
+        `adapter_kw`: adapter v2's settings (`MarginalAdapter`; default: its own);
+        `controller_kw`: the recovery tier's (`Controller`'s recovery_* arguments)."""
         self.path, self.seed, self.bias, self.adapter_kw = path, seed, bias, adapter_kw
+        self.controller_kw = controller_kw or {}
         self.ctl: dict = {}
         self.slo: dict[int, float] = {}
         self.target: dict[int, float] = {}
@@ -240,7 +243,8 @@ class HelmPolicy(MemoryPolicy):
 
     def attach(self, index, node):
         from helmgr.controller import Controller
-        kw = {"adapter": self.adapter, "recovery": self.recovery, "seed": self.seed * 1000 + index}
+        kw = {"adapter": self.adapter, "recovery": self.recovery, "seed": self.seed * 1000 + index,
+              **self.controller_kw}
         if self.adapter_kw and self.adapter == "marginal":
             kw["adapter_kw"] = self.adapter_kw
         if index in self.ctl:                               # a node restarting: a fresh controller
@@ -331,10 +335,14 @@ class HelmBaseAdapterV1(HelmPolicy):
 
 def helm_revision(policy: type = HelmPolicy) -> str:
     """What a HELM policy's results depend on besides its name and the package's version: the
-    shipped base policy's hash, its adapter and its recovery tier (evaluate's keys, the
-    showcase's stored capacity)."""
-    from helmgr.controller.controller import default_policy_digest
-    return f"{default_policy_digest()}/adapter={policy.adapter}/recovery={policy.recovery}"
+    shipped base policy's hash, its adapter and its recovery tier, each with its default
+    settings (evaluate's keys, the showcase's stored capacity), e.g.
+    `3f02.../adapter=marginal(bound=0.15,...,shadow=0.05)/recovery=True(ratio=0.85,...)`."""
+    from helmgr.controller.controller import default_policy_digest, tier_settings
+    adapter, recovery = tier_settings()
+    a = f"({adapter},shadow={policy.shadow_share})" if policy.adapter == "marginal" else ""
+    r = f"({recovery})" if policy.recovery else ""
+    return f"{default_policy_digest()}/adapter={policy.adapter}{a}/recovery={policy.recovery}{r}"
 
 
 POLICIES = {"static": Static, "adaptive": Adaptive, "latency-driven": LatencyDriven, "independent": Independent,
