@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--hardware", default="a100-80g")
     ap.add_argument("--model", default="large")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--bound", type=float, default=None, help="adapter v2's bound [default: its own, 0.15]")
+    ap.add_argument("--bound", type=float, default=None, help="adapter v2's bound [default: MarginalAdapter's]")
     ap.add_argument("--trace", default=None, help="replay this log (sequences format) instead of --workload")
     ap.add_argument("--clone-users", type=int, default=1)
     ap.add_argument("--widen-catalogue", action="store_true")

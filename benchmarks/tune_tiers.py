@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 
 import numpy as np
 
@@ -33,7 +32,7 @@ def run_one(job: tuple) -> dict:
     w = WorkloadSpec(workload, duration, seed).build()
     cluster = SimConfig(**scenario_cluster("v2"), router="helm", seed=seed, policy="helm")
     policy = HelmPolicy(adapter_kw=settings.get("adapter"), controller_kw=settings.get("controller"))
-    res = simulate(replace(cluster), w, policy=policy)
+    res = simulate(cluster, w, policy=policy)
     s = res.summary
     r = window_ratios(res.series.timeline, cluster.nodes, w.duration_s)
     return {"config": name, "workload": workload, "seed": seed, "p99_ms": round(s["p99_ms"], 3),

@@ -169,8 +169,8 @@ class MarginalAdapter:
     one is `grow` times longer, up to `max_step`, and a turn starts again from `step` (Rprop's
     rule on the sign: far from the optimum the signal keeps its sign and the offset speeds up,
     at the optimum it turns and the steps shrink back; `grow` 1: a fixed step). So it needs no
-    exploration noise (`explore` is False: the decision adds the offset and nothing else) and, gated on the sign's significance, it holds
-    still on the plateau where the signal is noise. It is a sign-stepped integrator: the signal is
+    exploration noise (`explore` is False: the decision adds the offset and nothing else) and,
+    gated on the sign's significance, it holds still on the plateau where the signal is noise. It is a sign-stepped integrator: the signal is
     a slope at the current split, not a distance to the optimum (its size stays ≈ 1 ms/request/unit
     on the way to trend's 0.9), so a step proportional to it would move as fast far from and near
     to the optimum. It learns bias only: one scalar a sample says which way to go now, not how

@@ -222,7 +222,8 @@ class HelmPolicy(MemoryPolicy):
     every window; `path` names an exported base policy (default: the one shipped)."""
 
     name = "helm"
-    adapter, recovery = "marginal", True    # adapter: "marginal" (v2, from the shadows), True (v1, from window rewards), False
+    # adapter: "marginal" (v2, from the shadows), True (v1, from window rewards) or False
+    adapter, recovery = "marginal", True
     shadow_share = 0.05                     # adapter v2: each cache's shadow, of the pool
 
     def __init__(self, path: str | None = None, seed: int = 0, bias: float = 0.0, adapter_kw: dict | None = None,
