@@ -6,7 +6,8 @@ import pytest
 from helmgr.core.records import NodeConfig
 from helmgr.sim.node import Node
 from helmgr.sim import SimConfig, parse_fault, simulate
-from helmgr.routing.residency import BLOCKED, CHUNK_S, HISTORY_MISS, REFILL_UNTIL, EmbSummary, KVBatch, ResidencyIndex, ResidencyReporter
+from helmgr.routing.residency import (BLOCKED, CHUNK_S, HISTORY_MIN_IDS, HISTORY_MISS, REFILL_UNTIL, EmbSummary, KVBatch,
+                                      ResidencyIndex, ResidencyReporter, history_miss_rate)
 from helmgr.routing.kernel import FREE, MEMO
 from helmgr.routing.routers import ROUTERS, make_router
 from tests.conftest import tiny_node_profile
@@ -254,3 +255,29 @@ def test_the_soonest_free_node_is_always_a_candidate():
 
 def tiny_node_profile_cost():
     return Node(tiny_node_profile(), N_ITEMS, NodeConfig(ratio=0.05)).cost
+
+
+def test_history_miss_rate_rests_on_enough_lookups():
+    """A sample of HISTORY_MIN_IDS or more lookups is its own rate; a smaller one is topped up with
+    the previous rate, weighted by the lookups it lacks; no previous rate: the sample alone."""
+    m = HISTORY_MIN_IDS
+    assert history_miss_rate(3 * m // 4, m, 0.5) == 0.75
+    assert history_miss_rate(0, 2 * m, 0.5) == 0.0
+    assert history_miss_rate(0, m // 4, 0.4) == pytest.approx(0.3)      # (0 + 0.4 x 3m/4) / m
+    assert history_miss_rate(m // 8, m // 4, 0.2) == pytest.approx(0.275)   # (m/8 + 0.2 x 3m/4) / m
+    assert history_miss_rate(10, 40, -1.0) == 0.25
+    assert history_miss_rate(0, 0, 0.3) == 0.3 and history_miss_rate(0, 0, -1.0) == -1.0
+
+
+def test_a_summary_soon_after_another_keeps_the_rate_it_had():
+    """A resize right after a refresh publishes a summary over a few lookups: the rate it reports
+    stays near the one before (the burst's resize spike: 0.035 reported for a node at 0.33)."""
+    node = warm_node()
+    rep = ResidencyReporter(0, node)
+    s = node.stats
+    s.token_ids, s.token_misses = 100_000, 33_000
+    assert rep.summary(1.0).history_miss == pytest.approx(0.33)
+    s.token_ids, s.token_misses = 100_000 + 1_000, 33_000 + 35                # 1,000 lookups at 0.035
+    expected = (35 + 0.33 * (HISTORY_MIN_IDS - 1_000)) / HISTORY_MIN_IDS
+    assert rep.summary(1.01).history_miss == pytest.approx(expected)
+    assert 0.32 < expected

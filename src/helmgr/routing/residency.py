@@ -24,8 +24,27 @@ from helmgr.memory.emb import RESIDENT
 from helmgr.memory.refill import BackgroundRefill
 
 UNKNOWN_MISS = 0.5          # history-row miss rate assumed for a node that has not reported one
+HISTORY_MIN_IDS = 32_768    # the lookups a reported history miss rate rests on, at the least
 # columns of ResidencyIndex.node (one float64 row per node, read by the router's compiled kernel)
 BLOCKED, REFILL_UNTIL, CHUNK_S, HISTORY_MISS = range(4)
+
+
+def history_miss_rate(misses: int, ids: int, previous: float) -> float:
+    """The history-row miss rate a node reports: `misses` of its `ids` computed-token row lookups
+    since its last report, over at least HISTORY_MIN_IDS lookups — a smaller sample is topped up
+    with the `previous` rate it reported. `previous` < 0 (none yet): the sample alone; no sample:
+    `previous` again.
+
+    A summary follows every resize as well as every refresh, so a sample can be a few ms of
+    lookups: a resize 10 ms after a refresh reported 0.035 for a node whose rate was 0.33 (burst
+    seed 1), the router sent that node the burst's cold prefixes for a second, and its link's queue
+    made the window's P99 30 ms (docs/results/2026-12-02-history-miss.md). Rows of one request's
+    history are correlated: over 32k lookups the rate still spreads ±0.05 on steady."""
+    if ids <= 0:
+        return previous
+    if previous < 0 or ids >= HISTORY_MIN_IDS:
+        return misses / ids
+    return (misses + previous * (HISTORY_MIN_IDS - ids)) / HISTORY_MIN_IDS
 
 
 class KVBatch(NamedTuple):
@@ -38,7 +57,7 @@ class EmbSummary(NamedTuple):
     node: int
     version: int
     bits: np.ndarray                    # packed little-endian bitmap over item ids, 1 = resident
-    history_miss: float                 # miss rate of computed-token rows since the last summary
+    history_miss: float                 # miss rate of computed-token rows (history_miss_rate; < 0: none yet)
     blocked_until: float                # a sync refill holds the node until then
     refill_until: float                 # background refill traffic expected until then
     refill_chunk_s: float               # link time of one background chunk (what a miss may wait behind)
@@ -54,6 +73,7 @@ class ResidencyReporter:
         self.kv_version = after.kv_version if after else 0
         self.emb_version = after.emb_version if after else 0
         self._tokens = (node.stats.token_ids, node.stats.token_misses)
+        self._miss = -1.0                 # no history miss rate yet (a restarted node's HBM is new)
 
     def kv_batch(self) -> KVBatch | None:
         """The KV events since the last batch, or None."""
@@ -70,6 +90,7 @@ class ResidencyReporter:
         s = node.stats
         ids, misses = s.token_ids - self._tokens[0], s.token_misses - self._tokens[1]
         self._tokens = (s.token_ids, s.token_misses)
+        self._miss = history_miss_rate(misses, ids, self._miss)
         refill_until = chunk_s = 0.0
         if isinstance(node.refill, BackgroundRefill) and node.emb.unfilled_rows:
             bw = node.link.bandwidth
@@ -78,7 +99,7 @@ class ResidencyReporter:
         self.emb_version += 1
         return EmbSummary(self.index, self.emb_version,
                           np.packbits(node.emb.state == RESIDENT, bitorder="little"),
-                          misses / ids if ids else -1.0, node.blocked_until, refill_until, chunk_s)
+                          self._miss, node.blocked_until, refill_until, chunk_s)
 
 
 class ResidencyIndex:

@@ -13,7 +13,8 @@ pulls with `record_routing_stats` and broadcasts to every router of the deployme
   and whenever nothing changed since the last report (so a router that missed too much, or
   joined late, catches up at the latest once the replica is idle; an idle replica's report then
   stays equal and Ray broadcasts nothing). A busy replica sends its churn, not its whole cache;
-- `history_miss`: miss rate of computed-token rows since the last new version (-1: none);
+- `history_miss`: miss rate of computed-token rows, over at least the last
+  `HISTORY_MIN_IDS` lookups (`helmgr.routing.residency.history_miss_rate`; -1: none yet);
 - `ratio`, `requests`: for metrics and logs.
 
 Router side, `helmgr.routing.report.apply_report` reads it into the same `ResidencyIndex` the
@@ -28,6 +29,7 @@ import numpy as np
 
 from helmgr.real.emb import EMPTY
 from helmgr.routing.report import b64_ids
+from helmgr.routing.residency import history_miss_rate
 
 
 class Reporter:
@@ -72,7 +74,7 @@ class Reporter:
                     self._rows -= self._changes.popleft()[3]
                 self._full = self.emb_version % self.FULL_EVERY == 0
             self._resident, self._tokens = resident, (s.token_ids, s.token_misses)
-            self._miss = misses / ids if ids else -1.0
+            self._miss = history_miss_rate(misses, ids, self._miss)
         else:
             self._full = True                        # idle: settle on a report a late router can use
         first = self._changes[0][0] if self._changes else self.emb_version + 1
