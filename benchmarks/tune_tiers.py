@@ -5,7 +5,8 @@
         --config 'rec95={"controller": {"recovery_ratio": 0.95}}'
 
 Each --config is NAME=JSON: {"adapter": MarginalAdapter's settings, "controller": the recovery
-tier's (Controller's recovery_* arguments)}; {} is HELM as it ships. Every (config, workload,
+tier's (Controller's recovery_* arguments), "safety": Safety's (e.g. max_slew, the most the
+ratio moves a window)}; {} is HELM as it ships. Every (config, workload,
 seed) is one full-HELM run on the v2 cluster under the HELM router (the Python path: shadows).
 The seeds default to the training validation seeds, never the evaluation's 1-3, so that a
 setting chosen here is not chosen on the seeds it is then reported on. Printed: one JSON line per
@@ -31,7 +32,15 @@ def run_one(job: tuple) -> dict:
     name, settings, workload, seed, duration = job
     w = WorkloadSpec(workload, duration, seed).build()
     cluster = SimConfig(**scenario_cluster("v2"), router="helm", seed=seed, policy="helm")
-    policy = HelmPolicy(adapter_kw=settings.get("adapter"), controller_kw=settings.get("controller"))
+    safety = settings.get("safety") or {}
+
+    class Tuned(HelmPolicy):
+        def attach(self, index, node):
+            super().attach(index, node)
+            for k, v in safety.items():              # each node's own Safety, before its first step
+                setattr(self.ctl[index].safety, k, v)
+
+    policy = Tuned(adapter_kw=settings.get("adapter"), controller_kw=settings.get("controller"))
     res = simulate(cluster, w, policy=policy)
     s = res.summary
     r = window_ratios(res.series.timeline, cluster.nodes, w.duration_s)

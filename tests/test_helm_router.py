@@ -8,7 +8,8 @@ from helmgr.sim.node import Node
 from helmgr.sim import SimConfig, parse_fault, simulate
 from helmgr.routing.residency import (BLOCKED, CHUNK_S, HISTORY_MIN_IDS, HISTORY_MISS, REFILL_UNTIL, EmbSummary, KVBatch,
                                       ResidencyIndex, ResidencyReporter, history_miss_rate)
-from helmgr.routing.kernel import FREE, MEMO
+from helmgr.routing.kernel import FREE, MEMO, MISS
+from helmgr.routing.helm import Helm
 from helmgr.routing.routers import ROUTERS, make_router
 from tests.conftest import tiny_node_profile
 from tests.test_node import N_ITEMS, history
@@ -166,8 +167,8 @@ def blinded(corrupt):
     r = make_router("helm")
     attach = r.attach
 
-    def corrupted(cost, n_items):
-        index = attach(cost, n_items)
+    def corrupted(cost, n_items, **kw):
+        index = attach(cost, n_items, **kw)
         corrupt(index)
         return index
 
@@ -281,3 +282,24 @@ def test_a_summary_soon_after_another_keeps_the_rate_it_had():
     expected = (35 + 0.33 * (HISTORY_MIN_IDS - 1_000)) / HISTORY_MIN_IDS
     assert rep.summary(1.01).history_miss == pytest.approx(expected)
     assert 0.32 < expected
+
+
+@pytest.mark.parametrize("overlapped, chosen", [(False, 0), (True, 1)])
+def test_a_placements_waste_counts_its_link_seconds_only_on_serial_nodes(overlapped, chosen):
+    """A cold 1,000-token history; node 1 misses half of its rows (history miss 0.5), node 0 none:
+    node 1 costs d = 500 misses' link seconds more. Node 0 is busier by 3d. With a fixed waste
+    weight of 4, node 0 finishes at 3d + s, node 1 at s + d + 4 x (its waste). Serial nodes: the
+    waste is d (the link is the node) -> 5d, node 0 wins. Pipelined nodes (`overlapped`): the
+    link fetches while the last batch computes, the waste is the compute part alone, 0 -> d,
+    node 1 wins."""
+    nodes = [warm_node(i) for i in range(2)]
+    r = ROUTERS["helm"](d=8, sample=1024, waste=4.0)
+    r.bind(2, [True, True], np.random.default_rng(0))
+    index = r.attach(nodes[0].cost, N_ITEMS, overlapped=overlapped)
+    for i, node in enumerate(nodes):
+        index.apply_summary(ResidencyReporter(i, node).summary(0.0))
+    index.node[:, HISTORY_MISS] = (0.0, 0.5)
+    d = 500 * r.consts[MISS]
+    r.mine[0, FREE] = 1.0 + 3 * d
+    assert r.route_request(1.0, 5, 1000, np.array([10, 11]), CANDS) == chosen
+    assert Helm(link_waste=True).link_waste and Helm().link_waste is None     # None: as the engine says

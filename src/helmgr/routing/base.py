@@ -33,9 +33,10 @@ class Router:
         """The whole request; routers that look only at the user and its length use `route`."""
         return self.route(user, prefix_len, prefix_len + len(new_ids))
 
-    def attach(self, cost: CostModel, n_items: int) -> ResidencyIndex | None:
-        """The cluster's cost model and item count; a residency router returns the index the
-        cluster should feed."""
+    def attach(self, cost: CostModel, n_items: int, overlapped: bool = False) -> ResidencyIndex | None:
+        """The cluster's cost model and item count, and whether its nodes fetch a batch's rows
+        while the previous batch computes (`overlapped`: the pipelined engine); a residency
+        router returns the index the cluster should feed."""
         return None
 
     def dispatched(self, node: int, user: int, tokens: int) -> None:

@@ -33,8 +33,12 @@ class Helm(Router):
     history miss rate, and a node with background refill traffic adds one refill chunk to the
     misses' wait. To that comes the work the placement wastes (its service beyond the cheapest
     candidate's) times the number of later requests it delays, (rho + rate x backlog) / (1 - rho)
-    from the router's own load estimate, or a fixed `waste` weight. One unit, seconds; the
-    minimum wins, exact ties go to a seeded draw. docs/routing.md has the reasoning and figures.
+    from the router's own load estimate, or a fixed `waste` weight. On nodes whose link fetches a
+    batch's rows while the previous batch computes (`attach(..., overlapped=True)`: the pipelined
+    engine) the waste is the compute part alone: there a miss's link time delays no later request
+    unless the link binds, and counting it made the least-missing node take every cold history
+    in a burst (`link_waste` sets it either way). One unit, seconds; the minimum wins, exact ties
+    go to a seeded draw. docs/routing.md has the reasoning and figures.
 
     Candidates: the nodes that hold the user's prefix, the node that runs out of work first in the
     router's books (a heap of free times kept at dispatch, completion and failure), `d` nodes
@@ -53,10 +57,11 @@ class Helm(Router):
     MAX_WASTE = 1000.0          # the most later requests one placement's waste is taken to delay
 
     def __init__(self, d: int = 2, kv_term: bool = True, emb_term: bool = True, sample: int = 32,
-                 waste: float | None = None):
+                 waste: float | None = None, link_waste: bool | None = None):
         if d < 1 or sample < 1 or (waste is not None and not waste >= 0):
             raise ValueError(f"helm router needs d >= 1, sample >= 1, waste >= 0; got {d}, {sample}, {waste}")
         self.d, self.kv_term, self.emb_term, self.sample, self.waste = d, kv_term, emb_term, sample, waste
+        self.link_waste = link_waste
 
     def bind(self, n_nodes, up, rng):
         super().bind(n_nodes, up, rng)
@@ -74,9 +79,11 @@ class Helm(Router):
         self._freeing = [(0.0, i, 0) for i in range(n_nodes)]   # heap of (FREE, node, version): soonest first
         self._version = [0] * n_nodes
 
-    def attach(self, cost, n_items):
+    def attach(self, cost, n_items, overlapped=False):
         self.index = ResidencyIndex(self.n, n_items)
-        self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample, self.waste, self.MAX_WASTE)
+        link_waste = not overlapped if self.link_waste is None else self.link_waste
+        self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample, self.waste, self.MAX_WASTE,
+                                             link_waste)
         self.consts[route_kernel.N_UP] = self.mine[:, route_kernel.UP].sum()
         self._clean()
         # the index's containers, held directly (they are updated in place, never replaced)

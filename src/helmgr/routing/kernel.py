@@ -23,13 +23,18 @@ WASTE, ADAPT, RHO, RATE = range(12, 16)
 N_UP = 16
 # the node that runs out of work first in the router's books (the router keeps it; -1: none up)
 SOONEST = 17
+# 1: a placement's waste counts its misses' link seconds; 0: its compute seconds only (a pipelined
+# node's link works while its compute engine does: a miss delays later requests only where the
+# link binds)
+LINK_WASTE = 18
 DRAWS = 1                   # draws a decision takes beside its d samples: the tie-break
 # columns of the router's per-node array
 FREE, UP = range(2)
 
 
-def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, waste_cap: float) -> np.ndarray:
-    c = np.zeros(18)
+def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, waste_cap: float,
+              link_waste: bool = True) -> np.ndarray:
+    c = np.zeros(19)
     c[LINEAR] = cost.layers * cost.linear_flops / cost.flops          # s per token-layer of linear work
     c[ATTENTION] = cost.layers * cost.attention_flops / cost.flops    # s per (query, key) pair
     c[LOOKUP] = cost.row_bytes / cost.hbm_bw                          # s per resident row read
@@ -39,6 +44,7 @@ def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, was
     c[USE_EMB] = 1.0 if use_emb else 0.0
     c[D], c[SAMPLE] = d, sample
     c[WASTE], c[ADAPT] = (waste_cap, 1.0) if waste is None else (waste, 0.0)
+    c[LINK_WASTE] = 1.0 if link_waste else 0.0
     return c
 
 
@@ -88,7 +94,8 @@ def _candidates(hn0, hn1, memo, soonest, draws, pos, d, up, n_up):
 def _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c):
     """Node i's predicted service for the request, holding `cached` prefix tokens: the tokens it
     lacks are recomputed (their rows missing at its history miss rate), new-token ids miss where
-    its bitmap says so, the candidates at the rate of the sample `samp` (each standing for `w`)."""
+    its bitmap says so, the candidates at the rate of the sample `samp` (each standing for `w`).
+    Returns (service, the part of it its misses spend on the link)."""
     n_new = len(new_ids)
     tokens = prefix_len - cached + n_new
     pairs = tokens * cached + tokens * (tokens + 1) / 2 + n_cand * (cached + tokens + 1)
@@ -103,16 +110,17 @@ def _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c
         misses += (len(samp) - h) * w
     else:
         misses = (prefix_len - cached + n_new + n_cand) * c[MEAN_MISS]
+    link = 0.0
     if misses > 0:
-        svc += misses * c[MISS] + c[PCIE_LATENCY]
+        link = misses * c[MISS] + c[PCIE_LATENCY]
         if node[i, REFILL_UNTIL] > now:
-            svc += node[i, CHUNK_S]
-    return svc
+            link += node[i, CHUNK_S]
+    return svc + link, link
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _pick(now, starts, svcs, k, least, draw, c):
-    """The candidate with the least completion + the work its placement wastes (service beyond
+def _pick(now, starts, svcs, works, k, least, draw, c):
+    """The candidate with the least completion + the work its placement wastes (its `works` beyond
     the cheapest candidate's), weighted by how many later requests it delays — those that arrive
     before the node is idle again, (rho + rate x backlog) / (1 - rho). Exact ties go to `draw`."""
     ties = np.empty(k, np.int64)
@@ -123,7 +131,7 @@ def _pick(now, starts, svcs, k, least, draw, c):
         weight = c[WASTE]
         if c[ADAPT] > 0:
             weight = min(weight, (rho + c[RATE] * (starts[j] - now)) / (1.0 - rho))
-        t = starts[j] + svcs[j] + weight * (svcs[j] - least)
+        t = starts[j] + svcs[j] + weight * (works[j] - least)
         if t < best_t - 1e-12:
             best_t = t
             ties[0] = j
@@ -152,17 +160,19 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, 
     samp = cand_ids[::max(1, n_cand // np.int64(c[SAMPLE]))]
     w = n_cand / len(samp) if len(samp) > 0 else 0.0
     svcs = np.empty(k)
+    works = np.empty(k)           # what the placement costs later requests: service, less idle-link time
     starts = np.empty(k)
     memo_j, memo_t = 0, np.inf
     least = np.inf
     for j in range(k):
         i = cands[j]
         cached = min(ht0 if i == hn0 else (ht1 if i == hn1 else 0), prefix_len)
-        svcs[j] = _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c)
+        svcs[j], link = _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c)
+        works[j] = svcs[j] - (1.0 - c[LINK_WASTE]) * link
         starts[j] = max(now, free[i], node[i, BLOCKED])
         if starts[j] < memo_t:
             memo_j, memo_t = j, starts[j]
-        least = min(least, svcs[j])
-    pick = _pick(now, starts, svcs, k, least, draws[pos + d], c)
+        least = min(least, works[j])
+    pick = _pick(now, starts, svcs, works, k, least, draws[pos + d], c)
     c[MEMO] = cands[memo_j]
     return cands[pick], svcs[pick]

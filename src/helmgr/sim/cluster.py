@@ -64,7 +64,7 @@ class Cluster(Faults):
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
-        self.index = router.attach(self.slots[0].node.cost, workload.n_items)
+        self.index = router.attach(self.slots[0].node.cost, workload.n_items, overlapped=cfg.engine == "pipelined")
         self.reporters: list[ResidencyReporter] | None = None
         if self.index is not None:
             self.reporters = [ResidencyReporter(i, s.node) for i, s in enumerate(self.slots)]

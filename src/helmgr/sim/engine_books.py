@@ -33,7 +33,7 @@ def books_in(c, mode: int, G: np.ndarray, I: np.ndarray) -> tuple:
         I[:, LOAD] = r.load
     prefix = (pmeta, List([ptab]), pf)
     if mode != HELM:
-        H = (np.zeros((n, 2)), np.zeros(18), np.zeros((n, 1), np.uint8), np.zeros((n, 4)), f, np.zeros(n),
+        H = (np.zeros((n, 2)), np.zeros(19), np.zeros((n, 1), np.uint8), np.zeros((n, 4)), f, np.zeros(n),
              pend, ft, fi, hmap, ent, List([np.zeros(1)])) + prefix
         if mode == PREFIX_AWARE:
             for user, (node, tokens) in r.where.items():
