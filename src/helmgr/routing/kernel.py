@@ -113,9 +113,11 @@ def _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c
     link = 0.0
     if misses > 0:
         link = misses * c[MISS] + c[PCIE_LATENCY]
+        svc += link
         if node[i, REFILL_UNTIL] > now:
             link += node[i, CHUNK_S]
-    return svc + link, link
+            svc += node[i, CHUNK_S]
+    return svc, link
 
 
 @njit(cache=True, nogil=True, inline="always")

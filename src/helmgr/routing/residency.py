@@ -37,9 +37,9 @@ def history_miss_rate(misses: int, ids: int, previous: float) -> float:
 
     A summary follows every resize as well as every refresh, so a sample can be a few ms of
     lookups: a resize 10 ms after a refresh reported 0.035 for a node whose rate was 0.33 (burst
-    seed 1), the router sent that node the burst's cold prefixes for a second, and its link's queue
-    made the window's P99 30 ms (docs/results/2026-12-02-history-miss.md). Rows of one request's
-    history are correlated: over 32k lookups the rate still spreads ±0.05 on steady."""
+    seed 1), the router sent that node the burst's cold prefixes for a second, and it served the
+    window's slowest requests (P99 30 ms; docs/results/2026-12-02-history-miss.md). Rows of one
+    request's history are correlated: over 32k lookups the rate still spreads ±0.05 on steady."""
     if ids <= 0:
         return previous
     if previous < 0 or ids >= HISTORY_MIN_IDS:
