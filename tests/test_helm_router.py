@@ -8,7 +8,7 @@ from helmgr.sim.node import Node
 from helmgr.sim import SimConfig, parse_fault, simulate
 from helmgr.routing.residency import (BLOCKED, CHUNK_S, HISTORY_MIN_IDS, HISTORY_MISS, REFILL_UNTIL, EmbSummary, KVBatch,
                                       ResidencyIndex, ResidencyReporter, history_miss_rate)
-from helmgr.routing.kernel import FREE, MEMO, MISS
+from helmgr.routing.kernel import FREE, LINK_WASTE, MEMO, MISS
 from helmgr.routing.helm import Helm
 from helmgr.routing.routers import ROUTERS, make_router
 from tests.conftest import tiny_node_profile
@@ -302,4 +302,12 @@ def test_a_placements_waste_counts_its_link_seconds_only_on_serial_nodes(overlap
     d = 500 * r.consts[MISS]
     r.mine[0, FREE] = 1.0 + 3 * d
     assert r.route_request(1.0, 5, 1000, np.array([10, 11]), CANDS) == chosen
-    assert Helm(link_waste=True).link_waste and Helm().link_waste is None     # None: as the engine says
+
+
+@pytest.mark.parametrize("engine, link_waste", [("serial", 1.0), ("batched", 1.0), ("pipelined", 0.0)])
+def test_the_cluster_tells_the_router_whether_its_link_overlaps_compute(engine, link_waste):
+    cfg = SimConfig(nodes=2, router="helm", engine=engine, max_batch=4, warmup_s=0.0)
+    res = simulate(cfg, small(duration_s=2.0))
+    assert res.cluster.router.consts[LINK_WASTE] == link_waste
+    forced = simulate(cfg, small(duration_s=2.0), router=Helm(link_waste=True)).cluster.router
+    assert forced.consts[LINK_WASTE] == 1.0
