@@ -27,6 +27,7 @@ SOONEST = 17
 # node's link works while its compute engine does: a miss delays later requests only where the
 # link binds)
 LINK_WASTE = 18
+N_CONSTS = 19                # the vector's length
 DRAWS = 1                   # draws a decision takes beside its d samples: the tie-break
 # columns of the router's per-node array
 FREE, UP = range(2)
@@ -34,7 +35,7 @@ FREE, UP = range(2)
 
 def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, waste_cap: float,
               link_waste: bool = True) -> np.ndarray:
-    c = np.zeros(19)
+    c = np.zeros(N_CONSTS)
     c[LINEAR] = cost.layers * cost.linear_flops / cost.flops          # s per token-layer of linear work
     c[ATTENTION] = cost.layers * cost.attention_flops / cost.flops    # s per (query, key) pair
     c[LOOKUP] = cost.row_bytes / cost.hbm_bw                          # s per resident row read

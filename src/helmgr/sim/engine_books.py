@@ -9,6 +9,7 @@ import numpy as np
 from numba.typed import List
 
 from helmgr.memory import kv_table as kvmod
+from helmgr.routing import kernel as route_kernel
 from helmgr.sim.engine_helm import _expect, _forget
 from helmgr.sim.engine_layout import *  # noqa: F403
 from helmgr.sim.engine_layout import _grow1, _grow_rows
@@ -33,8 +34,8 @@ def books_in(c, mode: int, G: np.ndarray, I: np.ndarray) -> tuple:
         I[:, LOAD] = r.load
     prefix = (pmeta, List([ptab]), pf)
     if mode != HELM:
-        H = (np.zeros((n, 2)), np.zeros(19), np.zeros((n, 1), np.uint8), np.zeros((n, 4)), f, np.zeros(n),
-             pend, ft, fi, hmap, ent, List([np.zeros(1)])) + prefix
+        H = (np.zeros((n, 2)), np.zeros(route_kernel.N_CONSTS), np.zeros((n, 1), np.uint8), np.zeros((n, 4)), f,
+             np.zeros(n), pend, ft, fi, hmap, ent, List([np.zeros(1)])) + prefix
         if mode == PREFIX_AWARE:
             for user, (node, tokens) in r.where.items():
                 _prefix_dispatched(G, H, node, user, tokens)
@@ -62,7 +63,6 @@ def books_in(c, mode: int, G: np.ndarray, I: np.ndarray) -> tuple:
 
 def next_draws(router, H: tuple, G: np.ndarray) -> None:
     """Helm.route_request's next block of random draws (from the router's own generator)."""
-    from helmgr.routing import kernel as route_kernel
     H[H_DRAWS][0] = router.rng.random(router.BLOCK * (router.d + route_kernel.DRAWS))
     router.consts[route_kernel.POS] = 0
     G[LEFT] = router.BLOCK
