@@ -6,7 +6,7 @@
 
 Each --config is NAME=JSON: {"adapter": MarginalAdapter's settings, "controller": the recovery
 tier's (Controller's recovery_* arguments), "safety": Safety's (e.g. max_slew, the most the
-ratio moves a window)}; {} is HELM as it ships. Every (config, workload,
+ratio moves a window), "router": the HELM router's (e.g. home_slack_s)}; {} is HELM as it ships. Every (config, workload,
 seed) is one full-HELM run on the v2 cluster under the HELM router (the Python path: shadows).
 The seeds default to the training validation seeds, never the evaluation's 1-3, so that a
 setting chosen here is not chosen on the seeds it is then reported on. Printed: one JSON line per
@@ -24,6 +24,7 @@ import numpy as np
 
 def run_one(job: tuple) -> dict:
     from helmgr.policy.policies import HelmPolicy
+    from helmgr.routing.helm import Helm
     from helmgr.sim import SimConfig, simulate
     from helmgr.sim.config import scenario_cluster
     from helmgr.sim.metrics import window_ratios
@@ -41,7 +42,7 @@ def run_one(job: tuple) -> dict:
                 setattr(self.ctl[index].safety, k, v)
 
     policy = Tuned(adapter_kw=settings.get("adapter"), controller_kw=settings.get("controller"))
-    res = simulate(cluster, w, policy=policy)
+    res = simulate(cluster, w, policy=policy, router=Helm(**(settings.get("router") or {})))
     s = res.summary
     r = window_ratios(res.series.timeline, cluster.nodes, w.duration_s)
     return {"config": name, "workload": workload, "seed": seed, "p99_ms": round(s["p99_ms"], 3),

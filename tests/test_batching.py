@@ -71,7 +71,7 @@ class FixedWorkload:
     name, duration_s, prior, bursts = "fixed", 1.0, None, []
 
     def __init__(self, n: int):
-        self.n, self.n_items = n, 200_000
+        self.n, self.n_items, self.n_segments = n, 200_000, 0
         self.history = lambda u, a, b: np.arange(a, b)
 
     def first_second_lookups(self):
@@ -83,7 +83,7 @@ class FixedWorkload:
                            new_tokens=np.full(n, TOKENS, np.int32), item_ids=np.tile(ids, n),
                            item_offsets=np.arange(n + 1, dtype=np.int64) * TOKENS,
                            cand_ids=np.zeros(0, np.int64), cand_offsets=np.zeros(n + 1, np.int64),
-                           burst=np.zeros(n, np.int8))
+                           burst=np.zeros(n, np.int8), segment=np.full(n, -1, np.int64))
 
 
 def completions(engine: str, pairs: int, **hw) -> list[float]:

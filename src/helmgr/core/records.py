@@ -96,6 +96,7 @@ class Request:
     cands: np.ndarray        # the candidates' item ids
     burst: int               # 1 if the workload generated it inside a burst
     rerouted: int = 0        # 1 once a node failure sent it to another node
+    segment: int = -1        # the user's interest segment (-1: unknown)
 
     @property
     def tokens(self) -> int:

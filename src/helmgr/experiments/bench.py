@@ -35,7 +35,8 @@ def decision_times_us(router_name: str, nodes: int, chunk, n_items: int, decisio
     rng = np.random.default_rng(seed)
     router = make_router(router_name)
     router.bind(nodes, [True] * nodes, np.random.default_rng([seed, 2]))
-    index = router.attach(CostModel.from_profile(node_profile("a100-80g", "large")), n_items)
+    index = router.attach(CostModel.from_profile(node_profile("a100-80g", "large")), n_items,
+                          segments=int(chunk.segment.max()) + 1)
     if index is not None:
         hot = rng.permutation(n_items)[: int(0.6 * n_items)]
         for i in range(nodes):
@@ -46,7 +47,7 @@ def decision_times_us(router_name: str, nodes: int, chunk, n_items: int, decisio
         homes = rng.integers(0, nodes, len(users))
         for i in range(nodes):
             index.apply_kv(KVBatch(i, 1, [(u, 1000) for u in users[homes == i].tolist()]))
-    users, prefix = chunk.user.tolist(), chunk.prefix_len.tolist()
+    users, prefix, segment = chunk.user.tolist(), chunk.prefix_len.tolist(), chunk.segment.tolist()
     io, co = chunk.item_offsets.tolist(), chunk.cand_offsets.tolist()
     items, cands = chunk.item_ids, chunk.cand_ids
     out = np.empty(decisions, np.int64)
@@ -58,7 +59,7 @@ def decision_times_us(router_name: str, nodes: int, chunk, n_items: int, decisio
         new, cand = items[io[i]:io[i + 1]], cands[co[i]:co[i + 1]]
         now += 1e-4
         t0 = clock()
-        node = router.route_request(now, users[i], prefix[i], new, cand)
+        node = router.route_request(now, users[i], prefix[i], new, cand, segment[i])
         out[k] = clock() - t0
         router.dispatched(node, users[i], prefix[i] + len(new))
         in_flight.append(node)

@@ -34,6 +34,8 @@ from helmgr.experiments.parallel import run_all
 from helmgr.experiments.phase_oracle import oracle_blocks, run_phase_oracle
 from helmgr.experiments.scenario import PhaseRun, phase_point
 from helmgr.policy.policies import POLICIES, HelmPolicy, helm_revision
+from helmgr.routing.helm import Helm
+from helmgr.routing.routers import ROUTERS
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.metrics import window_ratios
 from helmgr.workload import WorkloadSpec
@@ -98,6 +100,8 @@ class Unit:
         parts = (self.kind, self.regime, self.seed, self.policy, self.router, self.ratio, self.payload, version("helmgr"))
         if issubclass(POLICIES.get(self.policy, object), HelmPolicy):   # a retrained base, another adapter: another run
             parts += (helm_revision(POLICIES[self.policy]),)
+        elif self.router in ROUTERS and issubclass(ROUTERS[self.router], Helm):   # another default: another run
+            parts += (ROUTERS[self.router].revision(),)
         text = repr(parts)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 

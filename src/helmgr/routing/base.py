@@ -29,14 +29,17 @@ class Router:
         raise NotImplementedError
 
     def route_request(self, now: float, user: int, prefix_len: int, new_ids: np.ndarray,
-                      cand_ids: np.ndarray) -> int:
-        """The whole request; routers that look only at the user and its length use `route`."""
+                      cand_ids: np.ndarray, segment: int = -1) -> int:
+        """The whole request; routers that look only at the user and its length use `route`.
+        `segment`: the user's interest segment, if the workload names one (-1: unknown)."""
         return self.route(user, prefix_len, prefix_len + len(new_ids))
 
-    def attach(self, cost: CostModel, n_items: int, overlapped: bool = False) -> ResidencyIndex | None:
-        """The cluster's cost model and item count, and whether its nodes fetch a batch's rows
-        while the previous batch computes (`overlapped`: the pipelined engine); a residency
-        router returns the index the cluster should feed."""
+    def attach(self, cost: CostModel, n_items: int, overlapped: bool = False,
+               segments: int = 0) -> ResidencyIndex | None:
+        """The cluster's cost model and item count, whether its nodes fetch a batch's rows while
+        the previous batch computes (`overlapped`: the pipelined engine), and how many interest
+        segments its requests name (0: none); a residency router returns the index the cluster
+        should feed."""
         return None
 
     def dispatched(self, node: int, user: int, tokens: int) -> None:

@@ -45,6 +45,14 @@ class Helm(Router):
     drawn at random, and the least busy node of the previous decision (power of d choices with
     memory: Mitzenmacher, Prabhakar and Shah, 2002), so a decision costs O(1) in cluster size.
 
+    Homes: a request whose user holds no prefix anywhere (a new session) and names an interest
+    segment (the cluster attaches the workload's count) also prices its segment's home node
+    (`kernel.home_node`), and goes there unless home would finish more than `home_slack_s` x (1 -
+    rho) later than the best other candidate (rho: the router's load estimate; `home_by_load`
+    False: the slack alone). A session then stays where its prefix is, so each node's EMB
+    cache comes to hold its segments' rows and misses less on them, which the bitmap prices; the
+    slack is what starts it, since all caches begin alike (docs/routing.md, Homes).
+
     Ablations: `kv_term=False` knows nothing of prefixes (every node recomputes, holders are not
     candidates), `emb_term=False` prices every node's misses at the cluster's mean rate.
     """
@@ -56,12 +64,24 @@ class Helm(Router):
     RHO_SPAN_S = 0.5            # how often the load estimate behind the waste weight is renewed
     MAX_WASTE = 1000.0          # the most later requests one placement's waste is taken to delay
 
+    HOME_SLACK_S = 0.005        # how much later a new session may finish at its home node and still go there,
+                                # on an idle cluster: x (1 - rho) at load rho (docs/routing.md, Homes)
+
     def __init__(self, d: int = 2, kv_term: bool = True, emb_term: bool = True, sample: int = 32,
-                 waste: float | None = None, link_waste: bool | None = None):
-        if d < 1 or sample < 1 or (waste is not None and not waste >= 0):
-            raise ValueError(f"helm router needs d >= 1, sample >= 1, waste >= 0; got {d}, {sample}, {waste}")
+                 waste: float | None = None, link_waste: bool | None = None, home_slack_s: float | None = None,
+                 home_by_load: bool = True):
+        home_slack_s = self.HOME_SLACK_S if home_slack_s is None else home_slack_s
+        if d < 1 or sample < 1 or (waste is not None and not waste >= 0) or not home_slack_s >= 0:
+            raise ValueError(f"helm router needs d >= 1, sample >= 1, waste >= 0, home slack >= 0; got {d}, "
+                             f"{sample}, {waste}, {home_slack_s}")
         self.d, self.kv_term, self.emb_term, self.sample, self.waste = d, kv_term, emb_term, sample, waste
-        self.link_waste = link_waste
+        self.link_waste, self.home_slack_s, self.home_by_load = link_waste, home_slack_s, home_by_load
+
+    @classmethod
+    def revision(cls) -> str:
+        """The defaults a stored result of this router depends on (evaluation keys, the
+        showcase's stored capacity), e.g. `helm(d=2,sample=32,home_slack_s=0.005x(1-rho))`."""
+        return f"{cls.name}(d=2,sample=32,home_slack_s={cls.HOME_SLACK_S:g}x(1-rho))"
 
     def bind(self, n_nodes, up, rng):
         super().bind(n_nodes, up, rng)
@@ -79,11 +99,11 @@ class Helm(Router):
         self._freeing = [(0.0, i, 0) for i in range(n_nodes)]   # heap of (FREE, node, version): soonest first
         self._version = [0] * n_nodes
 
-    def attach(self, cost, n_items, overlapped=False):
+    def attach(self, cost, n_items, overlapped=False, segments=0):
         self.index = ResidencyIndex(self.n, n_items)
         link_waste = not overlapped if self.link_waste is None else self.link_waste
         self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample, self.waste, self.MAX_WASTE,
-                                             link_waste)
+                                             link_waste, segments, self.home_slack_s, self.home_by_load)
         self.consts[route_kernel.N_UP] = self.mine[:, route_kernel.UP].sum()
         self._clean()
         # the index's containers, held directly (they are updated in place, never replaced)
@@ -91,7 +111,7 @@ class Helm(Router):
         self._left = 0
         return self.index
 
-    def route_request(self, now, user, prefix_len, new_ids, cand_ids):
+    def route_request(self, now, user, prefix_len, new_ids, cand_ids, segment=-1):
         self._now = now
         hn0 = ht0 = hn1 = ht1 = -1
         where = self._holders.get(user) if self.kv_term else None
@@ -107,8 +127,8 @@ class Helm(Router):
             self._draws = self.rng.random(self.BLOCK * (self.d + route_kernel.DRAWS))
             self.consts[route_kernel.POS] = 0
             self._left = self.BLOCK - 1
-        node, svc = _decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, self._draws, self._bits,
-                            self._node, self.mine, self.consts)
+        node, svc = _decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, user, segment, self._draws,
+                            self._bits, self._node, self.mine, self.consts)
         if node < 0:                            # every candidate was down
             node, svc = self._least_loaded(), 0.0
         self._last = (node, svc)               # a plain tuple: a NamedTuple here costs 0.2 us a decision

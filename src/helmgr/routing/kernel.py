@@ -27,14 +27,20 @@ SOONEST = 17
 # node's link works while its compute engine does: a miss delays later requests only where the
 # link binds)
 LINK_WASTE = 18
-N_CONSTS = 19                # the vector's length
+# a new session's home: its segment's node(s) (SEGMENTS: how many segments the workload names; 0
+# or 1: no homes), preferred over the other candidates by HOME_SLACK seconds of completion
+SEGMENTS, HOME_SLACK = 19, 20
+# 1: the slack shrinks as the cluster fills, HOME_SLACK x (1 - rho); 0: fixed
+HOME_BY_LOAD = 21
+N_CONSTS = 22                # the vector's length
 DRAWS = 1                   # draws a decision takes beside its d samples: the tie-break
 # columns of the router's per-node array
 FREE, UP = range(2)
 
 
 def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, waste_cap: float,
-              link_waste: bool = True) -> np.ndarray:
+              link_waste: bool = True, segments: int = 0, home_slack_s: float = 0.0,
+              home_by_load: bool = False) -> np.ndarray:
     c = np.zeros(N_CONSTS)
     c[LINEAR] = cost.layers * cost.linear_flops / cost.flops          # s per token-layer of linear work
     c[ATTENTION] = cost.layers * cost.attention_flops / cost.flops    # s per (query, key) pair
@@ -46,6 +52,7 @@ def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, was
     c[D], c[SAMPLE] = d, sample
     c[WASTE], c[ADAPT] = (waste_cap, 1.0) if waste is None else (waste, 0.0)
     c[LINK_WASTE] = 1.0 if link_waste else 0.0
+    c[SEGMENTS], c[HOME_SLACK], c[HOME_BY_LOAD] = segments, home_slack_s, 1.0 if home_by_load else 0.0
     return c
 
 
@@ -68,11 +75,26 @@ def _add(cands, k, i, up):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _candidates(hn0, hn1, memo, soonest, draws, pos, d, up, n_up):
+def home_node(user, segment, n_nodes, c):
+    """The node a new session of `user` in `segment` is sent to by preference (-1: none): with no
+    more nodes than segments, segment mod n, so each node is home to about S / n segments; with
+    more, each segment has n // S home nodes (segment + S k), the user's id choosing among them.
+    None without segments (fewer than two, or the request names none) or without the EMB term,
+    whose caches the homes specialize."""
+    n_seg = np.int64(c[SEGMENTS])
+    if segment < 0 or n_seg < 2 or c[HOME_SLACK] <= 0 or c[USE_EMB] <= 0:
+        return -1
+    if n_nodes <= n_seg:
+        return segment % n_nodes
+    return segment % n_seg + n_seg * (user % (n_nodes // n_seg))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _candidates(hn0, hn1, memo, soonest, home, draws, pos, d, up, n_up):
     """The nodes to price: holders hn0/hn1, the last decision's least-wait node `memo`, the node
-    that frees up first (`soonest`: what a full scan's least-wait pick would find) and d drawn
-    nodes (down ones left out, each once); every up node when d could miss some. Returns
-    (candidates, how many, the draws used: 0 when every node is a candidate)."""
+    that frees up first (`soonest`: what a full scan's least-wait pick would find), the session's
+    `home` and d drawn nodes (down ones left out, each once); every up node when d could miss
+    some. Returns (candidates, how many, the draws used: 0 when every node is a candidate)."""
     k = 0
     n = len(up)
     if d >= n or d >= n_up:
@@ -82,8 +104,8 @@ def _candidates(hn0, hn1, memo, soonest, draws, pos, d, up, n_up):
                 cands[k] = i
                 k += 1
         return cands, k, 0
-    cands = np.empty(d + 4, np.int64)
-    for i in (hn0, hn1, memo, soonest):
+    cands = np.empty(d + 5, np.int64)
+    for i in (hn0, hn1, memo, soonest, home):
         if i >= 0:
             k = _add(cands, k, i, up)
     for r in range(d):
@@ -122,10 +144,11 @@ def _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _pick(now, starts, svcs, works, k, least, draw, c):
+def _pick(now, starts, svcs, works, k, least, home_j, draw, c):
     """The candidate with the least completion + the work its placement wastes (its `works` beyond
     the cheapest candidate's), weighted by how many later requests it delays — those that arrive
-    before the node is idle again, (rho + rate x backlog) / (1 - rho). Exact ties go to `draw`."""
+    before the node is idle again, (rho + rate x backlog) / (1 - rho); candidate `home_j` (-1:
+    none) less HOME_SLACK. Exact ties go to `draw`."""
     ties = np.empty(k, np.int64)
     n_ties = 0
     best_t = np.inf
@@ -135,6 +158,8 @@ def _pick(now, starts, svcs, works, k, least, draw, c):
         if c[ADAPT] > 0:
             weight = min(weight, (rho + c[RATE] * (starts[j] - now)) / (1.0 - rho))
         t = starts[j] + svcs[j] + weight * (works[j] - least)
+        if j == home_j:
+            t -= c[HOME_SLACK] * (1.0 - rho) if c[HOME_BY_LOAD] > 0 else c[HOME_SLACK]
         if t < best_t - 1e-12:
             best_t = t
             ties[0] = j
@@ -146,17 +171,20 @@ def _pick(now, starts, svcs, works, k, least, draw, c):
 
 
 @njit(cache=True, nogil=True)
-def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, node, mine, c):
+def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, user, segment, draws, bits, node, mine, c):
     """One routing decision over the candidates of `_candidates` (draws from c[POS] on), each
     priced at predicted completion = max(now, when the node runs out of work, when a sync refill
-    releases it) + `_service`; `_pick` chooses, one more draw breaking exact ties. Returns (node,
-    its predicted service), or (-1, 0) when no candidate is up; advances c[POS], sets c[MEMO]."""
+    releases it) + `_service`; `_pick` chooses, one more draw breaking exact ties. A request whose
+    user holds no prefix anywhere (a new session) also prices its segment's home node, preferred
+    by HOME_SLACK. Returns (node, its predicted service), or (-1, 0) when no candidate is up;
+    advances c[POS], sets c[MEMO]."""
     up = mine[:, UP]
     free = mine[:, FREE]
     pos = np.int64(c[POS])
     c[POS] = pos + np.int64(c[D]) + DRAWS
-    cands, k, d = _candidates(hn0, hn1, np.int64(c[MEMO]), np.int64(c[SOONEST]), draws, pos, np.int64(c[D]), up,
-                              c[N_UP])
+    home = home_node(user, segment, len(up), c) if hn0 < 0 else -1
+    cands, k, d = _candidates(hn0, hn1, np.int64(c[MEMO]), np.int64(c[SOONEST]), home, draws, pos, np.int64(c[D]),
+                              up, c[N_UP])
     if k == 0:
         return -1, 0.0
     n_cand = len(cand_ids)
@@ -167,8 +195,11 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, 
     starts = np.empty(k)
     memo_j, memo_t = 0, np.inf
     least = np.inf
+    home_j = -1
     for j in range(k):
         i = cands[j]
+        if i == home:
+            home_j = j
         cached = min(ht0 if i == hn0 else (ht1 if i == hn1 else 0), prefix_len)
         svcs[j], link = _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c)
         works[j] = svcs[j] - (1.0 - c[LINK_WASTE]) * link
@@ -176,6 +207,6 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, draws, bits, 
         if starts[j] < memo_t:
             memo_j, memo_t = j, starts[j]
         least = min(least, works[j])
-    pick = _pick(now, starts, svcs, works, k, least, draws[pos + d], c)
+    pick = _pick(now, starts, svcs, works, k, least, home_j, draws[pos + d], c)
     c[MEMO] = cands[memo_j]
     return cands[pick], svcs[pick]

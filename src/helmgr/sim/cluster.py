@@ -64,7 +64,8 @@ class Cluster(Faults):
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
-        self.index = router.attach(self.slots[0].node.cost, workload.n_items, overlapped=cfg.engine == "pipelined")
+        self.index = router.attach(self.slots[0].node.cost, workload.n_items, overlapped=cfg.engine == "pipelined",
+                                   segments=workload.n_segments)
         self.reporters: list[ResidencyReporter] | None = None
         if self.index is not None:
             self.reporters = [ResidencyReporter(i, s.node) for i, s in enumerate(self.slots)]
@@ -163,13 +164,15 @@ class Cluster(Faults):
         heap, handle = self.heap, self._handle
         ts, users, prefix = chunk.t.tolist(), chunk.user.tolist(), chunk.prefix_len.tolist()
         io, co, burst = chunk.item_offsets.tolist(), chunk.cand_offsets.tolist(), chunk.burst.tolist()
+        segment = chunk.segment.tolist()
         items, cands = chunk.item_ids, chunk.cand_ids
         rid = self.next_rid
         for i, t in enumerate(ts):
             while heap and heap[0][0] <= t:
                 handle(heappop(heap))
             self.now = t
-            self.arrive(Request(rid, t, users[i], prefix[i], items[io[i]:io[i + 1]], cands[co[i]:co[i + 1]], burst[i]))
+            self.arrive(Request(rid, t, users[i], prefix[i], items[io[i]:io[i + 1]], cands[co[i]:co[i + 1]], burst[i],
+                                segment=segment[i]))
             rid += 1
         self.next_rid = rid
 
@@ -223,7 +226,7 @@ class Cluster(Faults):
             else:
                 self.start(idle, [req])
             return
-        n = self.router.route_request(self.now, req.user, req.prefix_len, req.items, req.cands)
+        n = self.router.route_request(self.now, req.user, req.prefix_len, req.items, req.cands, req.segment)
         self.router.dispatched(n, req.user, req.tokens)
         self.windows.arrived(n)
         if self.slots[n].busy:

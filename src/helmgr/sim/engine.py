@@ -173,7 +173,7 @@ class CompiledRun:
         AI[:, R_USER], AI[:, R_PREFIX] = chunk.user, chunk.prefix_len
         AI[:, R_NITEMS], AI[:, R_NCANDS] = np.diff(io), np.diff(co)
         AI[:, R_IOFF], AI[:, R_COFF] = io[:-1] + ni, co[:-1] + nc
-        AI[:, R_BURST] = chunk.burst
+        AI[:, R_BURST], AI[:, R_SEG] = chunk.burst, chunk.segment
         AI[:, R_H0], AI[:, R_HOFF], AI[:, R_HMOD], AI[:, R_HSHIFT] = self.c.workload.history.locate(chunk.user)
         self.AT, self.AI, self.chunk = np.ascontiguousarray(chunk.t, np.float64), AI, chunk
         self.G[POS], self.G[NARR] = 0, n
@@ -307,7 +307,7 @@ class CompiledRun:
         user, prefix, t = int(ch.user[i]), int(ch.prefix_len[i]), float(ch.t[i])
         items, cands = ch.item_ids[io[i]:io[i + 1]], ch.cand_ids[co[i]:co[i + 1]]
         c.now = t
-        n = c.router.route_request(t, user, prefix, items, cands)
+        n = c.router.route_request(t, user, prefix, items, cands, int(ch.segment[i]))
         c.router.dispatched(n, user, prefix + len(items))
         return n
 

@@ -193,8 +193,8 @@ def _helm_route(now, s, I, G, RI, IDSI, IDSC, H):
     G[LEFT] -= 1
     i0, ni = RI[s, R_IOFF], RI[s, R_NITEMS]
     c0, nc = RI[s, R_COFF], RI[s, R_NCANDS]
-    node, svc = route_decide(now, prefix, IDSI[0][i0:i0 + ni], IDSC[0][c0:c0 + nc], hn0, ht0, hn1, ht1,
-                             H[H_DRAWS][0], H[H_BITS], H[H_NODE], mine, c)
+    node, svc = route_decide(now, prefix, IDSI[0][i0:i0 + ni], IDSC[0][c0:c0 + nc], hn0, ht0, hn1, ht1, user,
+                             RI[s, R_SEG], H[H_DRAWS][0], H[H_BITS], H[H_NODE], mine, c)
     if node < 0:
         node, svc = _route(I, G), 0.0
     G[LASTNODE], f[HF_LAST] = node, svc

@@ -24,6 +24,8 @@ class RequestChunk:
     cand_ids: np.ndarray      # int64 flat: candidates to score
     cand_offsets: np.ndarray  # int64, len n + 1
     burst: np.ndarray         # bool: request belongs to an injected burst
+    segment: np.ndarray       # int64: the user's interest segment (what a recommender knows of a user;
+                              # the workload's cluster or clone range), -1 where unknown
 
     def __len__(self) -> int:
         return len(self.t)

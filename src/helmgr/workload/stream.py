@@ -119,6 +119,12 @@ class Workload:
     def n_items(self) -> int:
         return self.space.n_items
 
+    @property
+    def n_segments(self) -> int:
+        """How many interest segments its requests name (`RequestChunk.segment`): the synthetic
+        users' clusters, a widened log's clones (1: a log as it is)."""
+        return self.space.n_clusters
+
     def first_second_lookups(self) -> tuple[float, int, float]:
         """EMB lookups of the first simulated second (candidates, new items and half of each
         prefix), its requests, and its last arrival time; (0, 0, 0) if it is empty. What scales
@@ -182,7 +188,8 @@ class Workload:
         users = req.user
         prefix = self.users.base_len(users) + tracker.advance(users, req.n_new)
         items = self.history.batch(users, prefix, req.n_new)
-        cands = self.candidates.draw(rng, self.users.cluster(users))
+        segment = self.users.cluster(users)
+        cands = self.candidates.draw(rng, segment)
         if self.drift_per_s:
             shift = np.floor(req.t * self.drift_per_s).astype(np.int64)
             cands = self.space.shift(cands, shift[:, None])
@@ -192,5 +199,6 @@ class Workload:
             t=req.t, user=users, prefix_len=prefix.astype(np.int32), new_tokens=req.n_new,
             item_ids=items, item_offsets=offsets_from_counts(req.n_new),
             cand_ids=cands.ravel(), cand_offsets=np.arange(n + 1, dtype=np.int64) * m, burst=req.burst,
+            segment=np.asarray(segment, np.int64),
             discovery=lean == LEANS.index("discovery"),
         )
