@@ -361,6 +361,28 @@ def test_a_new_session_goes_home_unless_home_finishes_later_by_more_than_the_sla
     assert {r.route_request(1.0, 5 + k, 100, new, CANDS, segment=2) for k in range(30)} == {0, 1, 2}
 
 
+def test_the_default_slack_is_the_requests_service_at_home():
+    """home_slack 1 (the default share): home may finish up to one service later than the
+    others (0.99 of it behind: home; 1.01: elsewhere); 0: no homes."""
+    nodes = [warm_node(i) for i in range(3)]
+    new = np.array([1000, 1001])
+    for share, behind, home in ((1.0, 0.99, True), (1.0, 1.01, False), (0.0, 0.0, None)):
+        r = Helm(d=8, sample=1024, home_slack=share)
+        r.bind(3, [True] * 3, np.random.default_rng(0))
+        index = r.attach(nodes[0].cost, N_ITEMS, segments=3)
+        for i, node in enumerate(nodes):
+            index.apply_summary(ResidencyReporter(i, node).summary(0.0))
+        index.node[:, HISTORY_MISS] = 0.0
+        r.route_request(1.0, 5, 100, new, CANDS, segment=2)
+        svc = r.last_decision.service_s                       # the three nodes price it alike (not dispatched)
+        r.mine[2, FREE] = 1.0 + behind * svc
+        got = [r.route_request(1.0, 6 + k, 100, new, CANDS, segment=2) for k in range(20)]
+        if home is None:
+            assert set(got) == {0, 1, 2}
+        else:
+            assert (got[0] == 2) is home
+
+
 def test_the_home_slack_shrinks_with_the_load_estimate():
     """At load 0.5 the slack is half: home 0.49 x slack behind still wins, 0.51 x does not; with
     `home_by_load` off the whole slack holds."""

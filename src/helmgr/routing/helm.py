@@ -47,9 +47,10 @@ class Helm(Router):
 
     Homes: a request whose user holds no prefix anywhere (a new session) and names an interest
     segment (the cluster attaches the workload's count) also prices its segment's home node
-    (`kernel.home_node`), and goes there unless home would finish more than `home_slack_s` x (1 -
-    rho) later than the best other candidate (rho: the router's load estimate; `home_by_load`
-    False: the slack alone). A session then stays where its prefix is, so each node's EMB
+    (`kernel.home_node`), and goes there unless home would finish later than the best other
+    candidate by more than `home_slack` x its service at home x (1 - rho) (rho: the router's load
+    estimate; `home_by_load` False: without the load factor; `home_slack_s`: a slack in seconds
+    instead of the share; a slack of 0: no homes). A session then stays where its prefix is, so each node's EMB
     cache comes to hold its segments' rows and misses less on them, which the bitmap prices; the
     slack is what starts it, since all caches begin alike (docs/routing.md, Homes).
 
@@ -64,24 +65,27 @@ class Helm(Router):
     RHO_SPAN_S = 0.5            # how often the load estimate behind the waste weight is renewed
     MAX_WASTE = 1000.0          # the most later requests one placement's waste is taken to delay
 
-    HOME_SLACK_S = 0.005        # how much later a new session may finish at its home node and still go there,
-                                # on an idle cluster: x (1 - rho) at load rho (docs/routing.md, Homes)
+    HOME_SLACK = 1.0            # how much later a new session may finish at its home node and still go there,
+                                # as a share of its service there, on an idle cluster: x (1 - rho) at load rho
+                                # (docs/routing.md, Homes)
 
     def __init__(self, d: int = 2, kv_term: bool = True, emb_term: bool = True, sample: int = 32,
-                 waste: float | None = None, link_waste: bool | None = None, home_slack_s: float | None = None,
-                 home_by_load: bool = True):
-        home_slack_s = self.HOME_SLACK_S if home_slack_s is None else home_slack_s
-        if d < 1 or sample < 1 or (waste is not None and not waste >= 0) or not home_slack_s >= 0:
+                 waste: float | None = None, link_waste: bool | None = None, home_slack: float | None = None,
+                 home_slack_s: float | None = None, home_by_load: bool = True):
+        home_slack = self.HOME_SLACK if home_slack is None else home_slack
+        slack = home_slack if home_slack_s is None else home_slack_s
+        if d < 1 or sample < 1 or (waste is not None and not waste >= 0) or not slack >= 0:
             raise ValueError(f"helm router needs d >= 1, sample >= 1, waste >= 0, home slack >= 0; got {d}, "
-                             f"{sample}, {waste}, {home_slack_s}")
+                             f"{sample}, {waste}, {slack}")
         self.d, self.kv_term, self.emb_term, self.sample, self.waste = d, kv_term, emb_term, sample, waste
-        self.link_waste, self.home_slack_s, self.home_by_load = link_waste, home_slack_s, home_by_load
+        self.link_waste, self.home_slack, self.home_slack_s = link_waste, home_slack, home_slack_s
+        self.home_by_load = home_by_load
 
     @classmethod
     def revision(cls) -> str:
         """The defaults a stored result of this router depends on (evaluation keys, the
-        showcase's stored capacity), e.g. `helm(d=2,sample=32,home_slack_s=0.005x(1-rho))`."""
-        return f"{cls.name}(d=2,sample=32,home_slack_s={cls.HOME_SLACK_S:g}x(1-rho))"
+        showcase's stored capacity), e.g. `helm(d=2,sample=32,home_slack=1xservicex(1-rho))`."""
+        return f"{cls.name}(d=2,sample=32,home_slack={cls.HOME_SLACK:g}xservicex(1-rho))"
 
     def bind(self, n_nodes, up, rng):
         super().bind(n_nodes, up, rng)
@@ -103,7 +107,9 @@ class Helm(Router):
         self.index = ResidencyIndex(self.n, n_items)
         link_waste = not overlapped if self.link_waste is None else self.link_waste
         self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample, self.waste, self.MAX_WASTE,
-                                             link_waste, segments, self.home_slack_s, self.home_by_load)
+                                             link_waste, segments,
+                                             self.home_slack if self.home_slack_s is None else self.home_slack_s,
+                                             self.home_by_load, self.home_slack_s is None)
         self.consts[route_kernel.N_UP] = self.mine[:, route_kernel.UP].sum()
         self._clean()
         # the index's containers, held directly (they are updated in place, never replaced)

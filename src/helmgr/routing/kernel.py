@@ -28,11 +28,14 @@ SOONEST = 17
 # link binds)
 LINK_WASTE = 18
 # a new session's home: its segment's node(s) (SEGMENTS: how many segments the workload names; 0
-# or 1: no homes), preferred over the other candidates by HOME_SLACK seconds of completion
+# or 1: no homes), preferred over the other candidates by HOME_SLACK of completion (seconds, or a
+# share of the request's service at home: HOME_RELATIVE)
 SEGMENTS, HOME_SLACK = 19, 20
 # 1: the slack shrinks as the cluster fills, HOME_SLACK x (1 - rho); 0: fixed
 HOME_BY_LOAD = 21
-N_CONSTS = 22                # the vector's length
+# 1: HOME_SLACK is a share of the request's own service at home; 0: seconds
+HOME_RELATIVE = 22
+N_CONSTS = 23                # the vector's length
 DRAWS = 1                   # draws a decision takes beside its d samples: the tie-break
 # columns of the router's per-node array
 FREE, UP = range(2)
@@ -40,7 +43,7 @@ FREE, UP = range(2)
 
 def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, waste_cap: float,
               link_waste: bool = True, segments: int = 0, home_slack_s: float = 0.0,
-              home_by_load: bool = False) -> np.ndarray:
+              home_by_load: bool = False, home_relative: bool = False) -> np.ndarray:
     c = np.zeros(N_CONSTS)
     c[LINEAR] = cost.layers * cost.linear_flops / cost.flops          # s per token-layer of linear work
     c[ATTENTION] = cost.layers * cost.attention_flops / cost.flops    # s per (query, key) pair
@@ -53,6 +56,7 @@ def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, was
     c[WASTE], c[ADAPT] = (waste_cap, 1.0) if waste is None else (waste, 0.0)
     c[LINK_WASTE] = 1.0 if link_waste else 0.0
     c[SEGMENTS], c[HOME_SLACK], c[HOME_BY_LOAD] = segments, home_slack_s, 1.0 if home_by_load else 0.0
+    c[HOME_RELATIVE] = 1.0 if home_relative else 0.0
     return c
 
 
@@ -148,7 +152,7 @@ def _pick(now, starts, svcs, works, k, least, home_j, draw, c):
     """The candidate with the least completion + the work its placement wastes (its `works` beyond
     the cheapest candidate's), weighted by how many later requests it delays — those that arrive
     before the node is idle again, (rho + rate x backlog) / (1 - rho); candidate `home_j` (-1:
-    none) less HOME_SLACK. Exact ties go to `draw`."""
+    none) less the home slack. Exact ties go to `draw`."""
     ties = np.empty(k, np.int64)
     n_ties = 0
     best_t = np.inf
@@ -159,7 +163,8 @@ def _pick(now, starts, svcs, works, k, least, home_j, draw, c):
             weight = min(weight, (rho + c[RATE] * (starts[j] - now)) / (1.0 - rho))
         t = starts[j] + svcs[j] + weight * (works[j] - least)
         if j == home_j:
-            t -= c[HOME_SLACK] * (1.0 - rho) if c[HOME_BY_LOAD] > 0 else c[HOME_SLACK]
+            slack = c[HOME_SLACK] * svcs[j] if c[HOME_RELATIVE] > 0 else c[HOME_SLACK]
+            t -= slack * (1.0 - rho) if c[HOME_BY_LOAD] > 0 else slack
         if t < best_t - 1e-12:
             best_t = t
             ties[0] = j
