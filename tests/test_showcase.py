@@ -94,12 +94,14 @@ def test_a_configuration_without_stored_figures_sweeps_the_baseline():
 
 def test_stored_figures_hold_the_split_and_give_the_headroom(monkeypatch):
     """The stored capacities give the headroom over the run's base rate (150 req/s); HELM's only
-    while HELM is the one measured (`policies.helm_revision`): another base policy or adapter
-    keeps the baseline's and drops HELM's."""
+    while HELM is the one measured (`showcase.stack_revision`): another base policy, adapter or
+    router keeps the baseline's and drops HELM's."""
     from helmgr.policy.policies import helm_revision
     spec, cfg = tiny()
     caps = {"helm@helm": 240.0, "static-best@prefix-aware": 180.0}
-    for revision, expect in ((helm_revision(), {"helm": 240.0, "baseline": 180.0}),
+    assert sc.stack_revision().startswith(helm_revision() + "/router=helm(")
+    for revision, expect in ((sc.stack_revision(), {"helm": 240.0, "baseline": 180.0}),
+                             (helm_revision(), {"baseline": 180.0}),
                              ("0123456789abcdef/adapter=True/recovery=True", {"baseline": 180.0})):
         ref = sc.Reference(0.3, caps, revision)
         monkeypatch.setattr(sc, "reference", lambda s, c: ref)

@@ -182,7 +182,7 @@ def _side_by_side(spec, cfg, jobs, as_json, out_dir) -> None:
         where = f"measured by the evaluation for {spec.regime}" if sc.stored else "stored for this configuration"
         stdout.print(f"capacity at SLO: not {where} (helmgr capacity measures it)")
     elif "helm" not in sc.capacity_rps:
-        stdout.print("HELM's capacity at SLO: not stored for this HELM (its base policy or adapter changed since the "
-                     "evaluation measured it; helmgr capacity measures it)")
+        stdout.print("HELM's capacity at SLO: not stored for this HELM (its base policy, adapter, recovery or "
+                     "router changed since the evaluation measured it; helmgr capacity measures it)")
     if out_dir is not None:
         stderr.print(f"wrote {out_dir}/summary.json, summary.md, showcase.png and HELM's plots")

@@ -33,6 +33,7 @@ from helmgr.experiments.capacity import CapacityTask, base_rate, bisect_task
 from helmgr.experiments.parallel import run_all
 from helmgr.experiments.phase_oracle import oracle_blocks, run_phase_oracle
 from helmgr.experiments.scenario import PhaseRun, phase_point
+from helmgr.experiments.showcase import stack_revision
 from helmgr.policy.policies import POLICIES, HelmPolicy, helm_revision
 from helmgr.routing.helm import Helm
 from helmgr.routing.routers import ROUTERS
@@ -100,7 +101,7 @@ class Unit:
         parts = (self.kind, self.regime, self.seed, self.policy, self.router, self.ratio, self.payload, version("helmgr"))
         if issubclass(POLICIES.get(self.policy, object), HelmPolicy):   # a retrained base, another adapter: another run
             parts += (helm_revision(POLICIES[self.policy]),)
-        elif self.router in ROUTERS and issubclass(ROUTERS[self.router], Helm):   # another default: another run
+        if self.router in ROUTERS and issubclass(ROUTERS[self.router], Helm):   # another router default: another run
             parts += (ROUTERS[self.router].revision(),)
         text = repr(parts)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
@@ -254,6 +255,6 @@ def config_dict(ev: EvalConfig) -> dict:
     """The evaluation's configuration, JSON-safe."""
     d = asdict(ev)
     d["cluster"] = {k: v for k, v in d["cluster"].items() if k not in ("policy", "ratio", "router", "seed")}
-    d["helm_revision"] = helm_revision()            # which HELM its `helm` rows are (base hash, adapter, recovery)
+    d["helm_revision"] = stack_revision()           # which HELM its `helm` rows are (base hash, tiers, router)
     return d
 

@@ -17,6 +17,7 @@ from helmgr.experiments.compare import run_series
 from helmgr.experiments.parallel import run_all
 from helmgr.experiments.sweep import static_best
 from helmgr.policy.policies import helm_revision
+from helmgr.routing.helm import Helm
 from helmgr.sim import SimConfig
 from helmgr.sim.config import scenario_cluster
 from helmgr.sim.metrics import Series
@@ -35,7 +36,7 @@ class Reference:
 
     static_best: float
     capacity_rps: dict[str, float] | None = None       # None: not measured for this regime
-    helm_revision: str | None = field(default=None, compare=False)   # the HELM measured (policies.helm_revision)
+    helm_revision: str | None = field(default=None, compare=False)   # the HELM measured (stack_revision)
 
 
 # (scenario, regime) -> Reference: `reference_from_record` of RECORD's evaluate.json (seeds 1-3,
@@ -46,6 +47,12 @@ REFERENCE: dict[tuple[str, str], Reference] = {
     ("v2", "burst"): Reference(0.8),
     ("v2", "trend"): Reference(0.8),
 }
+
+
+def stack_revision() -> str:
+    """Which full HELM a stored figure is of: the controller's tiers (`policies.helm_revision`)
+    and the HELM router's defaults (`Helm.revision`)."""
+    return f"{helm_revision()}/router={Helm.revision()}"
 
 
 def reference_from_record(record: dict) -> dict[tuple[str, str], Reference]:
@@ -118,7 +125,7 @@ def showcase(spec: WorkloadSpec, cfg: SimConfig, jobs: int = 1,
     capacity = None
     if ref is not None and ref.capacity_rps is not None:
         capacity = {"baseline": ref.capacity_rps[f"static-best@{BASELINE_ROUTER}"]}
-        if ref.helm_revision == helm_revision():            # else HELM changed since: its capacity is not this one's
+        if ref.helm_revision == stack_revision():           # else HELM changed since: its capacity is not this one's
             capacity["helm"] = ref.capacity_rps["@".join(HELM)]
     return Showcase(results[0], (best, series), ref is not None, capacity,
                     base_rate(spec) if spec.trace is None else None)

@@ -337,14 +337,13 @@ class HelmBaseAdapterV1(HelmPolicy):
 def helm_revision(policy: type = HelmPolicy) -> str:
     """What a HELM policy's results depend on besides its name and the package's version: the
     shipped base policy's hash, its adapter and its recovery tier, each with its default
-    settings, and the HELM router's defaults (evaluate's keys, the showcase's stored capacity), e.g.
-    `3f02.../adapter=marginal(bound=0.15,...,shadow=0.05)/recovery=True(ratio=0.85,...)/router=helm(...)`."""
+    settings (evaluate's keys; `experiments.showcase.stack_revision` adds the router's), e.g.
+    `3f02.../adapter=marginal(bound=0.15,...,shadow=0.05)/recovery=True(ratio=0.85,...)`."""
     from helmgr.controller.controller import default_policy_digest, tier_settings
-    from helmgr.routing.helm import Helm
     adapter, recovery = tier_settings()
     a = f"({adapter},shadow={policy.shadow_share})" if policy.adapter == "marginal" else ""
     r = f"({recovery})" if policy.recovery else ""
-    return f"{default_policy_digest()}/adapter={policy.adapter}{a}/recovery={policy.recovery}{r}/router={Helm.revision()}"
+    return f"{default_policy_digest()}/adapter={policy.adapter}{a}/recovery={policy.recovery}{r}"
 
 
 POLICIES = {"static": Static, "adaptive": Adaptive, "latency-driven": LatencyDriven, "independent": Independent,
