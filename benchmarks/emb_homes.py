@@ -5,7 +5,7 @@ the cluster's effective EMB capacity (issue 22 item 1).
     python benchmarks/emb_homes.py --workload burst --seeds 1,2 --ratios 0.5,0.7,0.9
 
 Every (ratio, seed) runs twice on the v2 cluster under a static split and the HELM router: as it
-ships and with homes off (`Helm(home_slack_s=0)`). The effective capacity at ratio r is r' / r,
+ships and with homes off (`Helm(home_slack=0)`). The effective capacity at ratio r is r' / r,
 where r' is the ratio at which the run without homes reaches the EMB hit rate the run with homes
 has at r (linear interpolation over the grid; '>' when the hit rate is beyond the grid's). One
 JSON line per run, then a table. Asserts nothing.
@@ -28,7 +28,7 @@ def run_one(job: tuple) -> dict:
     workload, seed, ratio, homes, duration = job
     w = WorkloadSpec(workload, duration, seed).build()
     cfg = SimConfig(**scenario_cluster("v2"), router="helm", seed=seed, policy="static", ratio=ratio)
-    s = simulate(cfg, w, router=Helm() if homes else Helm(home_slack_s=0.0)).summary
+    s = simulate(cfg, w, router=Helm() if homes else Helm(home_slack=0.0)).summary
     return {"workload": workload, "seed": seed, "ratio": ratio, "homes": homes, "p99_ms": round(s["p99_ms"], 3),
             "emb_hit_rate": round(s["emb_hit_rate"], 4), "kv_hit_rate": round(s["kv_hit_rate"], 4),
             "utilization": round(s["utilization"], 3), "wall_s": round(s["wall_s"], 1)}

@@ -50,9 +50,10 @@ class Helm(Router):
     (`kernel.home_node`), and goes there unless home would finish later than the best other
     candidate by more than `home_slack` x its service at home x (1 - rho) (rho: the router's load
     estimate; `home_by_load` False: without the load factor; `home_slack_s`: a slack in seconds
-    instead of the share; a slack of 0: no homes). A session then stays where its prefix is, so each node's EMB
-    cache comes to hold its segments' rows and misses less on them, which the bitmap prices; the
-    slack is what starts it, since all caches begin alike (docs/routing.md, Homes).
+    instead of the share; a slack of 0: no homes). A session then stays where its prefix is, so
+    each node's EMB cache comes to hold its segments' rows and misses less on them, which the
+    bitmap prices; the slack is what starts it, since all caches begin alike (docs/routing.md,
+    Homes).
 
     Ablations: `kv_term=False` knows nothing of prefixes (every node recomputes, holders are not
     candidates), `emb_term=False` prices every node's misses at the cluster's mean rate.

@@ -42,7 +42,7 @@ FREE, UP = range(2)
 
 
 def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, waste_cap: float,
-              link_waste: bool = True, segments: int = 0, home_slack_s: float = 0.0,
+              link_waste: bool = True, segments: int = 0, home_slack: float = 0.0,
               home_by_load: bool = False, home_relative: bool = False) -> np.ndarray:
     c = np.zeros(N_CONSTS)
     c[LINEAR] = cost.layers * cost.linear_flops / cost.flops          # s per token-layer of linear work
@@ -55,7 +55,7 @@ def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, was
     c[D], c[SAMPLE] = d, sample
     c[WASTE], c[ADAPT] = (waste_cap, 1.0) if waste is None else (waste, 0.0)
     c[LINK_WASTE] = 1.0 if link_waste else 0.0
-    c[SEGMENTS], c[HOME_SLACK], c[HOME_BY_LOAD] = segments, home_slack_s, 1.0 if home_by_load else 0.0
+    c[SEGMENTS], c[HOME_SLACK], c[HOME_BY_LOAD] = segments, home_slack, 1.0 if home_by_load else 0.0
     c[HOME_RELATIVE] = 1.0 if home_relative else 0.0
     return c
 
