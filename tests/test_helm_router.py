@@ -417,3 +417,20 @@ def test_synthetic_chunks_name_each_users_cluster_as_its_segment():
     assert w.n_segments == 64
     assert np.array_equal(chunk.segment, w.users.cluster(chunk.user))
     assert chunk.segment.min() >= 0 and chunk.segment.max() < 64
+
+
+def test_helm_revision_changes_with_any_default(monkeypatch):
+    """Stored results are keyed by `Helm.revision()`: it must change when a constructor default or
+    a class constant the decisions depend on changes, and not otherwise."""
+    from helmgr.routing.helm import Helm
+    base = Helm.revision()
+    assert base == Helm.revision() and base.startswith("helm(d=2,") and "HOME_SLACK=1.0" in base
+
+    class Slacker(Helm):
+        HOME_SLACK = 0.5
+    assert Slacker.revision() != base
+
+    class Wider(Helm):
+        def __init__(self, d: int = 3, **kw):
+            super().__init__(d=d, **kw)
+    assert Wider.revision() != base and "d=3" in Wider.revision()

@@ -1,6 +1,7 @@
 """The HELM router (SPEC 7) and its ablations."""
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from heapq import heapify, heappop, heappush
 from typing import NamedTuple
@@ -85,8 +86,11 @@ class Helm(Router):
     @classmethod
     def revision(cls) -> str:
         """The defaults a stored result of this router depends on (evaluation keys, the
-        showcase's stored capacity), e.g. `helm(d=2,sample=32,home_slack=1xservicex(1-rho))`."""
-        return f"{cls.name}(d=2,sample=32,home_slack={cls.HOME_SLACK:g}xservicex(1-rho))"
+        showcase's stored capacity), read from the constructor's defaults and the class constants,
+        so that changing any of them makes another revision: `helm(d=2,...,HOME_SLACK=1.0,...)`."""
+        defaults = [f"{k}={v.default}" for k, v in inspect.signature(cls.__init__).parameters.items() if k != "self"]
+        constants = [f"{k}={getattr(cls, k)}" for k in ("HOME_SLACK", "RHO_SPAN_S", "MAX_WASTE", "BLOCK")]
+        return f"{cls.name}({','.join(defaults + constants)})"
 
     def bind(self, n_nodes, up, rng):
         super().bind(n_nodes, up, rng)
