@@ -137,3 +137,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, needle):
     out, err = capsys.readouterr()
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and not out
     assert not (tmp_path / "out").exists()
+
+
+def test_the_default_grid_spans_the_controllers_range():
+    """static-best is chosen over every ratio a controller may set: the grid's ends are SimConfig's
+    r_min and r_max (on trend least-loaded's best split is 0.95, outside a 0.1-0.9 grid)."""
+    from helmgr.experiments.evaluate import DEFAULT_GRID
+    from helmgr.sim import SimConfig
+    ev = EvalConfig(cluster=SimConfig())
+    assert ev.grid == DEFAULT_GRID
+    assert min(ev.grid) == SimConfig().r_min and max(ev.grid) == SimConfig().r_max
+    assert list(ev.grid) == sorted(set(ev.grid))

@@ -15,14 +15,14 @@ from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.types import NON_NEGATIVE, POSITIVE, Finite, names, parallel_options, ratio_grid, seed_list
 from helmgr.cli.workload_cmd import scenario_defaults
 from helmgr.experiments import commands, report
-from helmgr.experiments.evaluate import EvalConfig, config_dict, evaluate
+from helmgr.experiments.evaluate import DEFAULT_GRID, EvalConfig, config_dict, evaluate
 from helmgr.experiments.scenario import S5_MEASURES
 from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
 from helmgr.workload import REGIMES, SCENARIOS
 
 # what --quick changes (an option given on the command line wins)
-FULL = {"seeds": "1,2,3", "ratios": "0.1:0.9:0.1", "duration": None, "capacity_workloads": None,
+FULL = {"seeds": "1,2,3", "ratios": ",".join(f"{r:g}" for r in DEFAULT_GRID), "duration": None, "capacity_workloads": None,
         "capacity_duration": None, "capacity_tol": 0.02}
 QUICK = {"seeds": "1", "ratios": "0.3,0.5,0.7,0.9", "duration": 150.0, "capacity_workloads": "steady",
          "capacity_duration": 40.0, "capacity_tol": 0.05}
