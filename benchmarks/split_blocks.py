@@ -5,6 +5,8 @@
 Runs each static ratio under `--router` (default: the HELM router) and the controller `--policy`
 (default: full HELM, its tiers traced), all on the v2 cluster (360 s unless `--duration`). Prints:
 - the P99 of every `--show` block (default 30 s) per static ratio and for the controller;
+- each run's top 1 % by latency: time queued and in service, prefix, tokens recomputed, the share
+  with nothing cached;
 - the **per-block best**: the ratio per `--block` block (default 10 s) whose requests, pooled with
   the other blocks' choices, give the lowest run P99 (coordinate descent from static-best). Each
   block's requests are the static run's, so a move costs nothing: an estimate of what a split
@@ -52,11 +54,18 @@ def run_one(job: tuple) -> dict:
         pol = Traced()
     cluster = Cluster(cfg, w, node_profile(cfg.hardware, cfg.model), make_router(router), pol, None)
     cluster.run()
-    arrival = np.asarray(cluster.rec.arrival)
-    latency = np.asarray(cluster.rec.end) - arrival
+    rec = cluster.rec
+    arrival = np.asarray(rec.arrival)
     keep = arrival >= cfg.warmup_s
-    return {"name": f"{ratio:g}" if ratio is not None else policy, "arrival": arrival[keep], "latency": latency[keep],
-            "trace": np.asarray(trace, float).reshape(-1, 5), "duration": w.duration_s}
+    col = {k: np.asarray(getattr(rec, k), float)[keep] for k in ("start", "end", "prefix", "kv_tokens")}
+    arrival = arrival[keep]
+    latency = col["end"] - arrival
+    top = latency >= np.percentile(latency, 99)
+    tail = {"latency_ms": latency[top].mean() * 1e3, "queued_ms": (col["start"] - arrival)[top].mean() * 1e3,
+            "in_service_ms": (col["end"] - col["start"])[top].mean() * 1e3, "prefix": col["prefix"][top].mean(),
+            "recomputed": (col["prefix"] - col["kv_tokens"])[top].mean(), "cold": (col["kv_tokens"][top] == 0).mean()}
+    return {"name": f"{ratio:g}" if ratio is not None else policy, "arrival": arrival, "latency": latency,
+            "trace": np.asarray(trace, float).reshape(-1, 5), "duration": w.duration_s, "tail": tail}
 
 
 def p99_ms(x: np.ndarray) -> float:
@@ -111,6 +120,11 @@ def main() -> None:
     for i in range(len(shown[0])):
         print(f"{i * args.show:5.0f} " + " ".join(f"{p99_ms(s[i]):6.2f}" for s in shown))
     print("run   " + " ".join(f"{p99_ms(r['latency']):6.2f}" for r in runs))
+    print("top 1 % by latency: mean latency, queued, in service (from the batch's take), prefix, recomputed, nothing cached")
+    for r in runs:
+        t = r["tail"]
+        print(f"  {r['name']:>6s} {t['latency_ms']:6.2f} {t['queued_ms']:5.2f} {t['in_service_ms']:6.2f} "
+              f"{t['prefix']:7.0f} {t['recomputed']:7.0f} {t['cold']:5.1%}")
     best, choice = per_block_best(statics, args.block)
     sb = min(statics, key=lambda r: p99_ms(r["latency"]))
     print(f"static-best {sb['name']}: {p99_ms(sb['latency']):.3f} ms; {args.policy}: {p99_ms(ctl['latency']):.3f} ms; "

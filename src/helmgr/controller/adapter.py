@@ -176,6 +176,13 @@ class MarginalAdapter:
     to the optimum. It learns bias only: one scalar a sample says which way to go now, not how
     that depends on the features, and the base tier already moves with them.
 
+    One such offset per load level (`load_width`: levels 20 % of arrival rate apart, a level
+    left with a hysteresis): the split that is best moves with the load (trend's per-block best
+    is 0.5 in its trough and 0.95 at its peak, docs/results/2026-12-02-trend-peak.md), and a
+    single offset learned at one load was carried to the next: on trend it held −0.25 into the
+    peak where the base alone was right, and cost 5 % of P99. A level not seen before starts at
+    0, the base alone; steady traffic stays on one level and learns as with a single offset.
+
     The bound is ±0.25 (v1: ±0.05): issue 22's test of a wrong base is one biased by ±0.15,
     the shipped base sits ≈ 0.2 above steady's best split, and a step here is taken on evidence,
     not on a noisy reward. The defaults (bound 0.25, steps 0.02 growing ×1.5 to 0.06) were chosen
@@ -190,6 +197,8 @@ class MarginalAdapter:
     z: float = 2.5
     grow: float = 1.5
     max_step: float | None = 0.06                    # None: step (a fixed step)
+    hold_move: float | None = None                   # a block over which the base's plan moved more: no step
+    load_width: float | None = None                  # one offset per load level this wide (log scale); None: one
     explore: bool = field(init=False, default=False)
     params: np.ndarray = field(init=False)
     offset: float = field(init=False, default=0.0)
@@ -197,6 +206,11 @@ class MarginalAdapter:
     updates: int = field(init=False, default=0)      # samples taken
     applied: int = field(init=False, default=0)      # blocks that moved the offset
     samples: list = field(init=False, default_factory=list)
+    held: int = field(init=False, default=0)         # blocks dropped because the plan moved (hold_move)
+    _plan0: float | None = field(init=False, default=None)   # the plan when the open block began
+    level: int | None = field(init=False, default=None)      # the load level whose offset is in effect
+    levels: dict = field(init=False, default_factory=dict)   # level -> (offset, last_step) of the others
+    _load: float | None = field(init=False, default=None)    # the arrival rate, EWMA over samples
     last_step: float = field(init=False, default=0.0)  # the last move (signed; 0 before any)
 
     def __post_init__(self):
@@ -216,30 +230,70 @@ class MarginalAdapter:
         """Write the constants the decision reads into the kernel's `cfg` (it learns in Python)."""
         cfg[[C_HAS_AD, C_BOUND, C_EXPLORE]] = True, self.bound, False
 
-    def learn(self, sample: float | None) -> bool:
+    LOAD_ALPHA = 0.3            # the load level's EWMA weight per sample (a sample: one EMB refresh, 2 s)
+    LOAD_HYSTERESIS = 0.75      # leave a level when the load is this many widths from its centre
+
+    def learn(self, sample: float | None, plan: float | None = None, load: float | None = None) -> bool:
         """Take one sample (None or non-finite: none; frozen: ignored). True when a block moved
-        the offset, and `params` was swapped for the new one."""
+        the offset, and `params` was swapped for the new one. `plan`: the base tier's plan now;
+        with `hold_move`, a block over which it moved more than that takes no step (its samples
+        describe an operating point the base was carrying elsewhere). `load`: the node's arrival
+        rate now; with `load_width`, each load level (log(rate) / log(1 + width), rounded, left
+        with a hysteresis) learns its own offset, and moving to another level swaps its offset
+        in and drops the open block."""
         if self.frozen or sample is None or not math.isfinite(sample):
             return False
+        swapped = self._relevel(load) if self.load_width is not None else False
         self.updates += 1
+        if not self.samples:
+            self._plan0 = plan
         self.samples.append(float(sample))
         if len(self.samples) < self.block:
-            return False
+            return swapped
         x = np.asarray(self.samples)
         self.samples = []
+        if (self.hold_move is not None and plan is not None and self._plan0 is not None
+                and abs(plan - self._plan0) > self.hold_move):
+            self.held += 1
+            return swapped
         mean, se = float(x.mean()), float(x.std(ddof=1)) / math.sqrt(len(x))
         if not abs(mean) > self.z * se:
-            return False
+            return swapped
         size = self.step
         if self.last_step and (self.last_step > 0) == (mean > 0):
             size = min(abs(self.last_step) * self.grow, self.max_step)
         offset = min(self.bound, max(-self.bound, self.offset + math.copysign(size, mean)))
         if offset == self.offset:
-            return False
+            return swapped
         self.last_step = math.copysign(size, mean)
         self.offset = offset
-        params = np.zeros(self.n_features + 1)
-        params[-1] = math.atanh(max(-1.0 + 1e-12, min(1.0 - 1e-12, offset / self.bound)))
-        self.params = params                   # the swap
+        self._swap()
         self.applied += 1
+        return True
+
+    def _swap(self) -> None:
+        params = np.zeros(self.n_features + 1)
+        params[-1] = math.atanh(max(-1.0 + 1e-12, min(1.0 - 1e-12, self.offset / self.bound)))
+        self.params = params                   # the swap
+
+    def _relevel(self, load: float | None) -> bool:
+        """Follow the load to its level; True when another level's offset was swapped in. A level
+        not seen before starts at 0: the base alone, until its own evidence says otherwise."""
+        if load is None or not (math.isfinite(load) and load > 0):
+            return False
+        self._load = load if self._load is None else self._load + self.LOAD_ALPHA * (load - self._load)
+        x = math.log(self._load) / math.log1p(self.load_width)
+        if self.level is None:
+            self.level = round(x)
+            return False
+        if abs(x - self.level) <= self.LOAD_HYSTERESIS:
+            return False
+        self.levels[self.level] = (self.offset, self.last_step)
+        self.level = round(x)
+        offset, self.last_step = self.levels.pop(self.level, (0.0, 0.0))
+        self.samples = []
+        if offset == self.offset:
+            return False
+        self.offset = offset
+        self._swap()
         return True

@@ -209,7 +209,7 @@ class Controller:
         if st[L.BAD_INPUT] != bad:                       # refused: the window never happened, but for the count
             return ratio
         if a is not None:
-            self._learn(a, mem, spare, views, marginal)
+            self._learn(a, mem, spare, views, marginal, s.arrival_rps)
         self.moved = ratio - (float(s.ratio) if self.last is None else self.last)
         self.last = ratio
         return ratio
@@ -224,13 +224,13 @@ class Controller:
         self.plan, self.target = st[L.PLAN], st[L.TARGET]
         self.hold = None if math.isnan(st[L.HOLD]) else float(st[L.HOLD])
 
-    def _learn(self, a, mem, spare, views, marginal: float | None) -> None:
+    def _learn(self, a, mem, spare, views, marginal: float | None, load: float | None = None) -> None:
         """The adapter's learning, after the decision: v1's into the spare array (the next
         parameters), the window just seen being the outcome of the previous decision; v2's from
         the sample (it swaps its own parameters)."""
         a.frozen = self.recovering
         if isinstance(a, MarginalAdapter):
-            a.learn(marginal)
+            a.learn(marginal, self.plan, load)
             return
         if K.learn(mem, a.params, spare, self.moved):
             a.params = spare                     # the atomic swap; a fresh spare for the next one
