@@ -185,8 +185,9 @@ class MarginalAdapter:
 
     The bound is ±0.25 (v1: ±0.05): issue 22's test of a wrong base is one biased by ±0.15,
     the shipped base sits ≈ 0.2 above steady's best split, and a step here is taken on evidence,
-    not on a noisy reward. The defaults (bound 0.25, steps 0.02 growing ×1.5 to 0.06) were chosen
-    on the tuning seeds 101-102 by `benchmarks/tune_tiers.py` (docs/results/2026-12-02-tiers.md).
+    not on a noisy reward. The defaults (bound 0.25, steps 0.02 growing ×1.5 to 0.06; load levels
+    0.2 wide) were chosen on the tuning seeds 101-102 by `benchmarks/tune_tiers.py`
+    (docs/results/2026-12-02-tiers.md, 2026-12-02-trend-peak.md).
     `params` is swapped whole (`[0..., atanh(offset / bound)]`, what the kernel's `offset`
     reads), never edited."""
 
@@ -198,7 +199,7 @@ class MarginalAdapter:
     grow: float = 1.5
     max_step: float | None = 0.06                    # None: step (a fixed step)
     hold_move: float | None = None                   # a block over which the base's plan moved more: no step
-    load_width: float | None = None                  # one offset per load level this wide (log scale); None: one
+    load_width: float | None = 0.2                   # one offset per load level this wide (log scale); None: one
     explore: bool = field(init=False, default=False)
     params: np.ndarray = field(init=False)
     offset: float = field(init=False, default=0.0)
