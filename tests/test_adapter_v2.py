@@ -31,19 +31,6 @@ def test_a_block_of_significant_samples_steps_the_offset_toward_its_sign():
     assert [a.learn(x) for x in block] == [False] * 5 and a.applied == 10
 
 
-def test_a_block_over_which_the_plan_moved_past_hold_move_takes_no_step():
-    """hold_move 0.03: the significant block of the test above, with the base's plan moving
-    0.50 -> 0.54 over it, takes no step and is counted as held; the same block with the plan
-    moving 0.50 -> 0.52 steps +0.02 as before. Without a plan (None) nothing is held."""
-    block = [1.0, 1.2, 0.8, 1.1, 0.9]
-    a = MarginalAdapter(N_FEATURES, grow=1.0, max_step=None, hold_move=0.03)
-    assert [a.learn(x, 0.50 + 0.01 * i) for i, x in enumerate(block)] == [False] * 5
-    assert a.offset == 0.0 and a.held == 1 and a.updates == 5
-    assert [a.learn(x, 0.50 + 0.005 * i) for i, x in enumerate(block)] == [False] * 4 + [True]
-    assert a.offset == pytest.approx(0.02) and a.held == 1
-    assert [a.learn(x) for x in block][-1] and a.offset == pytest.approx(0.04)
-
-
 def test_each_load_level_learns_its_own_offset():
     """load_width 0.1: rates 1.1^48 and 1.1^53 are levels 48 and 53 (ln(rate) / ln 1.1). A
     significant block at level 48 steps +0.02. The load jumps to 1.1^53: the rate's EWMA (weight
@@ -54,18 +41,18 @@ def test_each_load_level_learns_its_own_offset():
     block = [1.0, 1.2, 0.8, 1.1, 0.9]
     low, high = 1.1 ** 48, 1.1 ** 53
     a = MarginalAdapter(N_FEATURES, grow=1.0, max_step=None, load_width=0.1)
-    assert [a.learn(x, None, low) for x in block] == [False] * 4 + [True]
+    assert [a.learn(x, low) for x in block] == [False] * 4 + [True]
     assert a.level == 48 and a.offset == pytest.approx(0.02)
-    assert a.learn(0.0, None, high) and a.level == 50 and a.offset == 0.0 and math.tanh(a.params[-1]) == 0.0
+    assert a.learn(0.0, high) and a.level == 50 and a.offset == 0.0 and math.tanh(a.params[-1]) == 0.0
     for _ in range(20):
-        a.learn(0.0, None, high)
+        a.learn(0.0, high)
     assert a.level == 53 and a.offset == 0.0
     a.samples = []                                  # a fresh block
     for x in block:
-        a.learn(-x, None, high)
+        a.learn(-x, high)
     assert a.level == 53 and a.offset == pytest.approx(-0.02)
     for _ in range(20):
-        a.learn(0.0, None, low)
+        a.learn(0.0, low)
     assert a.level == 48 and a.offset == pytest.approx(0.02)
     assert a.levels[53][0] == pytest.approx(-0.02) and a.levels[50][0] == 0.0
 

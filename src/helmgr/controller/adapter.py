@@ -198,7 +198,6 @@ class MarginalAdapter:
     z: float = 2.5
     grow: float = 1.5
     max_step: float | None = 0.06                    # None: step (a fixed step)
-    hold_move: float | None = None                   # a block over which the base's plan moved more: no step
     load_width: float | None = 0.2                   # one offset per load level this wide (log scale); None: one
     explore: bool = field(init=False, default=False)
     params: np.ndarray = field(init=False)
@@ -207,8 +206,6 @@ class MarginalAdapter:
     updates: int = field(init=False, default=0)      # samples taken
     applied: int = field(init=False, default=0)      # blocks that moved the offset
     samples: list = field(init=False, default_factory=list)
-    held: int = field(init=False, default=0)         # blocks dropped because the plan moved (hold_move)
-    _plan0: float | None = field(init=False, default=None)   # the plan when the open block began
     level: int | None = field(init=False, default=None)      # the load level whose offset is in effect
     levels: dict = field(init=False, default_factory=dict)   # level -> (offset, last_step) of the others
     _load: float | None = field(init=False, default=None)    # the arrival rate, EWMA over samples
@@ -234,29 +231,21 @@ class MarginalAdapter:
     LOAD_ALPHA = 0.3            # the load level's EWMA weight per sample (a sample: one EMB refresh, 2 s)
     LOAD_HYSTERESIS = 0.75      # leave a level when the load is this many widths from its centre
 
-    def learn(self, sample: float | None, plan: float | None = None, load: float | None = None) -> bool:
+    def learn(self, sample: float | None, load: float | None = None) -> bool:
         """Take one sample (None or non-finite: none; frozen: ignored). True when a block moved
-        the offset, and `params` was swapped for the new one. `plan`: the base tier's plan now;
-        with `hold_move`, a block over which it moved more than that takes no step (its samples
-        describe an operating point the base was carrying elsewhere). `load`: the node's arrival
-        rate now; with `load_width`, each load level (log(rate) / log(1 + width), rounded, left
+        the offset (or another load level's was swapped in), and `params` was swapped for the new
+        one. `load`: the node's arrival rate now; with `load_width`, each load level (log(rate) / log(1 + width), rounded, left
         with a hysteresis) learns its own offset, and moving to another level swaps its offset
         in and drops the open block."""
         if self.frozen or sample is None or not math.isfinite(sample):
             return False
         swapped = self._relevel(load) if self.load_width is not None else False
         self.updates += 1
-        if not self.samples:
-            self._plan0 = plan
         self.samples.append(float(sample))
         if len(self.samples) < self.block:
             return swapped
         x = np.asarray(self.samples)
         self.samples = []
-        if (self.hold_move is not None and plan is not None and self._plan0 is not None
-                and abs(plan - self._plan0) > self.hold_move):
-            self.held += 1
-            return swapped
         mean, se = float(x.mean()), float(x.std(ddof=1)) / math.sqrt(len(x))
         if not abs(mean) > self.z * se:
             return swapped

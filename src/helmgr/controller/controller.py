@@ -230,7 +230,7 @@ class Controller:
         the sample (it swaps its own parameters)."""
         a.frozen = self.recovering
         if isinstance(a, MarginalAdapter):
-            a.learn(marginal, self.plan, load)
+            a.learn(marginal, load)
             return
         if K.learn(mem, a.params, spare, self.moved):
             a.params = spare                     # the atomic swap; a fresh spare for the next one
