@@ -98,6 +98,10 @@ def test_adapter_v2_rejects_a_step_past_its_bound():
         MarginalAdapter(N_FEATURES, max_step=0.3)
     with pytest.raises(ValueError, match="grow 0.5"):
         MarginalAdapter(N_FEATURES, grow=0.5)
+    with pytest.raises(ValueError, match="load_hysteresis"):
+        MarginalAdapter(N_FEATURES, load_hysteresis=0.4)
+    with pytest.raises(ValueError, match="load_width"):
+        MarginalAdapter(N_FEATURES, load_width=0.0)
 
 
 def test_the_controller_adds_the_learned_offset_after_the_decision_that_closed_the_block():

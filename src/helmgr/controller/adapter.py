@@ -199,6 +199,8 @@ class MarginalAdapter:
     grow: float = 1.5
     max_step: float | None = 0.06                    # None: step (a fixed step)
     load_width: float | None = 0.2                   # one offset per load level this wide (log scale); None: one
+    load_alpha: float = 0.3                          # the level's rate: EWMA weight per sample (one EMB refresh, 2 s)
+    load_hysteresis: float = 0.75                    # a level is left this many widths from its centre
     explore: bool = field(init=False, default=False)
     params: np.ndarray = field(init=False)
     offset: float = field(init=False, default=0.0)
@@ -222,21 +224,22 @@ class MarginalAdapter:
         if not (self.grow >= 1.0 and self.step <= self.max_step <= self.bound):
             raise ValueError(f"adapter v2 needs grow >= 1 and step <= max_step <= bound, got grow {self.grow}, "
                              f"max_step {self.max_step}")
+        if not ((self.load_width is None or self.load_width > 0) and 0 < self.load_alpha <= 1
+                and self.load_hysteresis >= 0.5):     # below 0.5 widths, leaving a level could round back to it
+            raise ValueError(f"adapter v2 needs load_width > 0 (or None), 0 < load_alpha <= 1 and load_hysteresis "
+                             f">= 0.5, got {self.load_width}, {self.load_alpha}, {self.load_hysteresis}")
         self.params = np.zeros(self.n_features + 1)
 
     def configure(self, cfg, lc, miss_penalty: float, move_cost: float) -> None:
         """Write the constants the decision reads into the kernel's `cfg` (it learns in Python)."""
         cfg[[C_HAS_AD, C_BOUND, C_EXPLORE]] = True, self.bound, False
 
-    LOAD_ALPHA = 0.3            # the load level's EWMA weight per sample (a sample: one EMB refresh, 2 s)
-    LOAD_HYSTERESIS = 0.75      # leave a level when the load is this many widths from its centre
-
     def learn(self, sample: float | None, load: float | None = None) -> bool:
         """Take one sample (None or non-finite: none; frozen: ignored). True when a block moved
         the offset (or another load level's was swapped in), and `params` was swapped for the new
-        one. `load`: the node's arrival rate now; with `load_width`, each load level (log(rate) / log(1 + width), rounded, left
-        with a hysteresis) learns its own offset, and moving to another level swaps its offset
-        in and drops the open block."""
+        one. `load`: the node's arrival rate now; with `load_width`, each load level (log(rate) /
+        log(1 + width), rounded, left with a hysteresis) learns its own offset, and moving to
+        another level swaps its offset in and drops the open block."""
         if self.frozen or sample is None or not math.isfinite(sample):
             return False
         swapped = self._relevel(load) if self.load_width is not None else False
@@ -271,12 +274,12 @@ class MarginalAdapter:
         not seen before starts at 0: the base alone, until its own evidence says otherwise."""
         if load is None or not (math.isfinite(load) and load > 0):
             return False
-        self._load = load if self._load is None else self._load + self.LOAD_ALPHA * (load - self._load)
+        self._load = load if self._load is None else self._load + self.load_alpha * (load - self._load)
         x = math.log(self._load) / math.log1p(self.load_width)
         if self.level is None:
             self.level = round(x)
             return False
-        if abs(x - self.level) <= self.LOAD_HYSTERESIS:
+        if abs(x - self.level) <= self.load_hysteresis:
             return False
         self.levels[self.level] = (self.offset, self.last_step)
         self.level = round(x)
