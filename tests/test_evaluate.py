@@ -148,3 +148,7 @@ def test_the_default_grid_spans_the_controllers_range():
     assert ev.grid == DEFAULT_GRID
     assert min(ev.grid) == SimConfig().r_min and max(ev.grid) == SimConfig().r_max
     assert list(ev.grid) == sorted(set(ev.grid))
+    from helmgr.cli.scenario_cmd import scenario_cmd          # the scenario check's S-properties too
+    from helmgr.cli.types import ratio_grid
+    default = next(p.default for p in scenario_cmd.params if p.name == "ratios")
+    assert tuple(ratio_grid(default)) == DEFAULT_GRID

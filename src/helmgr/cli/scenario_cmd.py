@@ -10,6 +10,7 @@ from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_
 from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.types import POSITIVE, names, parallel_options, ratio_grid, seed_list
 from helmgr.core.errors import HelmInputError
+from helmgr.experiments.evaluate import DEFAULT_GRID
 from helmgr.experiments.scenario import S5_MEASURES, scenario_check
 from helmgr.cli.workload_cmd import scenario_defaults
 from helmgr.workload import REGIMES, SCENARIOS, WorkloadSpec, default_config
@@ -26,7 +27,8 @@ PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
 @click.option("--duration", type=POSITIVE, default=None, help="Simulated seconds [default: the scenario's].")
 @click.option("--rps", type=POSITIVE, default=None, help="Base request rate [default: the scenario's].")
 @sim_options
-@click.option("--ratios", default="0.1:0.9:0.1", show_default=True, help="Static ratios: start:stop:step or a list.")
+@click.option("--ratios", default=",".join(f"{r:g}" for r in DEFAULT_GRID), show_default=True,
+              help="Static ratios: start:stop:step or a list (default: evaluate's grid, r_min to r_max).")
 @click.option("--s5", type=click.Choice(S5_MEASURES), default="whole", show_default=True,
               help="S5 as SPEC 3 defines it (the whole run's P99 and windows), or per phase kind (the worst kind's "
                    "P99 at the single best ratio over its own best; docs/tradeoff.md says why).")
