@@ -6,7 +6,8 @@
 
 Each --config is NAME=JSON: {"adapter": MarginalAdapter's settings, "controller": the recovery
 tier's (Controller's recovery_* arguments), "safety": Safety's (e.g. max_slew, the most the
-ratio moves a window), "router": the HELM router's (e.g. home_slack_s)}; {} is HELM as it ships. Every (config, workload,
+ratio moves a window), "router": the HELM router's (e.g. home_slack_s), "policy": HelmPolicy's
+(e.g. level_load)}; {} is HELM as it ships. Every (config, workload,
 seed) is one full-HELM run on the v2 cluster under the HELM router (the Python path: shadows).
 The seeds default to the training validation seeds, never the evaluation's 1-3, so that a
 setting chosen here is not chosen on the seeds it is then reported on. Printed: one JSON line per
@@ -41,7 +42,8 @@ def run_one(job: tuple) -> dict:
             for k, v in safety.items():              # each node's own Safety, before its first step
                 setattr(self.ctl[index].safety, k, v)
 
-    policy = Tuned(adapter_kw=settings.get("adapter"), controller_kw=settings.get("controller"))
+    policy = Tuned(adapter_kw=settings.get("adapter"), controller_kw=settings.get("controller"),
+                   **(settings.get("policy") or {}))
     res = simulate(cluster, w, policy=policy, router=Helm(**(settings.get("router") or {})))
     s = res.summary
     r = window_ratios(res.series.timeline, cluster.nodes, w.duration_s)

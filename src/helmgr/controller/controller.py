@@ -178,9 +178,10 @@ class Controller:
         st[[L.TARGET, L.PLAN, L.HOLD, L.APPLIED]] = np.nan
         return mem, flat, dims, np.zeros(a.params.shape if a is not None else 1), views
 
-    def step(self, stats: WindowStats, marginal: float | None = None) -> float:
+    def step(self, stats: WindowStats, marginal: float | None = None, load: float | None = None) -> float:
         """The next ratio for the window `stats` describes (one compiled call up to the decision).
-        `marginal`: adapter v2's sample, if one closed with this window (MarginalAdapter.learn).
+        `marginal`: adapter v2's sample, if one closed with this window (MarginalAdapter.learn);
+        `load`: the arrival rate its load levels follow (default: the node's, `stats.arrival_rps`).
 
         Whatever the numbers, the ratio is finite and in [r_min, r_max]. Stats the safety layer
         refuses (non-finite or out of range, `safety.stats_ok`; a P99 of NaN too: say None) are
@@ -209,7 +210,7 @@ class Controller:
         if st[L.BAD_INPUT] != bad:                       # refused: the window never happened, but for the count
             return ratio
         if a is not None:
-            self._learn(a, mem, spare, views, marginal, s.arrival_rps)
+            self._learn(a, mem, spare, views, marginal, s.arrival_rps if load is None else load)
         self.moved = ratio - (float(s.ratio) if self.last is None else self.last)
         self.last = ratio
         return ratio

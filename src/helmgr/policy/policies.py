@@ -225,15 +225,22 @@ class HelmPolicy(MemoryPolicy):
     # adapter: "marginal" (v2, from the shadows), True (v1, from window rewards) or False
     adapter, recovery = "marginal", True
     shadow_share = 0.05                     # adapter v2: each cache's shadow, of the pool
+    level_load = "node"                     # adapter v2's load levels follow: "node" (its rate) or "cluster"
 
     def __init__(self, path: str | None = None, seed: int = 0, bias: float = 0.0, adapter_kw: dict | None = None,
-                 controller_kw: dict | None = None):
+                 controller_kw: dict | None = None, level_load: str | None = None):
         """`bias`: set each node `bias` above the controller's decision (clamped): a base policy
         deliberately wrong by that much, for measuring what the adapter corrects (0: none).
         `adapter_kw`: adapter v2's settings (`MarginalAdapter`; default: its own);
-        `controller_kw`: the recovery tier's (`Controller`'s recovery_* arguments)."""
+        `controller_kw`: the recovery tier's (`Controller`'s recovery_* arguments);
+        `level_load`: the arrival rate adapter v2's load levels follow, "node" (the node's own)
+        or "cluster" (the mean over the nodes that reported a window this tick)."""
+        if level_load is not None and level_load not in ("node", "cluster"):
+            raise ValueError(f"level_load must be 'node' or 'cluster', got {level_load!r}")
         self.path, self.seed, self.bias, self.adapter_kw = path, seed, bias, adapter_kw
+        self.level_load = level_load or self.level_load
         self.controller_kw = controller_kw or {}
+        self.rates: dict[int, tuple[float, float]] = {}     # node -> (window end s, arrival rate): "cluster"
         self.ctl: dict = {}
         self.slo: dict[int, float] = {}
         self.target: dict[int, float] = {}
@@ -260,11 +267,22 @@ class HelmPolicy(MemoryPolicy):
     def observe(self, index, w, node):
         ctl = self.ctl[index]
         seen = len(ctl.events)
-        target = ctl.step(WindowStats.from_window(w, self.slo[index]), self._sample(index, w, node))
+        stats = WindowStats.from_window(w, self.slo[index])
+        target = ctl.step(stats, self._sample(index, w, node), self._load(index, w.t, w.span_s, stats.arrival_rps))
         if self.bias:
             target = min(node.config.r_max, max(node.config.r_min, target + self.bias))
         self.target[index] = target
         self.events += [(index, w.t, e) for _, e in ctl.events[seen:]]
+
+    def _load(self, index: int, t: float, span: float, rate: float) -> float | None:
+        """The rate adapter v2's load levels follow: None (the node's own) or, for "cluster", the
+        mean rate of the nodes whose latest window ended within two windows of this one (a node
+        that went down drops out)."""
+        if self.level_load == "node":
+            return None
+        self.rates[index] = (t, rate)
+        live = [r for u, r in self.rates.values() if u > t - 2.0 * span]
+        return sum(live) / len(live)
 
     def _sample(self, index, w, node) -> float | None:
         """Adapter v2's sample: the marginal value (`marginal_value`) summed since the last one,
@@ -341,7 +359,8 @@ def helm_revision(policy: type = HelmPolicy) -> str:
     `3f02.../adapter=marginal(bound=0.15,...,shadow=0.05)/recovery=True(ratio=0.85,...)`."""
     from helmgr.controller.controller import default_policy_digest, tier_settings
     adapter, recovery = tier_settings()
-    a = f"({adapter},shadow={policy.shadow_share})" if policy.adapter == "marginal" else ""
+    a = (f"({adapter},shadow={policy.shadow_share},levels={policy.level_load})"
+         if policy.adapter == "marginal" else "")
     r = f"({recovery})" if policy.recovery else ""
     return f"{default_policy_digest()}/adapter={policy.adapter}{a}/recovery={policy.recovery}{r}"
 
