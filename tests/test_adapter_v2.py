@@ -62,16 +62,17 @@ def test_load_levels_follow_the_node_or_the_cluster_mean_rate():
     req/s with load_width 0.1 is level round(ln 300 / ln 1.1) = 60; the same window with load
     1.1^48 is level 48. HELM's "cluster" load is the mean of the latest rates of the nodes that
     reported within two windows (1-s windows): 100; (100 + 200) / 2 = 150; node 0 again at 2 s:
-    (120 + 200) / 2 = 160; at 4 s node 1's 1-s window is stale: 90 alone. "node" gives None."""
+    (120 + 200) / 2 = 160; at 4 s node 1's 1-s window is stale: 90 alone. "cluster" is HELM's
+    default; "node" gives None (the controller then takes the node's own)."""
     from helmgr.policy.policies import HelmPolicy
     for load, level in ((None, 60), (1.1 ** 48, 48)):
         ctl = Controller(constant_policy(0.0), adapter=MarginalAdapter(N_FEATURES, load_width=0.1))
         ctl.step(stats(0.5, rps=300.0), marginal=1.0, load=load)
         assert ctl.adapter.level == level
-    p = HelmPolicy(level_load="cluster")
+    p = HelmPolicy()
     assert [p._load(0, 1.0, 1.0, 100.0), p._load(1, 1.0, 1.0, 200.0), p._load(0, 2.0, 1.0, 120.0),
             p._load(0, 4.0, 1.0, 90.0)] == [100.0, 150.0, 160.0, 90.0]
-    assert HelmPolicy()._load(0, 1.0, 1.0, 100.0) is None
+    assert HelmPolicy(level_load="node")._load(0, 1.0, 1.0, 100.0) is None
     with pytest.raises(ValueError, match="level_load must be 'node' or 'cluster', got 'rack'"):
         HelmPolicy(level_load="rack")
 
@@ -198,6 +199,6 @@ def test_helm_revision_names_the_tiers_default_settings():
     names neither tier's settings."""
     from helmgr.policy.policies import POLICIES, helm_revision
     full, base = helm_revision(POLICIES["helm"]), helm_revision(POLICIES["helm-base"])
-    assert "adapter=marginal(bound=0.25," in full and "grow=1.5" in full and "shadow=0.05,levels=node" in full
+    assert "adapter=marginal(bound=0.25," in full and "grow=1.5" in full and "shadow=0.05,levels=cluster" in full
     assert "/recovery=True(ratio=0.95,step=0.1,hold=60.0,miss=0.01)" in full
     assert base.endswith("/adapter=False/recovery=False") and base.split("/")[0] == full.split("/")[0]

@@ -182,6 +182,8 @@ class MarginalAdapter:
     single offset learned at one load was carried to the next: on trend it held −0.25 into the
     peak where the base alone was right, and cost 5 % of P99. A level not seen before starts at
     0, the base alone; steady traffic stays on one level and learns as with a single offset.
+    The load is the caller's (`learn`'s `load`): HELM hands over the cluster's mean rate, since
+    a node's own swings with the users the router homes on it (`HelmPolicy.level_load`).
 
     The bound is ±0.25 (v1: ±0.05): issue 22's test of a wrong base is one biased by ±0.15,
     the shipped base sits ≈ 0.2 above steady's best split, and a step here is taken on evidence,
