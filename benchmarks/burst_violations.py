@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -25,6 +24,7 @@ import numpy as np
 def run_one(job: tuple) -> dict:
     from helmgr.sim import SimConfig, simulate
     from helmgr.sim.config import scenario_cluster
+    from helmgr.sim.metrics import burst_worst
     from helmgr.workload import WorkloadSpec
 
     name, (policy, ratio, router, refill), seed, duration = job
@@ -37,13 +37,9 @@ def run_one(job: tuple) -> dict:
     s, series = res.summary, res.series
     warmup = min(cfg.warmup_s, 0.5 * w.duration_s)
     busy = (series.window_requests > 0) & (series.window_start >= warmup - 1e-9)
-    bursts = []
-    for b in w.bursts:                             # as metrics.summarize counts a violated burst
-        k0, k1 = int(b.start // cfg.window_s), int(math.ceil(b.end / cfg.window_s))
-        seen = series.window_p99_ms[k0:k1][busy[k0:k1]]
-        worst = float(seen.max()) if seen.size else float("nan")
-        bursts.append({"start": round(b.start, 1), "end": round(b.end, 1), "mult": round(b.mult, 2),
-                       "worst_ms": round(worst, 2), "violated": bool(worst > series.slo_ms)})
+    bursts = [{"start": round(b.start, 1), "end": round(b.end, 1), "mult": round(b.mult, 2),
+               "worst_ms": round(worst, 2), "violated": bool(worst > series.slo_ms)}
+              for b, worst in zip(w.bursts, burst_worst(series.window_p99_ms, busy, w.bursts, cfg.window_s))]
     return {"config": name, "seed": seed, "p99_ms": round(s["p99_ms"], 3), "utilization": round(s["utilization"], 3),
             "window_slo": round(s["window_slo_satisfaction"], 4), "bursts": bursts}
 

@@ -179,3 +179,15 @@ def test_window_ratios_take_the_last_of_same_instant_changes():
     timeline = [(0.0, 0, 0.8), (0.0, 0, 0.3), (1.0, 0, 0.6)]
     from helmgr.sim.metrics import window_ratios
     assert window_ratios(timeline, 1, 2.0) == pytest.approx([0.3, 0.6])
+
+
+def test_a_bursts_worst_window_counts_only_busy_windows_it_overlaps():
+    """1-s windows P99 5, 25, 8, 30, 3 ms, the fourth idle: a burst over 0.5-2.0 s sees windows 0-1
+    (worst 25), one over 3.0-4.0 s only the idle one (NaN, never violated), one over 2.0-4.5 s
+    windows 2 and 4 (worst 8)."""
+    from helmgr.sim.metrics import burst_worst
+    from helmgr.workload.arrivals import Burst
+    p99 = np.array([5.0, 25.0, 8.0, 30.0, 3.0])
+    busy = np.array([True, True, True, False, True])
+    worst = burst_worst(p99, busy, [Burst(0.5, 2.0, 2.0, 0), Burst(3.0, 4.0, 2.0, 0), Burst(2.0, 4.5, 2.0, 0)], 1.0)
+    assert worst[0] == 25.0 and math.isnan(worst[1]) and worst[2] == 8.0
