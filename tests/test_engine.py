@@ -103,3 +103,26 @@ def test_compiled_path_equals_python_path_on_a_widened_trace(tmp_path):
         runs[p] = simulate(SimConfig(**(V2 | dict(nodes=3, router="helm", seed=2, warmup_s=2.0, ratio=0.2, path=p))), w)
     assert runs["python"].summary["requests"] > 100
     assert_same(runs["python"], runs["compiled"])
+
+
+def test_a_policy_that_repeats_its_ratio_costs_no_sync(monkeypatch):
+    """A policy may answer every tick with the ratio the node already has (`Scheduled` does):
+    that moves no page, so the compiled path neither syncs nor rebuilds the node's bitmaps for
+    it, and still equals the Python path where the schedule does move pages."""
+    import helmgr.sim.engine as engine
+    from helmgr.policy.policies import Scheduled
+    calls = []
+    real = engine.build_bits
+    monkeypatch.setattr(engine, "build_bits", lambda *a: (calls.append(1), real(*a))[1])
+    cfg = SimConfig(**(V2 | dict(nodes=3, router="helm", seed=4, warmup_s=1.0, ratio=0.6, policy="scheduled")))
+    runs = {}
+    for path in ("python", "compiled"):
+        w = synthetic_workload(default_config("burst", rps=300.0, duration_s=6.0), 4)
+        calls.clear()
+        runs[path] = simulate(SimConfig(**{**cfg_fields(cfg), "path": path}),
+                              w, policy=Scheduled([(0.0, 0.6), (2.0, 0.8), (4.0, 0.7)]))
+    # 3 nodes: built at the start, after each of the 3 refreshes (2, 4, 6 s) and after each of the
+    # 2 moves; the 600 ticks that repeat a ratio rebuild nothing
+    assert len(calls) == 3 * (1 + 3 + 2)
+    assert len(runs["python"].series.timeline) > 3
+    assert_same(runs["python"], runs["compiled"])

@@ -224,7 +224,11 @@ class CompiledRun:
                 self.sync_in(i)
 
     def set_ratio(self, i: int, ratio: float, inner) -> None:
-        """Cluster.set_ratio with node i's objects up to date around it."""
+        """Cluster.set_ratio with node i's objects up to date around it (a ratio that moves no
+        page changes nothing: no sync, whose bitmap rebuild would cost a pass over the rows)."""
+        pool = self.c.slots[i].node.pool
+        if pool.pages_for(ratio) == pool.emb_pages:
+            return
         self.sync_out(i)
         inner(i, ratio)
         self.sync_in(i)
