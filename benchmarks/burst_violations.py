@@ -5,23 +5,34 @@
         --config s90=static:0.9:helm --config naive=adaptive::least-loaded:sync
 
 Each --config is NAME=POLICY:RATIO:ROUTER[:REFILL] (RATIO empty: the scenario's initial ratio;
-REFILL: lazy by default). Every (config, seed) is one run of the v2 burst regime (360 s). A burst
+REFILL: lazy by default). POLICY `onset>R+D` is a bound, not a policy: every node holds RATIO and
+moves to R at each burst's start + D seconds (D < 0: before it, knowing the burst in advance),
+back to RATIO at its end; `onset>0.95+0` is the ideal reactive controller (no detection delay,
+the burst's split at once). Every (config, seed) is one run of the v2 burst regime (360 s). A burst
 is violated when one of its busy windows has a P99 over the SLO, as the summary's
 `burst_violation_share` counts it. Printed: one JSON line per run (P99, utilization, each burst's
-start, end, multiple and worst window P99), then per config the bursts violated, and the same
-among the bursts some static configuration of the study rode out ("absorbable": a burst that
-every static split violates measures the load, not the controller). Asserts nothing.
+start, end, multiple, worst window P99 and the windows over the SLO, as seconds from its onset), then per config the bursts violated, and the same
+among the "absorbable" bursts: those one of the --absorbable-by configurations rode out (default:
+the static ones; a burst every static split violates measures the load, not the controller).
+With `--absorbable-by r0` and `r0=onset>0.95+0:0.6:helm`, a burst is absorbable when the ideal
+reactive controller rides it: the share a controller that only reacts can be held to.
+Asserts nothing.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
 
+ONSET = re.compile(r"onset>([0-9.]+)([+-][0-9.]+)?")
+
+
 def run_one(job: tuple) -> dict:
+    from helmgr.policy.policies import Scheduled
     from helmgr.sim import SimConfig, simulate
     from helmgr.sim.config import scenario_cluster
     from helmgr.sim.metrics import burst_worst
@@ -29,17 +40,29 @@ def run_one(job: tuple) -> dict:
 
     name, (policy, ratio, router, refill), seed, duration = job
     w = WorkloadSpec("burst", duration, seed).build()
-    kw = scenario_cluster("v2") | {"router": router, "seed": seed, "policy": policy, "refill": refill}
+    onset = ONSET.fullmatch(policy)
+    kw = scenario_cluster("v2") | {"router": router, "seed": seed, "policy": "scheduled" if onset else policy,
+                                   "refill": refill}
     if ratio:
         kw["ratio"] = float(ratio)
     cfg = SimConfig(**kw)
-    res = simulate(cfg, w)
+    if onset:
+        to, delay = float(onset[1]), float(onset[2] or 0.0)
+        steps = [(0.0, cfg.ratio)]
+        for b in w.bursts:
+            steps += [(max(0.0, b.start + delay), to), (b.end, cfg.ratio)]
+        res = simulate(cfg, w, policy=Scheduled(steps))
+    else:
+        res = simulate(cfg, w)
     s, series = res.summary, res.series
     warmup = min(cfg.warmup_s, 0.5 * w.duration_s)
     busy = (series.window_requests > 0) & (series.window_start >= warmup - 1e-9)
+    p99, ws = series.window_p99_ms, cfg.window_s
     bursts = [{"start": round(b.start, 1), "end": round(b.end, 1), "mult": round(b.mult, 2),
-               "worst_ms": round(worst, 2), "violated": bool(worst > series.slo_ms)}
-              for b, worst in zip(w.bursts, burst_worst(series.window_p99_ms, busy, w.bursts, cfg.window_s))]
+               "worst_ms": round(worst, 2), "violated": bool(worst > series.slo_ms),
+               "over_at_s": [round(k * ws - b.start, 1) for k in range(int(b.start // ws), int(np.ceil(b.end / ws)))
+                             if k < len(p99) and busy[k] and p99[k] > series.slo_ms]}   # windows over, from the onset
+              for b, worst in zip(w.bursts, burst_worst(p99, busy, w.bursts, ws))]
     return {"config": name, "seed": seed, "p99_ms": round(s["p99_ms"], 3), "utilization": round(s["utilization"], 3),
             "window_slo": round(s["window_slo_satisfaction"], 4), "bursts": bursts}
 
@@ -50,6 +73,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--duration", type=float, default=360.0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--absorbable-by", default="", help="NAME,... the configurations whose rides make a burst "
+                    "absorbable [default: the static ones]")
     args = ap.parse_args()
     configs = {}
     for c in args.config or ["helm=helm::helm", "ll95=static:0.95:least-loaded"]:
@@ -57,7 +82,14 @@ def main() -> None:
         parts = spec.split(":") + ["lazy"] * (4 - len(spec.split(":")))
         if len(parts) != 4 or not parts[0] or not parts[2]:
             raise SystemExit(f"--config {c!r}: expected NAME=POLICY:RATIO:ROUTER[:REFILL]")
+        if parts[0].startswith("onset") and not ONSET.fullmatch(parts[0]):
+            raise SystemExit(f"--config {c!r}: expected POLICY onset>R+D or onset>R-D (e.g. onset>0.95+0)")
         configs[name] = tuple(parts)
+    static = [n for n, c in configs.items() if c[0] == "static"]
+    if args.absorbable_by:
+        static = args.absorbable_by.split(",")
+        if unknown := [n for n in static if n not in configs]:
+            raise SystemExit(f"--absorbable-by {','.join(unknown)}: not a --config name")
     seeds = [int(s) for s in args.seeds.split(",")]
     jobs = [(n, cfg, s, args.duration) for s in seeds for n, cfg in configs.items()]
     rows = []
@@ -66,7 +98,6 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
     flags = {(r["config"], r["seed"]): [b["violated"] for b in r["bursts"]] for r in rows}
-    static = [n for n, c in configs.items() if c[0] == "static"]
     absorbable = {s: [not all(flags[(n, s)][k] for n in static) for k in range(len(flags[(static[0], s)]))]
                   if static else None for s in seeds}
     print("\nconfig     violated / bursts   of the absorbable")
