@@ -315,6 +315,29 @@ def test_burst_events_reach_the_results():
             assert r.summary["controller"]["adapter_estimates"] == 38
 
 
+def test_recovery_refill_streams_only_while_the_recovery_tier_holds_the_node():
+    """`--refill recovery` under HELM: lazy (no refill bytes) until the recovery tier starts at
+    39 s (the burst of test_burst_events_reach_the_results), then a background stream on both
+    nodes while recovery lasts (it has not handed back by the end): node 0's recovery grows its
+    EMB share, node 1's refresh makes rows wanted, and both are streamed in."""
+    from helmgr.memory.link import REFILL
+    from helmgr.policy.policies import HelmPolicy
+    from helmgr.sim import SimConfig, simulate
+    from tests.test_sim import small
+    seen = []                                  # after each 1-s chunk: refill bytes and `active`, per node
+
+    def watch(cluster):
+        seen.append(([n.link.bytes_by_cause[REFILL] for n in cluster.nodes], [n.refill.active for n in cluster.nodes]))
+
+    r = simulate(SimConfig(nodes=2, ratio=0.1, router="helm", warmup_s=2.0, refill="recovery"),
+                 small("flash", seed=1, duration_s=45.0), policy=HelmPolicy(), stop=watch)
+    assert r.summary["sim_path"] == "python"
+    assert [e["t"] for e in r.summary["controller"]["burst_events"]] == [39.0, 39.0]
+    assert all(b == [0, 0] and a == [False, False] for b, a in seen[:38])      # chunks before the start
+    assert all(a == [True, True] for _, a in seen[40:])
+    assert all(x > 0 for x in seen[-1][0])
+
+
 def test_relative_reward_is_zero_for_holding_and_moves_when_the_policy_moves():
     env = HelmEnv(**TINY, relative=True)
     env.reset(seed=5)

@@ -69,3 +69,22 @@ def test_background_refill_stays_within_its_share():
     assert n.link.bytes_by_cause[REFILL] == total
     assert steps == 2                          # resize sent chunk 1; step 1 fills it, sends chunk 2; step 2 fills
     assert last >= (total - chunk) / share_bw
+
+
+def test_recovery_refill_is_lazy_until_active_then_streams_like_background():
+    n = node("recovery", ratio=0.05, refill_share=0.25)
+    _, wake = n.resize(0.1, now=0.0)           # inactive: lazy, nothing copied
+    assert wake is None and n.link.bytes_by_cause[REFILL] == 0
+    grown = n.emb.unfilled_rows
+    assert grown == 13 * 1024
+    n.refill.active = True                    # the recovery tier holds the node
+    _, wake = n.resize(0.9, now=1.0)          # the grow starts the stream: the hottest 4 MiB first
+    chunk = 4 * 2**20
+    assert n.link.bytes_by_cause[REFILL] == chunk
+    assert wake == pytest.approx(1.0 + chunk / (0.25 * 10e9))
+    n.refill.active = False                   # recovery over: the chunk on the link is filled, then lazy
+    unfilled = n.emb.unfilled_rows
+    assert n.refill_step(wake) is None
+    assert n.emb.unfilled_rows == unfilled - chunk // 64
+    assert n.link.bytes_by_cause[REFILL] == chunk
+    assert n.refresh(wake) is None            # a refresh while inactive starts nothing

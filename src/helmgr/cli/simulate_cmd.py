@@ -47,7 +47,8 @@ def sim_options(f=None, *, showcase: bool = False):
         click.option("--slo-ms", type=POSITIVE, default=None,
                      help="P99 latency target [default: the scenario's, 20 (v2); v1: the model preset's]."),
         click.option("--refill", type=click.Choice(list(REFILL_MODES)), default="lazy", show_default=True,
-                     help="How grown EMB capacity is filled: sync (blocks the node), lazy, background."),
+                     help="How grown EMB capacity is filled: sync (blocks the node), lazy, background, "
+                          "or recovery (background while HELM's recovery tier holds the node, else lazy)."),
         click.option("--fail-node", "faults", multiple=True, metavar="I@T1[:T2]",
                      help="Take node I down at T1 s (back, cold, at T2 s). Repeatable."),
         click.option("--tick-ms", type=POSITIVE, default=10.0, show_default=True,

@@ -5,6 +5,10 @@
 - `lazy`: nothing is copied ahead; a row enters when a request misses on it (the miss fetched it).
 - `background`: a background stream copies the hottest unfilled rows in chunks, spaced so that
   it never uses more than `share` of the link's bandwidth, queued with miss traffic.
+- `recovery`: `background` while the node's memory policy says it is recovering from a burst
+  (HELM's recovery tier sets `active`), `lazy` otherwise. Background refill lowers burst P99
+  but, under a controller that keeps resizing, costs steady traffic the link time of rows a
+  later shrink drops again (docs/results/2026-12-03-burst-bound.md).
 
 A mode acts through the node's link and cache. `on_grow` and `on_step` return the simulated time
 at which the mode wants `on_step` to be called next, or None.
@@ -52,6 +56,7 @@ class LazyRefill(RefillMode):
 
 class BackgroundRefill(RefillMode):
     name = "background"
+    active = True                      # the stream runs (RecoveryRefill: only while recovering)
 
     def __init__(self, share: float = 0.25, chunk_bytes: int = 4 << 20):
         if not 0.0 < share <= 1.0:
@@ -81,7 +86,29 @@ class BackgroundRefill(RefillMode):
         return self.next_step
 
 
-REFILL_MODES = {"sync": SyncRefill, "lazy": LazyRefill, "background": BackgroundRefill}
+class RecoveryRefill(BackgroundRefill):
+    """Background refill while `active`, lazy otherwise; a chunk already on the link when it
+    turns off is still filled."""
+
+    name = "recovery"
+    active = False
+
+    def on_grow(self, node, now):
+        if not self.active and self.next_step is None:
+            return None
+        return super().on_grow(node, now)
+
+    def on_step(self, node, now):
+        if not self.active:
+            if self.in_flight is not None:
+                node.emb.fill(self.in_flight)
+                self.in_flight = None
+            self.next_step = None
+            return None
+        return super().on_step(node, now)
+
+
+REFILL_MODES = {"sync": SyncRefill, "lazy": LazyRefill, "background": BackgroundRefill, "recovery": RecoveryRefill}
 
 
 def make_refill(name: str, **kwargs) -> RefillMode:

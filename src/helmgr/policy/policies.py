@@ -11,6 +11,7 @@ import numpy as np
 from helmgr.core.errors import HelmInputError
 from helmgr.core.window import NodeWindow, WindowStats
 from helmgr.memory.mrc import miss_ratio_curve, shards_sample, stack_distances
+from helmgr.memory.refill import RecoveryRefill
 
 
 class MemoryPolicy:
@@ -273,6 +274,8 @@ class HelmPolicy(MemoryPolicy):
         seen = len(ctl.events)
         stats = WindowStats.from_window(w, self.slo[index])
         target = ctl.step(stats, self._sample(index, w, node), self._load(index, w.t, w.span_s, stats.arrival_rps))
+        if isinstance(node.refill, RecoveryRefill):       # refill in the background while recovering
+            node.refill.active = bool(ctl.recovering)
         if self.bias:
             target = min(node.config.r_max, max(node.config.r_min, target + self.bias))
         self.target[index] = target

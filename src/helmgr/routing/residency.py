@@ -92,7 +92,7 @@ class ResidencyReporter:
         self._tokens = (s.token_ids, s.token_misses)
         self._miss = history_miss_rate(misses, ids, self._miss)
         refill_until = chunk_s = 0.0
-        if isinstance(node.refill, BackgroundRefill) and node.emb.unfilled_rows:
+        if isinstance(node.refill, BackgroundRefill) and node.refill.active and node.emb.unfilled_rows:
             bw = node.link.bandwidth
             refill_until = now + node.emb.unfilled_rows * node.emb.row_bytes / (node.refill.share * bw)
             chunk_s = node.refill.chunk_bytes / bw

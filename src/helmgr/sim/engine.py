@@ -44,8 +44,8 @@ def unsupported(cluster) -> str | None:
         return "bypassed caches"
     if cfg.host_kv_gib > 0:
         return "a host KV tier"
-    if cfg.refill == "background":
-        return "background refill"
+    if cfg.refill in ("background", "recovery"):
+        return f"{cfg.refill} refill"
     if wl.n_items >= 1 << 31:
         return f"{wl.n_items} items (the engine records row ids as int32)"
     if not hasattr(wl.history, "locate"):
