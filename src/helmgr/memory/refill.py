@@ -111,9 +111,10 @@ class RecoveryRefill(BackgroundRefill):
 REFILL_MODES = {"sync": SyncRefill, "lazy": LazyRefill, "background": BackgroundRefill, "recovery": RecoveryRefill}
 
 
-def make_refill(name: str, **kwargs) -> RefillMode:
+def make_refill(name: str, share: float = 0.25) -> RefillMode:
+    """The mode named `name`; `share`: a stream's bound on the link (the modes that stream)."""
     try:
         cls = REFILL_MODES[name]
     except KeyError:
         raise ValueError(f"unknown refill mode {name!r} (known: {', '.join(REFILL_MODES)})") from None
-    return cls(**kwargs)
+    return cls(share=share) if issubclass(cls, BackgroundRefill) else cls()

@@ -24,6 +24,7 @@ from numba.typed import List
 
 from helmgr.memory import kv_table as kvmod
 from helmgr.memory.link import EMB_MISS
+from helmgr.memory.refill import BackgroundRefill
 from helmgr.routing.residency import KVBatch
 from helmgr.sim.engine_books import apply_events, books_in, books_out, next_draws
 from helmgr.sim.engine_layout import *  # noqa: F403
@@ -44,7 +45,7 @@ def unsupported(cluster) -> str | None:
         return "bypassed caches"
     if cfg.host_kv_gib > 0:
         return "a host KV tier"
-    if cfg.refill in ("background", "recovery"):
+    if isinstance(cluster.nodes[0].refill, BackgroundRefill):     # (a stream: background, recovery)
         return f"{cfg.refill} refill"
     if wl.n_items >= 1 << 31:
         return f"{wl.n_items} items (the engine records row ids as int32)"

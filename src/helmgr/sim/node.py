@@ -48,8 +48,7 @@ class Node:
                           host_capacity_bytes=int(config.host_kv_gib * GIB))
         self.pool = HBMPool(budget, profile.page_bytes, self.emb, self.kv, config.ratio, config.r_min, config.r_max)
         self.link = H2DLink(hw.pcie_bw, hw.pcie_latency_s)
-        self.refill = make_refill(config.refill, **({"share": config.refill_share}
-                                                     if config.refill in ("background", "recovery") else {}))
+        self.refill = make_refill(config.refill, config.refill_share)
         self.blocked_until = 0.0
         self.stats = NodeStats()
         self.kv_log: list[tuple[int, int]] | None = None   # (user, prefix tokens) per request, when on
