@@ -36,10 +36,11 @@ def run_one(job: tuple) -> dict:
     from helmgr.sim import SimConfig, simulate
     from helmgr.sim.config import scenario_cluster
     from helmgr.sim.metrics import burst_worst
-    from helmgr.workload import WorkloadSpec
+    from helmgr.workload import WorkloadSpec, default_config, synthetic_workload
 
-    name, (policy, ratio, router, refill), seed, duration = job
-    w = WorkloadSpec("burst", duration, seed).build()
+    name, (policy, ratio, router, refill), seed, duration, ramp = job
+    w = (synthetic_workload(default_config("burst", duration_s=duration, burst_ramp_s=ramp), seed) if ramp
+         else WorkloadSpec("burst", duration, seed).build())
     onset = ONSET.fullmatch(policy)
     kw = scenario_cluster("v2") | {"router": router, "seed": seed, "policy": "scheduled" if onset else policy,
                                    "refill": refill}
@@ -73,6 +74,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--duration", type=float, default=360.0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--burst-ramp-s", type=float, default=0.0, help="bursts rise to their multiple over this "
+                    "many seconds [default: 0, the v2 default's step]")
     ap.add_argument("--absorbable-by", default="", help="NAME,... the configurations whose rides make a burst "
                     "absorbable [default: the static ones]")
     args = ap.parse_args()
@@ -91,7 +94,9 @@ def main() -> None:
         if unknown := [n for n in static if n not in configs]:
             raise SystemExit(f"--absorbable-by {','.join(unknown)}: not a --config name")
     seeds = [int(s) for s in args.seeds.split(",")]
-    jobs = [(n, cfg, s, args.duration) for s in seeds for n, cfg in configs.items()]
+    if not args.burst_ramp_s >= 0:
+        raise SystemExit(f"--burst-ramp-s {args.burst_ramp_s}: must be >= 0")
+    jobs = [(n, cfg, s, args.duration, args.burst_ramp_s) for s in seeds for n, cfg in configs.items()]
     rows = []
     with ProcessPoolExecutor(args.jobs) as ex:
         for row in ex.map(run_one, jobs):

@@ -182,3 +182,19 @@ def test_a_workload_pickles_its_candidate_pools_not_their_windows():
     clusters = np.arange(64) % 8
     assert np.array_equal(back.draw(np.random.default_rng(3), clusters), cands.draw(np.random.default_rng(3), clusters))
     assert np.shares_memory(back.head, back.head_pool)     # a view again, not a copy
+
+
+@pytest.mark.parametrize("ramp_s, first_half", [(0.0, 20_000), (10.0, 10_000)])
+def test_burst_ramp_rises_linearly_to_its_multiple(ramp_s, first_half):
+    """A x3 burst on a base of 1,000 req/s, one request per session, from 10 s to 30 s: 2,000 extra
+    req/s, so 20,000 in each 10 s; ramped over 10 s, the first 10 s hold half of that
+    (the integral of 2,000 x (t - 10) / 10), the next 10 s all of it."""
+    from helmgr.workload.arrivals import Burst, BurstSource, Population, SessionShape
+    src = BurstSource([Burst(10.0, 30.0, 3.0, 0)], lambda t: np.full_like(np.asarray(t, float), 1000.0),
+                      SessionShape(1.0, 1.0, 4.0), Population(1000, 0.3), 0.9, 1000, ramp_s=ramp_s)
+    t = src.arrivals(np.random.default_rng(7), 0.0, 40.0).t
+    assert t.min() >= 10.0 and t.max() < 30.0
+    assert np.count_nonzero(t < 20.0) == pytest.approx(first_half, rel=0.03)     # Poisson sd: 100-141
+    assert np.count_nonzero(t >= 20.0) == pytest.approx(20_000, rel=0.03)
+    with pytest.raises(HelmInputError, match="burst_ramp_s"):
+        default_config("burst", burst_ramp_s=-1.0).validate()

@@ -179,15 +179,16 @@ def burst_schedule(rng: np.random.Generator, duration: float, every_s: float, le
 
 
 class BurstSource:
-    """During each burst, extra sessions bring the request rate to `mult` x the base rate; a share
+    """During each burst, extra sessions bring the request rate to `mult` x the base rate (rising
+    linearly from the base over the burst's first `ramp_s` seconds; 0: at once); a share
     `new_share` of them are new users (cold KV), numbered upward from `first_new_user` (or taken
     from `new_users`, when other sources bring new users too)."""
 
     lean = "burst"
 
     def __init__(self, bursts: list[Burst], base_rate: Rate, shape: SessionShape, population: Population,
-                 new_share: float, first_new_user: int, new_users: NewUsers | None = None):
-        self.bursts, self.base_rate, self.shape = bursts, base_rate, shape
+                 new_share: float, first_new_user: int, new_users: NewUsers | None = None, ramp_s: float = 0.0):
+        self.bursts, self.base_rate, self.shape, self.ramp_s = bursts, base_rate, shape, ramp_s
         self.population, self.new_share = population, new_share
         self.new_users = new_users or NewUsers(first_new_user)
 
@@ -201,6 +202,8 @@ class BurstSource:
             if hi <= lo:
                 continue
             rate = lambda t, m=b.mult: (m - 1.0) * self.base_rate(t) / self.shape.mean_requests
+            if self.ramp_s > 0:
+                rate = lambda t, step=rate, t0=b.start: step(t) * np.clip((t - t0) / self.ramp_s, 0.0, 1.0)
             starts = poisson_times(rng, rate, lo, hi)
             users = _mix_new(rng, self.population.draw(rng, len(starts)), self.new_share, self.new_users)
             tables.append(expand_sessions(rng, starts, users, self.shape, burst=True))

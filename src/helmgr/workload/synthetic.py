@@ -88,6 +88,7 @@ class SyntheticConfig:
     burst_first_s: tuple[float, float] | None = (30.0, 60.0)  # the first burst's start; None: a gap like the others
     burst_len_s: tuple[float, float] = (20.0, 90.0)
     burst_mult: tuple[float, float] = (1.5, 3.0)
+    burst_ramp_s: float = 0.0            # a burst's extra rate rises linearly over this many seconds (0: a step)
     burst_new_share: float = 0.9         # burst and flash: share of burst sessions from new users
     burst_session: SessionShape = SessionShape(mean_requests=1.0, think_s=1.0, new_tokens=4.0)
     # flash: the first version's bursts
@@ -115,7 +116,7 @@ class SyntheticConfig:
                             "candidates": self.candidates, "len-cap": self.len_cap}.items():
             number(name, value, Range(1), integer=True)
         for name in ("head_exponent", "tail_exponent", "activity_exponent", "len_sigma", "drift_per_s", "ramp",
-                     "trend_drift_per_s"):
+                     "trend_drift_per_s", "burst_ramp_s"):
             number(name, getattr(self, name), NON_NEGATIVE)
         number("trend_ramp_s", self.trend_ramp_s, Range(0.0, self.trend_phase_s))
         for name in ("cand_head_share", "hist_head_share", "burst_new_share", "trend_feed_share",
@@ -203,7 +204,7 @@ def synthetic_workload(config: SyntheticConfig = SyntheticConfig(), seed: int = 
         bursts = burst_schedule(np.random.default_rng([seed, 2]), cfg.duration_s, n_items=cfg.n_items,
                                 **BURST_KINDS[kind](cfg))
         sources.append(BurstSource(bursts, rate, cfg.burst_session, population, cfg.burst_new_share, cfg.n_users,
-                                   new_users))
+                                   new_users, ramp_s=cfg.burst_ramp_s))
     drift = cfg.drift_per_s if "drift" in overlays else cfg.trend_drift_per_s if "trend" in overlays else 0.0
     return Workload(
         name=cfg.regime, duration_s=cfg.duration_s, seed=seed, space=space, users=users, history=history,
