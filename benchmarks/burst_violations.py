@@ -35,12 +35,11 @@ def run_one(job: tuple) -> dict:
     from helmgr.policy.policies import Scheduled
     from helmgr.sim import SimConfig, simulate
     from helmgr.sim.config import scenario_cluster
-    from helmgr.sim.metrics import burst_worst
-    from helmgr.workload import WorkloadSpec, default_config, synthetic_workload
+    from helmgr.sim.metrics import burst_windows, burst_worst
+    from helmgr.workload import default_config, synthetic_workload
 
     name, (policy, ratio, router, refill), seed, duration, ramp = job
-    w = (synthetic_workload(default_config("burst", duration_s=duration, burst_ramp_s=ramp), seed) if ramp
-         else WorkloadSpec("burst", duration, seed).build())
+    w = synthetic_workload(default_config("burst", duration_s=duration, burst_ramp_s=ramp), seed)
     onset = ONSET.fullmatch(policy)
     kw = scenario_cluster("v2") | {"router": router, "seed": seed, "policy": "scheduled" if onset else policy,
                                    "refill": refill}
@@ -61,8 +60,8 @@ def run_one(job: tuple) -> dict:
     p99, ws = series.window_p99_ms, cfg.window_s
     bursts = [{"start": round(b.start, 1), "end": round(b.end, 1), "mult": round(b.mult, 2),
                "worst_ms": round(worst, 2), "violated": bool(worst > series.slo_ms),
-               "over_at_s": [round(k * ws - b.start, 1) for k in range(int(b.start // ws), int(np.ceil(b.end / ws)))
-                             if k < len(p99) and busy[k] and p99[k] > series.slo_ms]}   # windows over, from the onset
+               "over_at_s": [round(k * ws - b.start, 1) for k in range(*burst_windows(b, ws, len(p99)))
+                             if busy[k] and p99[k] > series.slo_ms]}   # windows over, from the onset
               for b, worst in zip(w.bursts, burst_worst(p99, busy, w.bursts, ws))]
     return {"config": name, "seed": seed, "p99_ms": round(s["p99_ms"], 3), "utilization": round(s["utilization"], 3),
             "window_slo": round(s["window_slo_satisfaction"], 4), "bursts": bursts}

@@ -72,10 +72,10 @@ class BackgroundRefill(RefillMode):
         return self.next_step
 
     def on_step(self, node, now):
-        if self.in_flight is not None:
+        if self.in_flight is not None:           # (filled even if the stream has just stopped)
             node.emb.fill(self.in_flight)
             self.in_flight = None
-        rows = node.emb.next_unfilled(max(1, self.chunk_bytes // node.emb.row_bytes))
+        rows = node.emb.next_unfilled(max(1, self.chunk_bytes // node.emb.row_bytes)) if self.active else ()
         if len(rows) == 0:
             self.next_step = None
             return None
@@ -87,25 +87,11 @@ class BackgroundRefill(RefillMode):
 
 
 class RecoveryRefill(BackgroundRefill):
-    """Background refill while `active`, lazy otherwise; a chunk already on the link when it
-    turns off is still filled."""
+    """Background refill while `active` (the memory policy sets it), lazy otherwise; a chunk
+    already on the link when it turns off is still filled."""
 
     name = "recovery"
     active = False
-
-    def on_grow(self, node, now):
-        if not self.active and self.next_step is None:
-            return None
-        return super().on_grow(node, now)
-
-    def on_step(self, node, now):
-        if not self.active:
-            if self.in_flight is not None:
-                node.emb.fill(self.in_flight)
-                self.in_flight = None
-            self.next_step = None
-            return None
-        return super().on_step(node, now)
 
 
 REFILL_MODES = {"sync": SyncRefill, "lazy": LazyRefill, "background": BackgroundRefill, "recovery": RecoveryRefill}

@@ -156,12 +156,17 @@ UNMEASURED = {"p50_ms": _NO_REQUEST, "p95_ms": _NO_REQUEST, "p99_ms": _NO_REQUES
               "peak_utilization": "no metrics window closed after the warm-up"}
 
 
+def burst_windows(burst, window_s: float, n_windows: int) -> tuple[int, int]:
+    """The windows [k0, k1) a burst overlaps, among the run's `n_windows`."""
+    return min(int(burst.start // window_s), n_windows), min(int(np.ceil(burst.end / window_s)), n_windows)
+
+
 def burst_worst(p99, busy, bursts, window_s: float) -> list[float]:
     """Each burst's worst window P99 (in p99's unit) over the busy windows it overlaps; NaN for a
     burst without one. A burst is violated when its worst is over the SLO."""
     out = []
     for b in bursts:
-        k0, k1 = int(b.start // window_s), int(np.ceil(b.end / window_s))
+        k0, k1 = burst_windows(b, window_s, len(p99))
         seen = p99[k0:k1][busy[k0:k1]]
         out.append(float(seen.max()) if seen.size else float("nan"))
     return out
