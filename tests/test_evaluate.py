@@ -129,6 +129,7 @@ def test_the_command_of_a_run_reproduces_it(done, capsys):
     (["plan", "--rps", "100", "--policy", "helm"], "plan weighs the POLICY@ROUTER pairs"),
     (["plan", "--rps", "100", "--candidates", "helm@nowhere"], "'helm@nowhere' is not POLICY@ROUTER"),
     (["plan", "--rps", "-1"], "'--rps': -1"),
+    (["evaluate", "--rate-scale", "0"], "'--rate-scale': 0"),
     (["capacity", "--seeds", ""], "--seeds ''"),
     (["capacity", "--tol", "1.5"], "'--tol': 1.5"),
 ])
@@ -152,3 +153,27 @@ def test_the_default_grid_spans_the_controllers_range():
     from helmgr.cli.types import ratio_grid
     default = next(p.default for p in scenario_cmd.params if p.name == "ratios")
     assert tuple(ratio_grid(default)) == DEFAULT_GRID
+
+
+def test_a_scaled_rate_reaches_every_unit_and_its_command():
+    """--rate-scale 4 (32 nodes at the 8-node load per node): steady's 1,300 req/s and trend's
+    2,200 become 5,200 and 8,800; every command names the rate, capacity once (its start)."""
+    from dataclasses import replace
+
+    from helmgr.experiments import commands
+    from helmgr.experiments.evaluate import Unit
+    ev = replace(TINY, regimes=("steady", "trend"), rate_scale=4.0)
+    assert (ev.rps("steady"), ev.rps("trend")) == (5200.0, 8800.0)
+    assert TINY.rps("steady") is None and TINY.spec("steady", 1).rps is None
+    arrivals = [sum(len(c.t) for c in e.spec("steady", 1).build().chunks(1.0)) for e in (TINY, ev)]
+    assert arrivals[1] / arrivals[0] == pytest.approx(4.0, rel=0.05)     # 6,500 against 26,000 expected
+    units = first_units(ev)
+    assert {u.payload[0].rps for u in units if u.kind in ("run", "point")} == {5200.0, 8800.0}
+    assert {u.key for u in units}.isdisjoint(u.key for u in first_units(replace(ev, rate_scale=1.0)))
+    run = next(u for u in units if u.kind == "run" and u.regime == "trend")
+    assert "--workload trend --duration 5 --rps 8800 --seed 1" in commands.unit_command(ev, run)
+    cap = commands.unit_command(ev, Unit("capacity", "steady", 1, "helm", "helm",
+                                         payload=ev_mod.CapacityTask(ev.spec("steady", 1), ev.cfg("helm", "helm", 1),
+                                                                     5200.0, 0.02)))
+    assert cap.count("--rps") == 1 and "--rps 5200 --tol 0.02" in cap
+    assert "--duration 5 --rps 8800 " in commands.check_command(ev, "trend")

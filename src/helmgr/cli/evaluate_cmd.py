@@ -39,6 +39,8 @@ DEFAULT_OUT = Path("results/evaluate")
 @click.option("--routers", default="least-loaded,prefix-aware,helm", show_default=True, help="Comma list of routers.")
 @click.option("--ratios", default=None, help=f"Static grid (static-best, the oracle, the check) [default: {FULL['ratios']}; "
                                              f"--quick {QUICK['ratios']}].")
+@click.option("--rate-scale", type=POSITIVE, default=1.0, show_default=True, metavar="F",
+              help="Multiply each regime's base rate by F (e.g. 4 with --nodes 32: the 8-node scenario's load per node).")
 @sim_options
 @click.option("--no-oracle", is_flag=True, help="Skip the phase oracle.")
 @click.option("--oracle-lookahead", type=NON_NEGATIVE, default=0.0, show_default=True, metavar="S",
@@ -59,7 +61,7 @@ DEFAULT_OUT = Path("results/evaluate")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
               show_default=True, help="Results folder: the report, and runs/ (what a rerun resumes from).")
 @scenario_defaults
-def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios, nodes, policy, ratio, router,
+def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios, rate_scale, nodes, policy, ratio, router,
                  hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, no_oracle,
                  oracle_lookahead, no_capacity, capacity_workloads, capacity_duration, capacity_tol, s5, quick, fresh, jobs, ray_address, as_json, out_dir):
     """Regimes x seeds x policies x routers, static-best per router, the phase oracle, capacity at
@@ -92,7 +94,8 @@ def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios
                     duration_s=pick["duration"], scenario=scenario, check_router=router,
                     oracle_routers=() if no_oracle else ("helm",), oracle_lookahead_s=oracle_lookahead,
                     capacity=not no_capacity, capacity_regimes=cap_regimes,
-                    capacity_duration_s=pick["capacity_duration"], capacity_tol=pick["capacity_tol"])
+                    capacity_duration_s=pick["capacity_duration"], capacity_tol=pick["capacity_tol"],
+                    rate_scale=rate_scale)
     if len(ev.grid) < 2:
         raise click.UsageError(f"--ratios {pick['ratios']!r}: the evaluation needs at least two ratios")
     durations = {regime: ev.spec(regime, ev.seeds[0]).build().duration_s  # validates the workload options
@@ -219,7 +222,8 @@ def markdown(result: dict, pngs: list[str]) -> str:
     c = result["config"]
     lines = [f"# Evaluation: scenario {c['scenario']}", "",
              f"`{result['command']}` — {result['wall_s']:.0f} s wall ({result['ran']} units run, {result['kept']} kept). "
-             f"{c['cluster']['nodes']} nodes, {c['cluster']['hardware']} + {c['cluster']['model']}, seeds "
+             f"{c['cluster']['nodes']} nodes, {c['cluster']['hardware']} + {c['cluster']['model']}, "
+             + (f"base rates x {c['rate_scale']:g}, " if c.get("rate_scale", 1.0) != 1.0 else "") + "seeds "
              f"{', '.join(map(str, c['seeds']))}, grid {', '.join(f'{r:g}' for r in c['grid'])}, "
              f"runs of {', '.join(f'{d:g}' for d in sorted(set(result['duration_s'].values())))} s. A reduction is 1 - P99 / the baseline's, per seed, "
              "then the mean; a baseline in overload is never its denominator.", "",

@@ -27,9 +27,12 @@ def grid_flag(grid) -> str:
     return "--ratios " + ",".join(f"{r:g}" for r in grid)
 
 
-def workload_flags(ev: EvalConfig, regime: str, duration: float | None) -> str:
+def workload_flags(ev: EvalConfig, regime: str, duration: float | None, rate: bool = True) -> str:
+    """The workload options; `rate` False where the command names its own (capacity's start)."""
     flags = f"--scenario {ev.scenario} --workload {regime}"
-    return flags + (f" --duration {duration:g}" if duration is not None else "")
+    rps = ev.rps(regime) if rate else None
+    return flags + (f" --duration {duration:g}" if duration is not None else "") + (
+        f" --rps {rps:g}" if rps is not None else "")
 
 
 def unit_command(ev: EvalConfig, unit: Unit) -> str:
@@ -48,7 +51,7 @@ def unit_command(ev: EvalConfig, unit: Unit) -> str:
     task = unit.payload
     policy = "static" if unit.policy == "static-best" else unit.policy
     ratio = f" --ratio {unit.ratio:g}" if unit.ratio is not None else ""
-    return (f"helmgr capacity {workload_flags(ev, unit.regime, ev.capacity_duration_s)} --seeds {unit.seed} "
+    return (f"helmgr capacity {workload_flags(ev, unit.regime, ev.capacity_duration_s, rate=False)} --seeds {unit.seed} "
             f"{cluster} --policy {policy}{ratio} --router {unit.router} --rps {task.start:g} --tol {task.tol:g} --json")
 
 
@@ -59,6 +62,7 @@ def static_best_command(ev: EvalConfig, regime: str, seed: int, router: str) -> 
 
 def check_command(ev: EvalConfig, regime: str) -> str:
     dur = f" --duration {ev.duration_s:g}" if ev.duration_s is not None else ""
+    dur += f" --rps {ev.rps(regime):g}" if ev.rps(regime) is not None else ""
     return (f"helmgr scenario --check --scenario {ev.scenario} --workloads {regime} "
             f"--seeds {','.join(map(str, ev.seeds))}{dur} {cluster_flags(ev.cluster)} --router {ev.check_router} "
             f"{grid_flag(ev.grid)} --json")

@@ -39,7 +39,7 @@ from helmgr.routing.helm import Helm
 from helmgr.routing.routers import ROUTERS
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.metrics import window_ratios
-from helmgr.workload import WorkloadSpec
+from helmgr.workload import WorkloadSpec, default_config
 
 # the system-level pairs whose capacity is measured: full HELM and the paper's static baselines
 CAPACITY_PAIRS = (("helm", "helm"), ("static-best", "prefix-aware"), ("static-best", "least-loaded"))
@@ -71,9 +71,15 @@ class EvalConfig:
     capacity_regimes: tuple[str, ...] | None = None    # None: every regime
     capacity_duration_s: float | None = None       # each bisection probe's simulated seconds (None: the runs')
     capacity_tol: float = 0.02
+    rate_scale: float = 1.0                        # each regime's default base rate times this (4 on 32 nodes:
+                                                   # the 8-node scenario's load per node)
+
+    def rps(self, regime: str) -> float | None:
+        """The base rate a run gets: None (the regime's default) unless the rate is scaled."""
+        return None if self.rate_scale == 1.0 else default_config(regime, self.scenario).rps * self.rate_scale
 
     def spec(self, regime: str, seed: int, duration: float | None = None) -> WorkloadSpec:
-        return WorkloadSpec(regime, duration or self.duration_s, seed, scenario=self.scenario)
+        return WorkloadSpec(regime, duration or self.duration_s, seed, self.rps(regime), scenario=self.scenario)
 
     def cfg(self, policy: str, router: str, seed: int, ratio: float | None = None) -> SimConfig:
         return replace(self.cluster, policy=policy, router=router, seed=seed,
