@@ -16,6 +16,12 @@ among the "absorbable" bursts: those one of the --absorbable-by configurations r
 the static ones; a burst every static split violates measures the load, not the controller).
 With `--absorbable-by r0` and `r0=onset>0.95+0:0.6:helm`, a burst is absorbable when the ideal
 reactive controller rides it: the share a controller that only reacts can be held to.
+Each burst also carries `peak_util`, the cluster's peak utilization inside it (the busiest ten
+consecutive windows' mean busier-engine share, as the summary's `peak_utilization`). With
+`--feasible-by NAME` a burst is *provisioned* when NAME's run keeps its peak at or under 0.85 —
+SPEC 3's S3 ("feasible at the right split": peak utilization <= 0.85 at the phase's best ratio),
+so NAME should hold the bursts' best split — and each config's violations are counted among
+those too.
 Asserts nothing.
 """
 from __future__ import annotations
@@ -28,6 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 
+S3_PEAK = 0.85      # SPEC 3, S3: a phase is feasible at its best split with peak utilization <= 0.85
 ONSET = re.compile(r"onset>([0-9.]+)([+-][0-9.]+)?")
 
 
@@ -35,7 +42,7 @@ def run_one(job: tuple) -> dict:
     from helmgr.policy.policies import Scheduled
     from helmgr.sim import SimConfig, simulate
     from helmgr.sim.config import scenario_cluster
-    from helmgr.sim.metrics import burst_windows, burst_worst
+    from helmgr.sim.metrics import burst_windows, burst_worst, rolling_peak, window_load_series
     from helmgr.workload import default_config, synthetic_workload
 
     name, (policy, ratio, router, refill), seed, duration, ramp = job
@@ -58,8 +65,13 @@ def run_one(job: tuple) -> dict:
     warmup = min(cfg.warmup_s, 0.5 * w.duration_s)
     busy = (series.window_requests > 0) & (series.window_start >= warmup - 1e-9)
     p99, ws = series.window_p99_ms, cfg.window_s
+    load = window_load_series(res.cluster.rec.window_t, res.cluster.rec.window_loads, ws, len(p99))
+
+    def peak(b) -> float:
+        seen = load[slice(*burst_windows(b, ws, len(p99)))]
+        return round(rolling_peak(seen[np.isfinite(seen)]), 3)
     bursts = [{"start": round(b.start, 1), "end": round(b.end, 1), "mult": round(b.mult, 2),
-               "worst_ms": round(worst, 2), "violated": bool(worst > series.slo_ms),
+               "worst_ms": round(worst, 2), "violated": bool(worst > series.slo_ms), "peak_util": peak(b),
                "over_at_s": [round(k * ws - b.start, 1) for k in range(*burst_windows(b, ws, len(p99)))
                              if busy[k] and p99[k] > series.slo_ms]}   # windows over, from the onset
               for b, worst in zip(w.bursts, burst_worst(p99, busy, w.bursts, ws))]
@@ -77,6 +89,8 @@ def main() -> None:
                     "many seconds [default: 0, the v2 default's step]")
     ap.add_argument("--absorbable-by", default="", help="NAME,... the configurations whose rides make a burst "
                     "absorbable [default: the static ones]")
+    ap.add_argument("--feasible-by", default="", help="NAME: a burst is provisioned when NAME's run keeps its "
+                    "peak utilization <= 0.85 (SPEC 3, S3); NAME should hold the bursts' best split")
     args = ap.parse_args()
     configs = {}
     for c in args.config or ["helm=helm::helm", "ll95=static:0.95:least-loaded"]:
@@ -92,6 +106,8 @@ def main() -> None:
         static = args.absorbable_by.split(",")
         if unknown := [n for n in static if n not in configs]:
             raise SystemExit(f"--absorbable-by {','.join(unknown)}: not a --config name")
+    if args.feasible_by and args.feasible_by not in configs:
+        raise SystemExit(f"--feasible-by {args.feasible_by}: not a --config name")
     seeds = [int(s) for s in args.seeds.split(",")]
     if not args.burst_ramp_s >= 0:
         raise SystemExit(f"--burst-ramp-s {args.burst_ramp_s}: must be >= 0")
@@ -104,7 +120,9 @@ def main() -> None:
     flags = {(r["config"], r["seed"]): [b["violated"] for b in r["bursts"]] for r in rows}
     absorbable = {s: [not all(flags[(n, s)][k] for n in static) for k in range(len(flags[(static[0], s)]))]
                   if static else None for s in seeds}
-    print("\nconfig     violated / bursts   of the absorbable")
+    peaks = {(r["config"], r["seed"]): [b["peak_util"] for b in r["bursts"]] for r in rows}
+    feasible = {s: [p <= S3_PEAK for p in peaks[(args.feasible_by, s)]] for s in seeds} if args.feasible_by else None
+    print("\nconfig     violated / bursts   of the absorbable" + ("   of the provisioned" if feasible else ""))
     for n in configs:
         total = sum(len(flags[(n, s)]) for s in seeds)
         bad = sum(sum(flags[(n, s)]) for s in seeds)
@@ -114,6 +132,10 @@ def main() -> None:
             n_ab = sum(a for _, a in ab)
             bad_ab = sum(v and a for v, a in ab)
             line += f"   {bad_ab:3d} / {n_ab:3d} ({bad_ab / max(n_ab, 1):5.1%})"
+        if feasible:
+            fe = [(v, f) for s in seeds for v, f in zip(flags[(n, s)], feasible[s])]
+            n_fe, bad_fe = sum(f for _, f in fe), sum(v and f for v, f in fe)
+            line += f"   {bad_fe:3d} / {n_fe:3d} ({bad_fe / max(n_fe, 1):5.1%})"
         print(line)
     print(f"\nmean P99 ms: " + ", ".join(f"{n} {np.mean([r['p99_ms'] for r in rows if r['config'] == n]):.2f}"
                                          for n in configs))

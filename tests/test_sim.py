@@ -166,6 +166,12 @@ def test_peak_load_by_hand():
     assert peak_load(t, loads, 2.5, span=10) == pytest.approx(0.5)            # windows after 2.5 s only
     assert math.isnan(peak_load(t, loads, 9.0)) and math.isnan(peak_load([], []))
 
+    # laid out by window: the one closing at t covers [t - 1, t); 3.5 s is no window's end
+    from helmgr.sim.metrics import window_load_series
+    got = window_load_series([1.0, 2.0, 4.0, 9.0], [loads[0], loads[1], loads[3], loads[2]], 1.0, 5)
+    assert got[:2] == pytest.approx([0.3, 0.6]) and math.isnan(got[2]) and got[3] == pytest.approx(0.1)
+    assert math.isnan(got[4]) and np.isnan(window_load_series([], [], 1.0, 3)).all()
+
 
 def test_overload_is_marked():
     light = simulate(SimConfig(nodes=4, seed=1, warmup_s=2.0), small(duration_s=10.0)).summary

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from helmgr.sim import SimConfig, simulate
-from helmgr.sim.metrics import rolling_peak, window_load, window_stats
+from helmgr.sim.metrics import rolling_peak, window_load_series, window_stats
 from helmgr.workload import WorkloadSpec
 
 BINS = np.geomspace(1e-5, 1e3, 4001)              # seconds; 0.46 % a bin
@@ -86,12 +86,7 @@ def phase_point(args: tuple[WorkloadSpec, SimConfig]) -> PhaseRun:
     win_start, p99, _, _ = window_stats(arrival, latency, cfg.window_s, w.duration_s)
     mid = win_start + cfg.window_s / 2
     window_phase = np.where(win_start >= warm - 1e-9, np.searchsorted(starts, mid, side="right") - 1, -1)
-    load = np.full(len(win_start), np.nan)
-    if len(rec.window_loads):
-        # the window closing at t covers [t - span, t)
-        k = np.round(np.asarray(rec.window_t) / cfg.window_s).astype(np.int64) - 1
-        ok = (k >= 0) & (k < len(load))
-        load[k[ok]] = window_load(rec.window_loads)[ok]
+    load = window_load_series(rec.window_t, rec.window_loads, cfg.window_s, len(win_start))
     slim = {k: v for k, v in summary.items() if not isinstance(v, (list, dict))}
     return PhaseRun(cfg.ratio, slim, [p.kind for p in phases], hists, window_phase, p99, load,
                     summary["slo_ms"] / 1e3)

@@ -126,6 +126,17 @@ def window_load(loads) -> np.ndarray:
     return np.where(up.any(axis=1), mean, np.nan)
 
 
+def window_load_series(window_t, loads, window_s: float, n_windows: int) -> np.ndarray:
+    """`window_load` laid out by metrics window: entry k covers [k w, (k + 1) w) (the window closing
+    at t covers [t - w, t)); NaN where none closed."""
+    out = np.full(n_windows, np.nan)
+    if len(loads):
+        k = np.round(np.asarray(window_t, float) / window_s).astype(np.int64) - 1
+        ok = (k >= 0) & (k < n_windows)
+        out[k[ok]] = window_load(loads)[ok]
+    return out
+
+
 def rolling_peak(values: np.ndarray, span: int = PEAK_SPAN_WINDOWS) -> float:
     """The largest mean of `span` consecutive values (of all of them if fewer); NaN if none."""
     if not len(values):
