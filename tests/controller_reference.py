@@ -294,7 +294,6 @@ class ReferenceController:
         self.safety = Safety(config=ctl.safety)
         self.recovery_ratio, self.recovery_step = ctl.recovery_ratio, ctl.recovery_step
         self.recovery_hold, self.recovery_miss = ctl.recovery_hold, ctl.recovery_miss
-        self.recovery_return, self.pre = ctl.recovery_return, None
         self.observer = Observer()
         self.hold: float | None = None
         self.last = self.target = self.plan = None
@@ -311,23 +310,16 @@ class ReferenceController:
     def _switch(self, stats: WindowStats, plan: float) -> None:
         self.detector.step((stats.arrival_rps, 1.0 - stats.emb_hit_rate, 1.0 - stats.kv_hit_rate))
         if self.detector.active and not self.recovering:
-            self.recovering, self.hold, self.pre = True, None, plan
+            self.recovering, self.hold = True, None
             self.events.append((self.windows, "start"))
         elif self.recovering and not self.detector.active and p99_over_slo(stats) <= 1.0:
             self.recovering = False
             self.hold = plan if self._hold_step() > 0 else None
             self.events.append((self.windows, "end"))
-            if not self.recovery_return:
-                self.pre = None
 
     def _base_plan(self, plan: float, obs: np.ndarray) -> float:
         if self.base is not None:
             plan += forward(self.base, obs) * self.base.max_step
-        if self.pre is not None:                  # recovery_return: back to the plan the burst found
-            if plan > self.pre:
-                plan = max(self.pre, plan - self.recovery_step)
-            else:
-                self.pre = None
         if self.hold is not None:                 # after a burst the plan decays, no faster
             self.hold -= self._hold_step()
             if self.hold <= self.safety.r_min:

@@ -224,36 +224,6 @@ def test_after_a_burst_the_ratio_decays_no_faster_than_the_hold(hold):
         assert (ctl.hold is not None) == bool(hold)
 
 
-@pytest.mark.parametrize("back,hold", [(False, 0.0), (True, 0.0), (True, 40.0)])
-def test_recovery_return_hands_back_the_plan_the_burst_found(back, hold):
-    """A base policy that holds (action 0) at 0.6; a burst steers the plan to 0.85. Without
-    `recovery_return` the base holds 0.85 after the hand-back; with it the plan is 0.6 again at
-    the hand-back, so the ratio falls at the slew limit (0.75, 0.65, 0.6); with a 40-window hold
-    the floor, (0.85 - 0.05) / 40 = 0.02 a window, still sets the pace down to 0.6. The compiled
-    controller and its reference agree."""
-    for fast in (True, False):
-        ctl = Controller(constant_policy(0.0, max_step=0.03), detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20),
-                         recovery_ratio=0.85, recovery_step=0.1, recovery_hold=hold, recovery_return=back,
-                         safety=Safety(max_slew=0.1))
-        ctl = stepper(fast, ctl)
-        rng = np.random.default_rng(0)
-        ratios = []
-        for w in range(70):
-            s = stats(ratio=ratios[-1] if ratios else 0.6, rps=(1200.0 if 30 <= w < 40 else 300.0) + rng.normal(0, 10),
-                      emb=0.9 + rng.normal(0, 0.005), kv=0.8 + rng.normal(0, 0.005))
-            ratios.append(ctl.step(s))
-        assert [e for _, e in ctl.events] == ["start", "end"]
-        start, end = (w for w, _ in ctl.events)
-        assert ratios[start - 1] == pytest.approx(0.6) and ratios[end - 1] == pytest.approx(0.85)
-        if not back:
-            expected = [0.85] * 20
-        elif not hold:
-            expected = [0.75, 0.65] + [0.6] * 18
-        else:
-            expected = [0.85 - 0.02 * (k + 1) for k in range(12)] + [0.6] * 8
-        assert ratios[end:end + 20] == pytest.approx(expected, abs=1e-12)
-
-
 def test_adapter_is_a_bounded_offset_around_the_plan_never_a_walk():
     """A saturated adapter (+0.05 every window) with a base that holds: the ratio sits 0.05 above
     the plan, it does not climb 0.05 a window."""

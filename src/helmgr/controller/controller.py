@@ -95,7 +95,7 @@ class Controller:
     def __init__(self, base: MLPPolicy | None, adapter: ResidualAdapter | MarginalAdapter | None = None,
                  detector: BurstDetector | None = None, safety: Safety | None = None,
                  recovery_ratio: float = 0.95, recovery_step: float = 0.1, recovery_hold: float = 60.0,
-                 recovery_miss: float = 0.01, recovery_return: bool = False):
+                 recovery_miss: float = 0.01):
         if base is not None and base.n_obs != N_FEATURES:
             raise ValueError(f"base policy takes {base.n_obs} observations, the controller gives {N_FEATURES}")
         if detector is not None and detector.n_signals != L.N_SIG:
@@ -109,7 +109,7 @@ class Controller:
         if not 0.0 <= recovery_miss <= 1.0:
             raise ValueError(f"recovery_miss must be an EMB miss rate in [0, 1], got {recovery_miss}")
         self.recovery_ratio, self.recovery_step, self.recovery_hold = recovery_ratio, recovery_step, recovery_hold
-        self.recovery_miss, self.recovery_return = recovery_miss, bool(recovery_return)
+        self.recovery_miss = recovery_miss
         self.hold: float | None = None         # after a burst: the floor under the plan, decaying
         self.last: float | None = None          # the last ratio this controller set (for a window it took)
         self.target: float | None = None        # the tiers' last ratio after clamp and slew (`last` follows it in
@@ -173,9 +173,9 @@ class Controller:
         if a is not None:
             a.configure(cfg, lc, MISS_PENALTY, MOVE_COST)
         self.safety.configure(cfg)
-        cfg[[L.C_REC_RATIO, L.C_REC_STEP, L.C_HOLD_STEP, L.C_REC_MISS, L.C_REC_RETURN]] = (
-            self.recovery_ratio, self.recovery_step, self.hold_step, self.recovery_miss, self.recovery_return)
-        st[[L.TARGET, L.PLAN, L.HOLD, L.APPLIED, L.PRE]] = np.nan
+        cfg[[L.C_REC_RATIO, L.C_REC_STEP, L.C_HOLD_STEP, L.C_REC_MISS]] = (
+            self.recovery_ratio, self.recovery_step, self.hold_step, self.recovery_miss)
+        st[[L.TARGET, L.PLAN, L.HOLD, L.APPLIED]] = np.nan
         return mem, flat, dims, np.zeros(a.params.shape if a is not None else 1), views
 
     def step(self, stats: WindowStats, marginal: float | None = None, load: float | None = None) -> float:

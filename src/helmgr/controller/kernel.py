@@ -23,9 +23,8 @@ from helmgr.controller.adapter import learn as adapter_learn
 from helmgr.controller.adapter import offset as adapter_offset
 from helmgr.controller.detect import detect
 from helmgr.controller.layout import (ACTIVE, APPLIED, C_HAS_AD, C_HAS_BASE, C_HAS_DET, C_HOLD_STEP, C_MAX_STEP,
-                                      C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_RETURN, C_REC_STEP, DZ, EPS,
-                                      EVENT, HOLD, L_MISS_PENALTY, L_MOVE_COST, N_FEATURES, OBS, PLAN, PRE,
-                                      RECOVERING, SIG, TARGET,
+                                      C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_STEP, DZ, EPS, EVENT, HOLD,
+                                      L_MISS_PENALTY, L_MOVE_COST, N_FEATURES, OBS, PLAN, RECOVERING, SIG, TARGET,
                                       STATS_SIGNATURE,
                                       X_EMB, X_KV, X_P99, X_RATIO, X_RPS, X_SLO, store, views)
 from helmgr.controller.mlp import forward
@@ -40,18 +39,16 @@ from helmgr.controller.safety import fallback, limit, settle, stats_ok
 def _switch(x, st, cfg, det, ring, tail, plan):
     """The recovery tier's switch: on at the detector's burst; off, with hysteresis, once the
     detector has seen it end and the node is back under its SLO (the post-burst floor starts at
-    the plan then; with `recovery_return`, st[PRE] keeps the plan the burst found, for `_base`)."""
+    the plan then)."""
     sig = st[SIG:SIG + 3]                       # a view: nothing allocated on the decision path
     sig[0], sig[1], sig[2] = x[X_RPS], 1.0 - x[X_EMB], 1.0 - x[X_KV]
     detect(sig, st, det, ring, cfg)
     if st[ACTIVE] != 0.0 and st[RECOVERING] == 0.0:
-        st[RECOVERING], st[EVENT], st[HOLD], st[PRE] = 1.0, 1.0, math.nan, plan
+        st[RECOVERING], st[EVENT], st[HOLD] = 1.0, 1.0, math.nan
     elif st[RECOVERING] != 0.0 and st[ACTIVE] == 0.0 and tail <= 1.0:
         st[RECOVERING], st[EVENT] = 0.0, 2.0
         if cfg[C_HOLD_STEP] > 0.0:
             st[HOLD] = plan
-        if cfg[C_REC_RETURN] == 0.0:
-            st[PRE] = math.nan
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -66,16 +63,9 @@ def _recover(plan, x, cfg):
 
 @njit(cache=True, nogil=True, inline="always")
 def _base(plan, obs, flat, dims, h, st, cfg):
-    """Outside recovery: the base policy's step; after a burst with `recovery_return`, the way
-    back to the plan the burst found, at most `recovery_step` a window (the pace recovery
-    climbed at); then the post-burst floor, decaying."""
+    """Outside recovery: the base policy's step, then the post-burst floor, decaying."""
     if cfg[C_HAS_BASE] != 0.0:
         plan += forward(obs, flat, dims, h) * cfg[C_MAX_STEP]
-    if not math.isnan(st[PRE]):
-        if plan > st[PRE]:
-            plan = max(st[PRE], plan - cfg[C_REC_STEP])
-        else:
-            st[PRE] = math.nan
     if not math.isnan(st[HOLD]):
         st[HOLD] -= cfg[C_HOLD_STEP]
         if st[HOLD] <= cfg[C_R_MIN]:
