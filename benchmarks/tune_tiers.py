@@ -6,7 +6,8 @@
 
 Each --config is NAME=JSON: {"adapter": MarginalAdapter's settings, "controller": the recovery
 tier's (Controller's recovery_* arguments), "safety": Safety's (e.g. max_slew, the most the
-ratio moves a window), "router": the HELM router's (e.g. home_slack_s), "policy": HelmPolicy's
+ratio moves a window), "detector": BurstDetector's (e.g. exit_ticks, the windows the burst's end
+is averaged over), "router": the HELM router's (e.g. home_slack_s), "policy": HelmPolicy's
 (e.g. level_load)}; {} is HELM as it ships. Every (config, preset, workload, seed) is one
 full-HELM run on the v2 cluster under the HELM router (the Python path: shadows). --presets
 takes HARDWARE[:MODEL[:RATE_SCALE]] items, e.g. `a100-80g,h100-80g::2` (the H100 at twice each
@@ -19,6 +20,7 @@ violation share per config and workload. Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from concurrent.futures import ProcessPoolExecutor
 
@@ -39,13 +41,16 @@ def run_one(job: tuple) -> dict:
     w = WorkloadSpec(workload, duration, seed, rps).build()
     cluster = SimConfig(**scenario_cluster("v2"), router="helm", seed=seed, policy="helm", hardware=hardware,
                         model=model)
-    safety = settings.get("safety") or {}
+    safety, detector = settings.get("safety") or {}, settings.get("detector") or {}
 
     class Tuned(HelmPolicy):
         def attach(self, index, node):
             super().attach(index, node)
+            ctl = self.ctl[index]
             for k, v in safety.items():              # each node's own Safety, before its first step
-                setattr(self.ctl[index].safety, k, v)
+                setattr(ctl.safety, k, v)
+            if detector and ctl.detector is not None:
+                ctl.detector = dataclasses.replace(ctl.detector, **detector)
 
     policy = Tuned(adapter_kw=settings.get("adapter"), controller_kw=settings.get("controller"),
                    **(settings.get("policy") or {}))
