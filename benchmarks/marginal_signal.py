@@ -82,8 +82,10 @@ def main() -> None:
                "signal_ms_per_request": [round(x * 1e3, 3) for x in mean_se(v[keep])],
                "by_phase": {k: [round(x * 1e3, 3) for x in mean_se(np.concatenate(p))] for k, p in by_kind.items()
                             if len(np.concatenate(p)) > 1},
-               "emb_miss_by_phase": {k: round(float(np.concatenate(p).mean()), 4) for k, p in misses.items()},
-               "emb_time_share_by_phase": {k: round(float(np.concatenate(p).mean()), 3) for k, p in shares.items()},
+               "emb_miss_by_phase": {k: round(float(np.concatenate(p).mean()), 4) for k, p in misses.items()
+                                     if len(np.concatenate(p))},
+               "emb_time_share_by_phase": {k: round(float(np.concatenate(p).mean()), 3) for k, p in shares.items()
+                                           if len(np.concatenate(p))},
                "sim_path": res.summary["sim_path"], "wall_s": round(res.summary["wall_s"], 1)}
         print(json.dumps(row), flush=True)
 
