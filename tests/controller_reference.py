@@ -294,7 +294,6 @@ class ReferenceController:
         self.safety = Safety(config=ctl.safety)
         self.recovery_ratio, self.recovery_step = ctl.recovery_ratio, ctl.recovery_step
         self.recovery_hold, self.recovery_miss = ctl.recovery_hold, ctl.recovery_miss
-        self.recovery_signal, self.signal_seen = ctl.recovery_signal, False
         self.observer = Observer()
         self.hold: float | None = None
         self.last = self.target = self.plan = None
@@ -311,7 +310,7 @@ class ReferenceController:
     def _switch(self, stats: WindowStats, plan: float) -> None:
         self.detector.step((stats.arrival_rps, 1.0 - stats.emb_hit_rate, 1.0 - stats.kv_hit_rate))
         if self.detector.active and not self.recovering:
-            self.recovering, self.hold, self.signal_seen = True, None, False
+            self.recovering, self.hold = True, None
             self.events.append((self.windows, "start"))
         elif self.recovering and not self.detector.active and p99_over_slo(stats) <= 1.0:
             self.recovering = False
@@ -329,23 +328,7 @@ class ReferenceController:
                 plan = max(plan, self.hold)
         return plan
 
-    def _recover(self, stats: WindowStats, plan: float, marginal: float | None) -> float:
-        if self.recovery_signal > 0:            # follow the counterfactual sample's sign, once one has come
-            if marginal is not None:
-                self.signal_seen = True
-                if marginal > 0 and plan < self.recovery_ratio:
-                    plan = min(self.recovery_ratio, plan + self.recovery_signal)
-                elif marginal < 0:
-                    plan -= self.recovery_signal
-                return plan
-            if self.signal_seen:
-                return plan
-        gap = self.recovery_ratio - plan
-        if gap < 0 or not 1.0 - stats.emb_hit_rate <= self.recovery_miss:   # grow EMB only while it misses
-            plan += max(-self.recovery_step, min(self.recovery_step, gap))
-        return plan
-
-    def step(self, stats: WindowStats, marginal: float | None = None) -> float:
+    def step(self, stats: WindowStats) -> float:
         if not stats_ok(stats):             # refused: counted, answered, and nothing else changes
             self.windows += 1
             return self.safety.fallback(stats.ratio, self.last)
@@ -359,7 +342,9 @@ class ReferenceController:
             self.adapter.frozen = self.recovering
         offset = 0.0
         if self.recovering:
-            plan = self._recover(stats, plan, marginal)
+            gap = self.recovery_ratio - plan
+            if gap < 0 or not 1.0 - stats.emb_hit_rate <= self.recovery_miss:   # grow EMB only while it misses
+                plan += max(-self.recovery_step, min(self.recovery_step, gap))
         else:
             plan = self._base_plan(plan, obs)
             if self.adapter is not None:

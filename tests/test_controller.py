@@ -224,29 +224,6 @@ def test_after_a_burst_the_ratio_decays_no_faster_than_the_hold(hold):
         assert (ctl.hold is not None) == bool(hold)
 
 
-def test_recovery_signal_follows_the_counterfactual_sign_once_a_sample_has_come():
-    """A base that holds (action 0) at 0.6; a burst from window 30; EMB misses 0.1 (the miss
-    rule would climb). Recovery climbs 0.1 a window (0.7, 0.8) until the first sample, at window
-    32: from then the plan moves 0.05 by each sample's sign (-, -, +, -) and holds between them:
-    0.75, 0.75, 0.70, 0.70, 0.75, 0.75, 0.70. Without the option the miss rule climbs to 0.85.
-    The compiled controller and its reference agree."""
-    signs = {32: -1.0, 34: -2.0, 36: 0.5, 38: -0.1}
-    for fast in (True, False):
-        for step, expected in ((0.05, [0.7, 0.8, 0.75, 0.75, 0.7, 0.7, 0.75, 0.75, 0.7, 0.7]),
-                               (0.0, [0.7, 0.8, 0.85, 0.85, 0.85, 0.85, 0.85, 0.85, 0.85, 0.85])):
-            ctl = Controller(constant_policy(0.0), detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20),
-                             recovery_ratio=0.85, recovery_step=0.1, recovery_signal=step, safety=Safety(max_slew=0.1))
-            ctl = stepper(fast, ctl)
-            ratios = []
-            for w in range(40):
-                s = stats(ratio=ratios[-1] if ratios else 0.6, rps=1200.0 if w >= 30 else 300.0 + w % 3, emb=0.9)
-                ratios.append(ctl.step(s, signs.get(w)))
-            assert ratios[29] == pytest.approx(0.6)
-            assert ratios[30:] == pytest.approx(expected, abs=1e-12)
-    with pytest.raises(ValueError, match="recovery_signal"):
-        Controller(None, recovery_signal=-0.1)
-
-
 def test_adapter_is_a_bounded_offset_around_the_plan_never_a_walk():
     """A saturated adapter (+0.05 every window) with a base that holds: the ratio sits 0.05 above
     the plan, it does not climb 0.05 a window."""

@@ -23,9 +23,8 @@ from helmgr.controller.adapter import learn as adapter_learn
 from helmgr.controller.adapter import offset as adapter_offset
 from helmgr.controller.detect import detect
 from helmgr.controller.layout import (ACTIVE, APPLIED, C_HAS_AD, C_HAS_BASE, C_HAS_DET, C_HOLD_STEP, C_MAX_STEP,
-                                      C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_SIGNAL, C_REC_STEP, DZ, EPS,
-                                      EVENT, HOLD, L_MISS_PENALTY, L_MOVE_COST, N_FEATURES, OBS, PLAN, RECOVERING,
-                                      SIG, SIGNAL_SEEN, TARGET,
+                                      C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_STEP, DZ, EPS, EVENT, HOLD,
+                                      L_MISS_PENALTY, L_MOVE_COST, N_FEATURES, OBS, PLAN, RECOVERING, SIG, TARGET,
                                       STATS_SIGNATURE,
                                       X_EMB, X_KV, X_P99, X_RATIO, X_RPS, X_SLO, store, views)
 from helmgr.controller.mlp import forward
@@ -45,7 +44,7 @@ def _switch(x, st, cfg, det, ring, tail, plan):
     sig[0], sig[1], sig[2] = x[X_RPS], 1.0 - x[X_EMB], 1.0 - x[X_KV]
     detect(sig, st, det, ring, cfg)
     if st[ACTIVE] != 0.0 and st[RECOVERING] == 0.0:
-        st[RECOVERING], st[EVENT], st[HOLD], st[SIGNAL_SEEN] = 1.0, 1.0, math.nan, 0.0
+        st[RECOVERING], st[EVENT], st[HOLD] = 1.0, 1.0, math.nan
     elif st[RECOVERING] != 0.0 and st[ACTIVE] == 0.0 and tail <= 1.0:
         st[RECOVERING], st[EVENT] = 0.0, 2.0
         if cfg[C_HOLD_STEP] > 0.0:
@@ -53,21 +52,9 @@ def _switch(x, st, cfg, det, ring, tail, plan):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _recover(plan, x, cfg, st, signal):
+def _recover(plan, x, cfg):
     """During recovery: the plan steers toward the recovery ratio, growing the EMB cache only
-    while it misses. With `recovery_signal` (> 0), once a counterfactual sample (`signal`, not
-    NaN) has come in this burst, the plan follows its sign instead, that step a sample (up no
-    further than the recovery ratio), and holds between samples."""
-    if cfg[C_REC_SIGNAL] > 0.0:
-        if not math.isnan(signal):
-            st[SIGNAL_SEEN] = 1.0
-            if signal > 0.0 and plan < cfg[C_REC_RATIO]:
-                plan = min(cfg[C_REC_RATIO], plan + cfg[C_REC_SIGNAL])
-            elif signal < 0.0:
-                plan -= cfg[C_REC_SIGNAL]
-            return plan
-        if st[SIGNAL_SEEN] != 0.0:
-            return plan
+    while it misses."""
     gap = cfg[C_REC_RATIO] - plan
     if gap < 0.0 or not 1.0 - x[X_EMB] <= cfg[C_REC_MISS]:
         plan += max(-cfg[C_REC_STEP], min(cfg[C_REC_STEP], gap))
@@ -102,11 +89,10 @@ def _set(plan, offset, current, st, cfg):
     return ratio
 
 
-@njit(f"float64(float64[::1], float64[::1], int64[::1], float64[::1], {STATS_SIGNATURE}, float64)", cache=True,
-      nogil=True)
-def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time, signal):
-    """One Controller.step up to the decision, for a window's stats (p99 NaN: none) and adapter
-    v2's counterfactual sample if one closed with it (`signal`; NaN: none); returns the ratio to set. Learning is `learn`, after it. Refused stats (`safety.stats_ok`) touch nothing but
+@njit(f"float64(float64[::1], float64[::1], int64[::1], float64[::1], {STATS_SIGNATURE})", cache=True, nogil=True)
+def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
+    """One Controller.step up to the decision, for a window's stats (p99 NaN: none); returns the
+    ratio to set. Learning is `learn`, after it. Refused stats (`safety.stats_ok`) touch nothing but
     the `BAD_INPUT` counter: `safety.fallback` answers them."""
     st, cfg, lc, x, det, ring, h, noise = views(mem)
     if not stats_ok(ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
@@ -123,7 +109,7 @@ def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_u
     offset = 0.0
     st[EPS] = st[DZ] = math.nan
     if st[RECOVERING] != 0.0:
-        plan = _recover(plan, x, cfg, st, signal)
+        plan = _recover(plan, x, cfg)
     else:
         plan = _base(plan, obs, flat, dims, h, st, cfg)
         if cfg[C_HAS_AD] != 0.0:
