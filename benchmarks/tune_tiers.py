@@ -57,9 +57,10 @@ def run_one(job: tuple) -> dict:
     res = simulate(cluster, w, policy=policy, router=Helm(**(settings.get("router") or {})))
     s = res.summary
     r = window_ratios(res.series.timeline, cluster.nodes, w.duration_s)
-    return {"config": name, "preset": ":".join(map(str, preset)), "workload": workload, "seed": seed, "p99_ms": round(s["p99_ms"], 3),
-            "window_slo": round(s["window_slo_satisfaction"], 4), "burst_violation_share": s["burst_violation_share"],
-            "mean_ratio": round(float(r.mean()), 3), "mean_ratio_by_phase": by_phase(r, w.phases), "steps": s["controller"]["adapter_steps"],
+    return {"config": name, "preset": ":".join(map(str, preset)), "workload": workload, "seed": seed,
+            "p99_ms": round(s["p99_ms"], 3), "window_slo": round(s["window_slo_satisfaction"], 4),
+            "burst_violation_share": s["burst_violation_share"], "mean_ratio": round(float(r.mean()), 3),
+            "mean_ratio_by_phase": by_phase(r, w.phases), "steps": s["controller"]["adapter_steps"],
             "utilization": round(s["utilization"], 3), "wall_s": round(s["wall_s"], 1)}
 
 
