@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from collections import deque
 
 import numpy as np
@@ -294,6 +295,9 @@ class ReferenceController:
         self.safety = Safety(config=ctl.safety)
         self.recovery_ratio, self.recovery_step = ctl.recovery_ratio, ctl.recovery_step
         self.recovery_hold, self.recovery_miss = ctl.recovery_hold, ctl.recovery_miss
+        self.recovery_signal, self.signal_seen = ctl.recovery_signal, False
+        self.recovery_samples, self.recovery_z = ctl.recovery_samples, ctl.recovery_z
+        self.samples: list[float] = []          # the counterfactual samples since the plan last moved in a burst
         self.observer = Observer()
         self.hold: float | None = None
         self.last = self.target = self.plan = None
@@ -310,7 +314,7 @@ class ReferenceController:
     def _switch(self, stats: WindowStats, plan: float) -> None:
         self.detector.step((stats.arrival_rps, 1.0 - stats.emb_hit_rate, 1.0 - stats.kv_hit_rate))
         if self.detector.active and not self.recovering:
-            self.recovering, self.hold = True, None
+            self.recovering, self.hold, self.signal_seen, self.samples = True, None, False, []
             self.events.append((self.windows, "start"))
         elif self.recovering and not self.detector.active and p99_over_slo(stats) <= 1.0:
             self.recovering = False
@@ -328,7 +332,27 @@ class ReferenceController:
                 plan = max(plan, self.hold)
         return plan
 
-    def step(self, stats: WindowStats) -> float:
+    def _recover(self, stats: WindowStats, plan: float, marginal: float | None) -> float:
+        if self.recovery_signal > 0 and marginal is not None:     # test the counterfactual samples
+            self.samples.append(marginal)
+            n = len(self.samples)
+            if n >= max(self.recovery_samples, 2):
+                mean = statistics.fmean(self.samples)
+                se = statistics.stdev(self.samples) / math.sqrt(n)
+                if mean < -self.recovery_z * se:     # a larger EMB share would cost time: step down
+                    self.signal_seen, self.samples = True, []
+                    return plan - self.recovery_signal
+        if self.signal_seen:
+            return plan
+        gap = self.recovery_ratio - plan
+        if gap < 0 or not 1.0 - stats.emb_hit_rate <= self.recovery_miss:   # grow EMB only while it misses
+            step = max(-self.recovery_step, min(self.recovery_step, gap))
+            if step:
+                self.samples = []               # taken at another split
+            plan += step
+        return plan
+
+    def step(self, stats: WindowStats, marginal: float | None = None) -> float:
         if not stats_ok(stats):             # refused: counted, answered, and nothing else changes
             self.windows += 1
             return self.safety.fallback(stats.ratio, self.last)
@@ -342,9 +366,7 @@ class ReferenceController:
             self.adapter.frozen = self.recovering
         offset = 0.0
         if self.recovering:
-            gap = self.recovery_ratio - plan
-            if gap < 0 or not 1.0 - stats.emb_hit_rate <= self.recovery_miss:   # grow EMB only while it misses
-                plan += max(-self.recovery_step, min(self.recovery_step, gap))
+            plan = self._recover(stats, plan, marginal)
         else:
             plan = self._base_plan(plan, obs)
             if self.adapter is not None:

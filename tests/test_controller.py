@@ -224,6 +224,35 @@ def test_after_a_burst_the_ratio_decays_no_faster_than_the_hold(hold):
         assert (ctl.hold is not None) == bool(hold)
 
 
+def test_recovery_steps_down_when_the_samples_mean_is_clearly_negative():
+    """A base that holds (action 0) at 0.6; a burst from window 30; EMB misses 0.1, so the miss
+    rule climbs 0.1 a window to the recovery ratio: 0.7, 0.8, 0.85. The sample at window 31 is
+    dropped by the move that follows it (taken at another split). Samples -1.0, -1.2, -0.8 at
+    windows 33-37: n = 3, mean -1.0, standard error 0.2/sqrt(3) = 0.115 < 1.0/2.5, so at 37 the
+    plan steps 0.05 down to 0.80 and the miss rule is off. (Kept, the -5.0 would leave the mean
+    -2.0 within 2.5 errors of zero: no step.) Then -0.2, +0.3, -0.25, +0.35 (mean 0.05): no step;
+    +1.0, +1.1, +0.9 would never step up. With `recovery_signal=0` the miss rule holds 0.85. The
+    compiled controller and its reference agree."""
+    signs = {31: -5.0, 33: -1.0, 35: -1.2, 37: -0.8, 39: -0.2, 41: 0.3, 43: -0.25, 45: 0.35,
+             47: 1.0, 49: 1.1, 51: 0.9}
+    climb = [0.7, 0.8] + [0.85] * 5
+    for fast in (True, False):
+        for step, expected in ((0.05, climb + [0.8] * 16), (0.0, climb + [0.85] * 16)):
+            ctl = Controller(constant_policy(0.0), detector=BurstDetector(3, exit_ticks=5, warmup_ticks=20),
+                             recovery_ratio=0.85, recovery_step=0.1, recovery_signal=step, safety=Safety(max_slew=0.1))
+            ctl = stepper(fast, ctl)
+            ratios = []
+            for w in range(53):
+                s = stats(ratio=ratios[-1] if ratios else 0.6, rps=1200.0 if w >= 30 else 300.0 + w % 3, emb=0.9)
+                ratios.append(ctl.step(s, signs.get(w)))
+            assert ratios[29] == pytest.approx(0.6)
+            assert ratios[30:] == pytest.approx(expected, abs=1e-12), (fast, step)
+    with pytest.raises(ValueError, match="recovery_signal"):
+        Controller(None, recovery_signal=-0.1)
+    with pytest.raises(ValueError, match="recovery_samples"):
+        Controller(None, recovery_samples=1)
+
+
 def test_adapter_is_a_bounded_offset_around_the_plan_never_a_walk():
     """A saturated adapter (+0.05 every window) with a base that holds: the ratio sits 0.05 above
     the plan, it does not climb 0.05 a window."""

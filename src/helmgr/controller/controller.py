@@ -14,7 +14,12 @@ observation; run the burst detector on arrival rate and miss rates; then
   EMB cache only while the window's EMB miss rate is above `recovery_miss` (default 0.01): a
   burst of cold users needs their rows, not their (absent) prefixes, but once the EMB cache
   holds nearly everything more of it buys nothing and costs returning users their KV. (A stack
-  that does not report the EMB hit rate leaves it at 1.0: no growth.) Recovery starts on the
+  that does not report the EMB hit rate leaves it at 1.0: no growth.) And adapter v2's
+  counterfactual samples in a burst are tested: once `recovery_samples` of them since the plan
+  last moved have a mean more than `recovery_z` standard errors below zero (a larger EMB share
+  would cost time), the plan steps down by `recovery_signal` and the miss rule is off for the
+  rest of the burst. The miss rate's threshold reads differently on every GPU; the signal is
+  priced in seconds. Recovery starts on the
   detector's burst and hands back with hysteresis: only once the detector has seen the burst
   end *and* the node is back under its SLO (the backlog a burst leaves is part of it); after
   the hand-back the plan falls no faster than a floor that decays from the hand-back plan to
@@ -95,7 +100,8 @@ class Controller:
     def __init__(self, base: MLPPolicy | None, adapter: ResidualAdapter | MarginalAdapter | None = None,
                  detector: BurstDetector | None = None, safety: Safety | None = None,
                  recovery_ratio: float = 0.95, recovery_step: float = 0.1, recovery_hold: float = 60.0,
-                 recovery_miss: float = 0.01):
+                 recovery_miss: float = 0.01, recovery_signal: float = 0.05, recovery_samples: int = 3,
+                 recovery_z: float = 2.5):
         if base is not None and base.n_obs != N_FEATURES:
             raise ValueError(f"base policy takes {base.n_obs} observations, the controller gives {N_FEATURES}")
         if detector is not None and detector.n_signals != L.N_SIG:
@@ -109,7 +115,12 @@ class Controller:
         if not 0.0 <= recovery_miss <= 1.0:
             raise ValueError(f"recovery_miss must be an EMB miss rate in [0, 1], got {recovery_miss}")
         self.recovery_ratio, self.recovery_step, self.recovery_hold = recovery_ratio, recovery_step, recovery_hold
-        self.recovery_miss = recovery_miss
+        if not 0.0 <= recovery_signal <= 1.0:
+            raise ValueError(f"recovery_signal must be a step of the ratio in [0, 1], got {recovery_signal}")
+        if not (recovery_samples >= 2 and recovery_z >= 0):
+            raise ValueError(f"recovery_samples must be >= 2 and recovery_z >= 0, got {recovery_samples}, {recovery_z}")
+        self.recovery_miss, self.recovery_signal = recovery_miss, recovery_signal
+        self.recovery_samples, self.recovery_z = recovery_samples, recovery_z
         self.hold: float | None = None         # after a burst: the floor under the plan, decaying
         self.last: float | None = None          # the last ratio this controller set (for a window it took)
         self.target: float | None = None        # the tiers' last ratio after clamp and slew (`last` follows it in
@@ -173,14 +184,16 @@ class Controller:
         if a is not None:
             a.configure(cfg, lc, MISS_PENALTY, MOVE_COST)
         self.safety.configure(cfg)
-        cfg[[L.C_REC_RATIO, L.C_REC_STEP, L.C_HOLD_STEP, L.C_REC_MISS]] = (
-            self.recovery_ratio, self.recovery_step, self.hold_step, self.recovery_miss)
+        rec = [L.C_REC_RATIO, L.C_REC_STEP, L.C_HOLD_STEP, L.C_REC_MISS, L.C_REC_SIGNAL, L.C_REC_SIG_N, L.C_REC_SIG_Z]
+        cfg[rec] = (self.recovery_ratio, self.recovery_step, self.hold_step, self.recovery_miss, self.recovery_signal,
+                    self.recovery_samples, self.recovery_z)
         st[[L.TARGET, L.PLAN, L.HOLD, L.APPLIED]] = np.nan
         return mem, flat, dims, np.zeros(a.params.shape if a is not None else 1), views
 
     def step(self, stats: WindowStats, marginal: float | None = None, load: float | None = None) -> float:
         """The next ratio for the window `stats` describes (one compiled call up to the decision).
-        `marginal`: adapter v2's sample, if one closed with this window (MarginalAdapter.learn);
+        `marginal`: adapter v2's sample, if one closed with this window (MarginalAdapter.learn;
+        with `recovery_signal`, recovery tests it);
         `load`: the arrival rate its load levels follow (default: the node's, `stats.arrival_rps`).
 
         Whatever the numbers, the ratio is finite and in [r_min, r_max]. Stats the safety layer
@@ -197,13 +210,15 @@ class Controller:
             noise[:] = a.rng.normal(0.0, a.sigma, len(noise))
             st[L.NOISE_I] = len(noise)
         bad, ad = st[L.BAD_INPUT], spare if a is None else a.params
+        signal = math.nan if marginal is None else float(marginal)
         try:
             p99 = s.p99_s                                # None: NaN to the kernel; a NaN is refused (-inf)
             p99 = math.nan if p99 is None else p99 if p99 == p99 else -math.inf
             ratio = K.decide(mem, flat, dims, ad, s.ratio, s.arrival_rps, p99, s.slo_s, s.emb_hit_rate,
-                             s.kv_hit_rate, s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share)
+                             s.kv_hit_rate, s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share,
+                             signal)
         except (TypeError, ValueError, ArithmeticError):  # a number numba does not take (or none at all)
-            ratio = K.decide(mem, flat, dims, ad, *_floats(s))
+            ratio = K.decide(mem, flat, dims, ad, *_floats(s), signal)
         self.latency_ns.append(time.perf_counter_ns() - t0)
         self._report(st)
         self.windows += 1

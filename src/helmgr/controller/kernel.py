@@ -23,8 +23,10 @@ from helmgr.controller.adapter import learn as adapter_learn
 from helmgr.controller.adapter import offset as adapter_offset
 from helmgr.controller.detect import detect
 from helmgr.controller.layout import (ACTIVE, APPLIED, C_HAS_AD, C_HAS_BASE, C_HAS_DET, C_HOLD_STEP, C_MAX_STEP,
-                                      C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_STEP, DZ, EPS, EVENT, HOLD,
-                                      L_MISS_PENALTY, L_MOVE_COST, N_FEATURES, OBS, PLAN, RECOVERING, SIG, TARGET,
+                                      C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_SIG_N, C_REC_SIG_Z,
+                                      C_REC_SIGNAL, C_REC_STEP, DZ, EPS, EVENT, HOLD, L_MISS_PENALTY,
+                                      L_MOVE_COST, N_FEATURES, OBS, PLAN, RECOVERING, SIG, SIG_N, SIG_SQ, SIG_SUM,
+                                      SIGNAL_SEEN, TARGET,
                                       STATS_SIGNATURE,
                                       X_EMB, X_KV, X_P99, X_RATIO, X_RPS, X_SLO, store, views)
 from helmgr.controller.mlp import forward
@@ -44,7 +46,8 @@ def _switch(x, st, cfg, det, ring, tail, plan):
     sig[0], sig[1], sig[2] = x[X_RPS], 1.0 - x[X_EMB], 1.0 - x[X_KV]
     detect(sig, st, det, ring, cfg)
     if st[ACTIVE] != 0.0 and st[RECOVERING] == 0.0:
-        st[RECOVERING], st[EVENT], st[HOLD] = 1.0, 1.0, math.nan
+        st[RECOVERING], st[EVENT], st[HOLD], st[SIGNAL_SEEN] = 1.0, 1.0, math.nan, 0.0
+        st[SIG_N] = st[SIG_SUM] = st[SIG_SQ] = 0.0
     elif st[RECOVERING] != 0.0 and st[ACTIVE] == 0.0 and tail <= 1.0:
         st[RECOVERING], st[EVENT] = 0.0, 2.0
         if cfg[C_HOLD_STEP] > 0.0:
@@ -52,12 +55,33 @@ def _switch(x, st, cfg, det, ring, tail, plan):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _recover(plan, x, cfg):
+def _recover(plan, x, cfg, st, signal):
     """During recovery: the plan steers toward the recovery ratio, growing the EMB cache only
-    while it misses."""
+    while it misses. With `recovery_signal` (a step > 0) adapter v2's counterfactual samples
+    (`signal`, NaN: none closed with this window) are tested: once at least `recovery_samples`
+    have come since the plan last moved and their mean is more than `recovery_z` standard errors
+    below zero (a larger EMB share would cost time), the plan steps down, the samples restart,
+    and the miss rule is off for the rest of the burst."""
+    if cfg[C_REC_SIGNAL] > 0.0 and not math.isnan(signal):
+        st[SIG_N] += 1.0
+        st[SIG_SUM] += signal
+        st[SIG_SQ] += signal * signal
+        n = st[SIG_N]
+        if n >= cfg[C_REC_SIG_N] and n >= 2.0:
+            mean = st[SIG_SUM] / n
+            se = math.sqrt(max(st[SIG_SQ] - n * mean * mean, 0.0) / (n - 1.0) / n)
+            if mean < -cfg[C_REC_SIG_Z] * se:
+                st[SIGNAL_SEEN] = 1.0
+                st[SIG_N] = st[SIG_SUM] = st[SIG_SQ] = 0.0
+                return plan - cfg[C_REC_SIGNAL]
+    if st[SIGNAL_SEEN] != 0.0:
+        return plan
     gap = cfg[C_REC_RATIO] - plan
     if gap < 0.0 or not 1.0 - x[X_EMB] <= cfg[C_REC_MISS]:
-        plan += max(-cfg[C_REC_STEP], min(cfg[C_REC_STEP], gap))
+        step = max(-cfg[C_REC_STEP], min(cfg[C_REC_STEP], gap))
+        if step != 0.0:                         # the samples so far were taken at another split
+            st[SIG_N] = st[SIG_SUM] = st[SIG_SQ] = 0.0
+        plan += step
     return plan
 
 
@@ -89,11 +113,13 @@ def _set(plan, offset, current, st, cfg):
     return ratio
 
 
-@njit(f"float64(float64[::1], float64[::1], int64[::1], float64[::1], {STATS_SIGNATURE})", cache=True, nogil=True)
-def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
-    """One Controller.step up to the decision, for a window's stats (p99 NaN: none); returns the
-    ratio to set. Learning is `learn`, after it. Refused stats (`safety.stats_ok`) touch nothing but
-    the `BAD_INPUT` counter: `safety.fallback` answers them."""
+@njit(f"float64(float64[::1], float64[::1], int64[::1], float64[::1], {STATS_SIGNATURE}, float64)", cache=True,
+      nogil=True)
+def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time, signal):
+    """One Controller.step up to the decision, for a window's stats (p99 NaN: none) and adapter
+    v2's counterfactual sample if one closed with it (`signal`; NaN: none); returns the ratio to
+    set. Learning is `learn`, after it. Refused stats (`safety.stats_ok`) touch nothing but the
+    `BAD_INPUT` counter: `safety.fallback` answers them."""
     st, cfg, lc, x, det, ring, h, noise = views(mem)
     if not stats_ok(ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
         return fallback(ratio, st, cfg)
@@ -109,7 +135,7 @@ def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_u
     offset = 0.0
     st[EPS] = st[DZ] = math.nan
     if st[RECOVERING] != 0.0:
-        plan = _recover(plan, x, cfg)
+        plan = _recover(plan, x, cfg, st, signal)
     else:
         plan = _base(plan, obs, flat, dims, h, st, cfg)
         if cfg[C_HAS_AD] != 0.0:

@@ -35,7 +35,9 @@ G_SUM = HOLD + 3                                    # st[G_SUM:G_SUM + N_FEATURE
 G_SQ = G_SUM + N_FEATURES + 1                       # st[G_SQ:G_SQ + N_FEATURES + 1]
 G_K, BLOCKS_APPLIED = G_SQ + N_FEATURES + 1, G_SQ + N_FEATURES + 2
 BAD_INPUT = BLOCKS_APPLIED + 1                      # windows whose stats were refused (counter; safety.stats_ok)
-ST_SIZE = BAD_INPUT + 1
+# recovery_signal: the test has stepped the plan down in this burst; the samples since its last move (n, sum, squares)
+SIGNAL_SEEN, SIG_N, SIG_SUM, SIG_SQ = BAD_INPUT + 1, BAD_INPUT + 2, BAD_INPUT + 3, BAD_INPUT + 4
+ST_SIZE = SIG_SQ + 1
 
 # -- lc: the adapter's learning constants ---------------------------------------------------
 L_LR, L_SIGMA2, L_BASELINE_ALPHA, L_MISS_PENALTY, L_MOVE_COST, L_BLOCK, L_Z = range(7)
@@ -44,8 +46,9 @@ LC_SIZE = 7
 # -- cfg: constants -------------------------------------------------------------------------
 (C_OB_ALPHA, C_ALPHA, C_CLIP, C_K, C_H, C_Z_SPIKE, C_Z_EXIT, C_EXIT_TICKS, C_WARMUP, C_HAS_DET,
  C_HAS_BASE, C_MAX_STEP, C_HAS_AD, C_BOUND, C_EXPLORE, C_R_MIN, C_R_MAX, C_SLEW, C_REC_RATIO, C_REC_STEP,
- C_REL_FLOOR, C_HOLD_STEP, C_MIN_MOVE, C_REC_MISS, C_START, C_RING, C_SCRATCH, C_NOISE) = range(28)
-CFG_SIZE = 28                                       # C_RING, C_SCRATCH, C_NOISE: those views' lengths
+ C_REL_FLOOR, C_HOLD_STEP, C_MIN_MOVE, C_REC_MISS, C_START, C_RING, C_SCRATCH, C_NOISE, C_REC_SIGNAL, C_REC_SIG_N,
+ C_REC_SIG_Z) = range(31)
+CFG_SIZE = 31                                       # C_RING, C_SCRATCH, C_NOISE: those views' lengths
 
 # -- x: this window's stats -----------------------------------------------------------------
 (X_RATIO, X_RPS, X_P99, X_SLO, X_EMB, X_KV, X_QUEUE, X_H2D, X_NEW, X_EMB_TIME) = range(10)
