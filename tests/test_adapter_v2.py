@@ -195,9 +195,8 @@ def test_a_prefix_recomputed_anywhere_credits_the_ghost_that_evicted_it(shared):
 
 def test_helm_revision_names_the_tiers_default_settings():
     """Stored HELM runs are keyed by the revision: a change of adapter v2's or the recovery tier's
-    defaults must give a new one (bound 0.25, grow 1.5, recovery to 0.95 with a down-step of 0.05
-    on three samples today); the base alone
-    names neither tier's settings."""
+    defaults must give a new one (bound 0.25, grow 1.5; recovery to 0.95 with a down-step of 0.05
+    on three samples today); the base alone names neither tier's settings."""
     from helmgr.policy.policies import POLICIES, helm_revision
     full, base = helm_revision(POLICIES["helm"]), helm_revision(POLICIES["helm-base"])
     assert "adapter=marginal(bound=0.25," in full and "grow=1.5" in full and "shadow=0.05,levels=cluster" in full
