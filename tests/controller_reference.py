@@ -295,7 +295,7 @@ class ReferenceController:
         self.safety = Safety(config=ctl.safety)
         self.recovery_ratio, self.recovery_step = ctl.recovery_ratio, ctl.recovery_step
         self.recovery_hold, self.recovery_miss = ctl.recovery_hold, ctl.recovery_miss
-        self.recovery_signal, self.signal_seen = ctl.recovery_signal, False
+        self.recovery_signal, self.stepped = ctl.recovery_signal, False
         self.recovery_samples, self.recovery_z = ctl.recovery_samples, ctl.recovery_z
         self.samples: list[float] = []          # the counterfactual samples since the plan last moved in a burst
         self.observer = Observer()
@@ -314,7 +314,7 @@ class ReferenceController:
     def _switch(self, stats: WindowStats, plan: float) -> None:
         self.detector.step((stats.arrival_rps, 1.0 - stats.emb_hit_rate, 1.0 - stats.kv_hit_rate))
         if self.detector.active and not self.recovering:
-            self.recovering, self.hold, self.signal_seen, self.samples = True, None, False, []
+            self.recovering, self.hold, self.stepped, self.samples = True, None, False, []
             self.events.append((self.windows, "start"))
         elif self.recovering and not self.detector.active and p99_over_slo(stats) <= 1.0:
             self.recovering = False
@@ -336,13 +336,13 @@ class ReferenceController:
         if self.recovery_signal > 0 and marginal is not None:     # test the counterfactual samples
             self.samples.append(marginal)
             n = len(self.samples)
-            if n >= max(self.recovery_samples, 2):
+            if n >= self.recovery_samples:
                 mean = statistics.fmean(self.samples)
                 se = statistics.stdev(self.samples) / math.sqrt(n)
                 if mean < -self.recovery_z * se:     # a larger EMB share would cost time: step down
-                    self.signal_seen, self.samples = True, []
+                    self.stepped, self.samples = True, []
                     return plan - self.recovery_signal
-        if self.signal_seen:
+        if self.stepped:
             return plan
         gap = self.recovery_ratio - plan
         if gap < 0 or not 1.0 - stats.emb_hit_rate <= self.recovery_miss:   # grow EMB only while it misses

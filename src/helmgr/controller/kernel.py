@@ -25,8 +25,8 @@ from helmgr.controller.detect import detect
 from helmgr.controller.layout import (ACTIVE, APPLIED, C_HAS_AD, C_HAS_BASE, C_HAS_DET, C_HOLD_STEP, C_MAX_STEP,
                                       C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_SIG_N, C_REC_SIG_Z,
                                       C_REC_SIGNAL, C_REC_STEP, DZ, EPS, EVENT, HOLD, L_MISS_PENALTY,
-                                      L_MOVE_COST, N_FEATURES, OBS, PLAN, RECOVERING, SIG, SIG_N, SIG_SQ, SIG_SUM,
-                                      SIGNAL_SEEN, TARGET,
+                                      L_MOVE_COST, N_FEATURES, OBS, PLAN, RECOVERING, SIG, SIG_N, SIG_SQ,
+                                      SIG_STEPPED, SIG_SUM, TARGET,
                                       STATS_SIGNATURE,
                                       X_EMB, X_KV, X_P99, X_RATIO, X_RPS, X_SLO, store, views)
 from helmgr.controller.mlp import forward
@@ -46,7 +46,7 @@ def _switch(x, st, cfg, det, ring, tail, plan):
     sig[0], sig[1], sig[2] = x[X_RPS], 1.0 - x[X_EMB], 1.0 - x[X_KV]
     detect(sig, st, det, ring, cfg)
     if st[ACTIVE] != 0.0 and st[RECOVERING] == 0.0:
-        st[RECOVERING], st[EVENT], st[HOLD], st[SIGNAL_SEEN] = 1.0, 1.0, math.nan, 0.0
+        st[RECOVERING], st[EVENT], st[HOLD], st[SIG_STEPPED] = 1.0, 1.0, math.nan, 0.0
         st[SIG_N] = st[SIG_SUM] = st[SIG_SQ] = 0.0
     elif st[RECOVERING] != 0.0 and st[ACTIVE] == 0.0 and tail <= 1.0:
         st[RECOVERING], st[EVENT] = 0.0, 2.0
@@ -67,14 +67,14 @@ def _recover(plan, x, cfg, st, signal):
         st[SIG_SUM] += signal
         st[SIG_SQ] += signal * signal
         n = st[SIG_N]
-        if n >= cfg[C_REC_SIG_N] and n >= 2.0:
+        if n >= cfg[C_REC_SIG_N]:                # >= 2 (Controller checks)
             mean = st[SIG_SUM] / n
             se = math.sqrt(max(st[SIG_SQ] - n * mean * mean, 0.0) / (n - 1.0) / n)
             if mean < -cfg[C_REC_SIG_Z] * se:
-                st[SIGNAL_SEEN] = 1.0
+                st[SIG_STEPPED] = 1.0
                 st[SIG_N] = st[SIG_SUM] = st[SIG_SQ] = 0.0
                 return plan - cfg[C_REC_SIGNAL]
-    if st[SIGNAL_SEEN] != 0.0:
+    if st[SIG_STEPPED] != 0.0:
         return plan
     gap = cfg[C_REC_RATIO] - plan
     if gap < 0.0 or not 1.0 - x[X_EMB] <= cfg[C_REC_MISS]:

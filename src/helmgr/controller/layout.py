@@ -36,7 +36,7 @@ G_SQ = G_SUM + N_FEATURES + 1                       # st[G_SQ:G_SQ + N_FEATURES 
 G_K, BLOCKS_APPLIED = G_SQ + N_FEATURES + 1, G_SQ + N_FEATURES + 2
 BAD_INPUT = BLOCKS_APPLIED + 1                      # windows whose stats were refused (counter; safety.stats_ok)
 # recovery_signal: the test has stepped the plan down in this burst; the samples since its last move (n, sum, squares)
-SIGNAL_SEEN, SIG_N, SIG_SUM, SIG_SQ = BAD_INPUT + 1, BAD_INPUT + 2, BAD_INPUT + 3, BAD_INPUT + 4
+SIG_STEPPED, SIG_N, SIG_SUM, SIG_SQ = BAD_INPUT + 1, BAD_INPUT + 2, BAD_INPUT + 3, BAD_INPUT + 4
 ST_SIZE = SIG_SQ + 1
 
 # -- lc: the adapter's learning constants ---------------------------------------------------
