@@ -47,6 +47,23 @@ def test_env_is_seeded_and_passes_check_env():
     assert not np.array_equal(HelmEnv(**TINY).reset(seed=12)[0], runs[0][:N_FEATURES])   # another seed, another episode
 
 
+@pytest.mark.parametrize("relative", [False, True])
+def test_env_episodes_are_the_same_on_either_simulator_path(relative):
+    """The environment runs its cluster (and its twin, a fork taken mid-run) on the compiled path:
+    observations and rewards are the Python path's, step for step."""
+    traces = {}
+    for path in ("python", "auto"):
+        env = HelmEnv(**(TINY | dict(relative=relative, sim_path=path, regimes=("burst",))))
+        obs, _ = env.reset(seed=5)
+        trace = [obs]
+        for a in (1.0, -0.5, 0.25, -1.0):
+            obs, r, *_ = env.step(np.array([a], np.float32))
+            trace += [obs, np.array([r])]
+        traces[path] = np.concatenate(trace)
+        assert env.cluster.path == ("python" if path == "python" else "compiled")
+    np.testing.assert_array_equal(traces["auto"], traces["python"])
+
+
 def test_env_v2_episodes_are_stretches_of_the_scenarios_runs_on_its_nodes():
     """v2: a node's share of the scenario (an eighth of the regime's rate and users), pipelined
     batches of 8, the 20-ms SLO, a random stretch of the whole 360-s run; the presets drawn from

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from helmgr.core.errors import HelmInputError
@@ -126,3 +127,21 @@ def test_a_policy_that_repeats_its_ratio_costs_no_sync(monkeypatch):
     assert len(calls) == 3 * (1 + 3 + 2)
     assert len(runs["python"].series.timeline) > 3
     assert_same(runs["python"], runs["compiled"])
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 1000, 4096 + 37])
+def test_bitmaps_hold_each_rows_state(n):
+    """build_bits against a slow reference: bit x of `res` is set iff row x is resident, of `unf`
+    iff it is unfilled; stale bits of a reused bitmap are cleared."""
+    from helmgr.memory.emb_kernels import RESIDENT, UNFILLED
+    from helmgr.sim.engine_node import build_bits
+    state = np.random.default_rng(n).integers(0, 3, n).astype(np.uint8)
+    words = (n + 63) // 64
+    res, unf = np.full(words, ~np.uint64(0)), np.full(words, ~np.uint64(0))
+    build_bits(state, res, unf)
+    bits = lambda words: np.unpackbits(words.view(np.uint8), bitorder="little")[:n]   # noqa: E731
+    np.testing.assert_array_equal(bits(res), state == RESIDENT)
+    np.testing.assert_array_equal(bits(unf), state == UNFILLED)
+    pad = words * 64 - n
+    if pad:
+        assert np.unpackbits(res.view(np.uint8), bitorder="little")[n:].sum() == 0

@@ -265,3 +265,21 @@ def test_lookahead_horizon_spans_the_blocks_ending_within_it():
     assert got == [(0.0, ["b0"], ["b0", "b1", "b2"]), (10.0, ["b1"], ["b1", "b2", "b3"]),
                    (20.0, ["b2"], ["b2", "b3", "b4"]), (30.0, ["b3"], ["b3", "b4"]), (40.0, ["b4"], ["b4"])]
     assert [h for _, _, h in _with_horizon(blocks, arrivals, 0.0)] == arrivals
+
+
+@pytest.mark.parametrize("router,regime", [("least-loaded", "steady"), ("helm", "burst"), ("prefix-aware", "trend")])
+def test_the_compiled_path_replays_the_oracle_as_the_python_path_does(router, regime):
+    """Every replay (forks of a cluster mid-run on the compiled path) and the stitched run give
+    the same P99s, r* and summary on either path, with lookahead (a replay runs past its block)."""
+    from helmgr.sim.config import scenario_cluster
+    w = synthetic_workload(default_config(regime, **(TINY | dict(duration_s=16))), 2)
+    runs = {}
+    for path in ("python", "auto"):
+        cfg = SimConfig(**(scenario_cluster("v2") | dict(nodes=3, router=router, seed=2, warmup_s=0, path=path)))
+        runs[path] = run_phase_oracle(cfg, w, SMALL_GRID, jobs=1, block_s=5.0, lookahead_s=5.0)
+    py, comp = runs["python"], runs["auto"]
+    assert comp.cluster.path == "compiled" and py.cluster.path == "python"
+    np.testing.assert_array_equal(comp.grid_p99, py.grid_p99)
+    np.testing.assert_array_equal(comp.r_star, py.r_star)
+    skip = {"wall_s", "sim_path"}
+    assert {k: v for k, v in comp.summary.items() if k not in skip} == {k: v for k, v in py.summary.items() if k not in skip}

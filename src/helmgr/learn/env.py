@@ -62,8 +62,10 @@ class HelmEnv(gym.Env):
                  users_per_node: int | None = None, episode_s: float = 120.0, warmup_s: float | None = None,
                  max_step: float = 0.05, router: str = "helm", hardware: str | tuple[str, ...] = "a100-80g",
                  model: str | tuple[str, ...] = "large", r_min: float = 0.05, r_max: float = 0.95,
-                 workload: dict | None = None, relative: bool = False, scenario: str = "v2"):
+                 workload: dict | None = None, relative: bool = False, scenario: str = "v2",
+                 sim_path: str = "auto"):
         self.regimes, self.nodes, self.scenario = tuple(regimes), nodes, scenario
+        self.sim_path = sim_path                   # the simulator's path (SimConfig.path): the same episodes
         self.rps_per_node, self.users_per_node = rps_per_node, users_per_node
         if warmup_s is None:                       # v1's environment warmed up for 10 s
             warmup_s = 10.0 if scenario == "v1" else 15.0
@@ -112,10 +114,10 @@ class HelmEnv(gym.Env):
         fields = {k: v for k, v in self.cluster_fields.items() if k != "nodes"}
         cfg = SimConfig(**(fields | dict(nodes=self.nodes, hardware=hardware, model=model, ratio=ratio,
                                          router=self.router, seed=w.seed, warmup_s=0.0, r_min=self.r_min,
-                                         r_max=self.r_max, slo_ms=slo_ms)))
+                                         r_max=self.r_max, slo_ms=slo_ms, path=self.sim_path)))
         self.recorder = _Recorder()
         self.cluster = Cluster(cfg.validate(), w, profile, make_router(self.router), self.recorder)
-        self.cluster.begin()
+        self.cluster.begin(compiled=True)
         self.chunks = shifted(w.chunks(1.0), start)
         self.t = 0.0
         self.observer = Observer()

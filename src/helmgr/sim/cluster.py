@@ -79,7 +79,8 @@ class Cluster(Faults):
         self.stop_periodic = False               # set once the last arrival is in: ticks etc. stop
         self.next_rid = 0
         self.watch_from, self.watch_done = 1 << 62, 0
-        self.path, self.path_reason = None, None       # set by run: "compiled" or "python" (and why)
+        self.path, self.path_reason = None, None       # set by begin: "compiled" or "python" (and why)
+        self.engine = None                             # the compiled path's run (sim/engine.py), when it takes it
         for i, s in enumerate(self.slots):
             self.rec.ratio_change(0.0, i, s.node.ratio)
 
@@ -118,18 +119,7 @@ class Cluster(Faults):
     def run(self) -> None:
         """The whole workload: begin, feed every chunk, finish — on the compiled path when the
         configuration allows it (`cfg.path`: auto | compiled | python), `self.path` says which."""
-        from helmgr.sim import engine
-        self.path, self.path_reason = self.choose_path()
-        if self.path == "compiled":
-            run = engine.CompiledRun(self)
-            inner = self.set_ratio
-            self.set_ratio = lambda i, ratio: run.set_ratio(i, ratio, inner)
-            try:
-                run.run()
-            finally:
-                del self.set_ratio
-            return
-        self.begin()
+        self.begin(compiled=True)
         for chunk in self.workload.chunks(1.0):
             self.feed(chunk)
             if self.on_progress and len(chunk):
@@ -147,7 +137,10 @@ class Cluster(Faults):
             raise HelmInputError(f"--sim-path compiled cannot run this configuration: {why}")
         return "python", why
 
-    def begin(self) -> None:
+    def begin(self, compiled: bool = False) -> None:
+        """Schedule the periodic events. With `compiled`, the run takes the compiled path where
+        its configuration allows (`choose_path`); feed, advance, finish, fork and
+        run_until_served then go through it."""
         cfg = self.cfg
         if type(self.policy).decide is not MemoryPolicy.decide or "decide" in vars(self.policy):
             self.push(cfg.tick_s, TICK)          # (a policy that never decides needs no ticks)
@@ -158,9 +151,16 @@ class Cluster(Faults):
             if f.up_s is not None:
                 self.push(f.up_s, UP, f.node)
         self.next_rid = 0
+        self.path, self.path_reason = self.choose_path() if compiled else ("python", "stepwise run")
+        if self.path == "compiled":
+            from helmgr.sim import engine
+            self.engine = engine.CompiledRun(self)
 
     def feed(self, chunk) -> None:
         """Arrive every request of `chunk`, each after the events due at or before its time."""
+        if self.engine is not None:
+            self.engine.feed(chunk)
+            return
         heap, handle = self.heap, self._handle
         ts, users, prefix = chunk.t.tolist(), chunk.user.tolist(), chunk.prefix_len.tolist()
         io, co, burst = chunk.item_offsets.tolist(), chunk.cand_offsets.tolist(), chunk.burst.tolist()
@@ -179,12 +179,18 @@ class Cluster(Faults):
     def finish(self) -> None:
         """No more arrivals: stop the periodic events and run until every request is done."""
         self.stop_periodic = True
+        if self.engine is not None:
+            self.engine.finish()
+            return
         self.advance(float("inf"))
         self.rec.requests = self.next_rid
 
     def advance(self, t: float) -> None:
         """Process every event due at or before t; the clock then reads t (at most the last event's
         time when t is infinite)."""
+        if self.engine is not None:
+            self.engine.advance(t)
+            return
         heap, handle = self.heap, self._handle
         while heap and heap[0][0] <= t:
             handle(heappop(heap))
@@ -322,6 +328,12 @@ class Cluster(Faults):
     # -- memory ---------------------------------------------------------------------------
     def set_ratio(self, i: int, ratio: float) -> None:
         """Resize node i's pool now (if that moves a page) and start its refill."""
+        if self.engine is not None:
+            self.engine.set_ratio(i, ratio, self._set_ratio)
+        else:
+            self._set_ratio(i, ratio)
+
+    def _set_ratio(self, i: int, ratio: float) -> None:
         node = self.slots[i].node
         if node.pool.pages_for(ratio) != node.pool.emb_pages:
             _, wake = node.resize(ratio, self.now)
@@ -344,11 +356,17 @@ class Cluster(Faults):
 
     def watch(self) -> None:
         """Count completions of the requests fed from now on (for `run_until_served`)."""
+        if self.engine is not None:
+            self.engine.watch()
+            return
         self.watch_from, self.watch_done = self.next_rid, 0
 
     def run_until_served(self) -> None:
         """Process events until every watched request has completed. Later arrivals could never
         have delayed them (queues and the link are FIFO), so this is their whole story."""
+        if self.engine is not None:
+            self.engine.run_until_served()
+            return
         heap, handle = self.heap, self._handle
         while self.watch_done < self.next_rid - self.watch_from and heap:
             handle(heappop(heap))

@@ -132,30 +132,79 @@ class CompiledRun:
         self.AI = np.zeros((0, NRI), np.int64)
         self.chunk = None
         self.H = books_in(c, self.mode, G, self.I)
-        if self.mode == HELM:             # reports from Python (after resizes) feed the compiled holders
-            c.index.apply_events = lambda n, events: apply_events(self.H, G, n, events)
+        self.workload = c.workload
+        self.watch_from, self.watch_done = 1 << 62, 0
+        self._install()
         for i in range(n):
             self.sync_in(i)
-        c.queue_len = lambda i: int(self.I[i, QT] - self.I[i, QH])
+
+    def _install(self) -> None:
+        """Point the cluster's hooks at this run (bound methods: a copy of the cluster takes its
+        copy of the run along)."""
+        if self.mode == HELM:             # reports from Python (after resizes) feed the compiled holders
+            self.c.index.apply_events = self._apply_events
+        self.c.queue_len = self.queue_len
+
+    def _apply_events(self, n: int, events) -> None:
+        apply_events(self.H, self.G, n, events)
+
+    def queue_len(self, i: int) -> int:
+        return int(self.I[i, QT] - self.I[i, QH])
+
+    # -- copies (Cluster.fork, and pickles for Ray) ---------------------------------------------
+    _SHARED = ("STATES", "KVM", "KVT", "KVL")      # the nodes' own arrays: taken from the nodes
+
+    def __getstate__(self) -> dict:
+        """The run as plain values: typed lists as Python lists, the nodes' arrays as the nodes
+        hold them (after `sync_out`, so a copy made with the nodes shares them as the original
+        does), completions drained, the history pool left to the workload."""
+        for i in range(len(self.c.nodes)):
+            self.sync_out(i)
+        self.drain()
+        state = {k: _plain(v) for k, v in vars(self).items() if k not in self._SHARED and k != "HP"}
+        nodes = self.c.nodes
+        state["_shared"] = ([nd.emb.state for nd in nodes], [nd.kv.meta for nd in nodes],
+                            [nd.kv.tab for nd in nodes], [nd.kv.log for nd in nodes])
+        state["chunk"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        shared = state.pop("_shared")
+        vars(self).update({k: _typed(v) for k, v in state.items()})
+        self.STATES, self.KVM, self.KVT, self.KVL = (List(x) for x in shared)
+        self.HP = np.ascontiguousarray(self.workload.history.compiled_pool, np.int64)
 
     def _args(self):
         return (self.F, self.I, self.G, self.Q, self.INF, self.INFF, self.RI, self.RF, self.FREE, self.CLI, self.CLF,
                 self.HT, self.HK, self.C, self.CI, self.STATES, self.RB, self.UB, self.ACC, self.KVM, self.KVT,
                 self.KVL, self.IDSI, self.IDSC, self.HP, self.DL, self.H)
 
-    # -- the loop -----------------------------------------------------------------------------
-    def run(self) -> None:
+    # -- the loop: Cluster.feed / advance / finish / run_until_served on this path -------------
+    def feed(self, chunk) -> None:
+        """Every request of `chunk` in, each after the events due at or before its time."""
+        self.load(chunk)
+        self.drive()
+        self.chunk = None
+
+    def advance(self, t: float) -> None:
+        """Every event due at or before t (node events before the cluster's at the same time)."""
+        c, heap = self.c, self.c.heap
+        self._no_arrivals()
+        args = self._args()
+        while True:
+            step(min(heap[0][0] if heap else np.inf, t), -1, *args, self.AT, self.AI)
+            self.report_kv()
+            if not (heap and heap[0][0] <= t):
+                break
+            self.boundary(heappop(heap))
+        self.G[FINISH] = 0
+        if t != np.inf:
+            c.now = max(c.now, t)
+
+    def finish(self) -> None:
+        """No more arrivals: every event run, the objects and the router's books brought up to date."""
         c = self.c
-        c.begin()
-        for chunk in c.workload.chunks(1.0):
-            self.load(chunk)
-            self.drive()
-            if c.on_progress and len(chunk):
-                c.on_progress(min(float(chunk.t[-1]), c.workload.duration_s))
-        c.stop_periodic = True
-        self.G[FINISH] = 1
-        self.AT, self.AI = np.zeros(0), np.zeros((0, NRI), np.int64)
-        self.G[POS] = self.G[NARR] = 0
+        self._no_arrivals()
         self.drive()
         for i in range(c.cfg.nodes):
             self.sync_out(i)
@@ -163,6 +212,36 @@ class CompiledRun:
         books_out(c, self.mode, self.H, self.G, self.I)
         c.next_rid = int(self.G[RID])
         c.rec.requests = c.next_rid
+
+    def watch(self) -> None:
+        self.watch_from, self.watch_done = int(self.G[RID]), 0
+
+    def _served(self) -> bool:
+        k = int(self.G[NCOMP])
+        fresh = int(np.count_nonzero(self.CLI[0][:k, C_RID] >= self.watch_from))
+        return self.watch_done + fresh >= int(self.G[RID]) - self.watch_from
+
+    def run_until_served(self) -> None:
+        """Events until every watched request has completed (node events up to the next event of
+        the cluster's may run past it: later ones cannot delay a watched request), then drained."""
+        heap = self.c.heap
+        self._no_arrivals()
+        args = self._args()
+        while True:
+            step(heap[0][0] if heap else np.inf, -1, *args, self.AT, self.AI)
+            self.report_kv()
+            if self._served() or not heap:
+                break
+            self.boundary(heappop(heap))
+        self.G[FINISH] = 0
+        for i in range(self.c.cfg.nodes):
+            self.sync_out(i)
+        self.drain()
+
+    def _no_arrivals(self) -> None:
+        self.G[FINISH] = 1
+        self.AT, self.AI = np.zeros(0), np.zeros((0, NRI), np.int64)
+        self.G[POS] = self.G[NARR] = 0
 
     def load(self, chunk) -> None:
         """The chunk's requests become the arrivals `step` walks."""
@@ -225,8 +304,8 @@ class CompiledRun:
                 self.sync_in(i)
 
     def set_ratio(self, i: int, ratio: float, inner) -> None:
-        """Cluster.set_ratio with node i's objects up to date around it (a ratio that moves no
-        page changes nothing: no sync, whose bitmap rebuild would cost a pass over the rows)."""
+        """Cluster.set_ratio (`inner`) with node i's objects up to date around it (a ratio that
+        moves no page changes nothing: no sync, whose bitmap rebuild would cost a pass over the rows)."""
         pool = self.c.slots[i].node.pool
         if pool.pages_for(ratio) == pool.emb_pages:
             return
@@ -271,6 +350,7 @@ class CompiledRun:
         if not k:
             return
         cli, clf = self.CLI[0][:k], self.CLF[0][:k]
+        self.watch_done += int(np.count_nonzero(cli[:, C_RID] >= self.watch_from))
         rec = c.rec
         t, end = clf[:, C_T], clf[:, C_END]
         rec.arrival.extend(t.tolist())
@@ -337,3 +417,23 @@ class CompiledRun:
             if a:
                 self.KVM[n][kvmod.LOG_N] = 0
         self.G[NDL] = 0
+
+
+class _Plain(list):
+    """A numba typed list, as a Python list (what copies and pickles can carry)."""
+
+
+def _plain(v):
+    if isinstance(v, List):
+        return _Plain(v)
+    if isinstance(v, tuple):
+        return tuple(_plain(x) for x in v)
+    return v
+
+
+def _typed(v):
+    if isinstance(v, _Plain):
+        return List(v)
+    if isinstance(v, tuple):
+        return tuple(_typed(x) for x in v)
+    return v

@@ -26,19 +26,35 @@ def _request_flops(CI, tokens, cached, candidates):
     return _prefix_flops(CI, tokens, cached) + cand
 
 
+_LOW = np.uint64(0x0101010101010101)       # bit 0 of each of a word's 8 bytes
+_GATHER = np.uint64(0x0102040810204080)    # times the low bits: byte k's bit lands at bit 56 + k
+
+
 @njit(cache=True, nogil=True)
 def build_bits(state, res, unf):
     """Node's EMB row states as two bitmaps (resident, unfilled): 1/8 of the bytes, so a
-    request's hundreds of random checks hit cache far more often than in `state`."""
-    res[:] = 0
-    unf[:] = 0
-    one = np.uint64(1)
-    for x in range(state.shape[0]):
-        st = state[x]
-        if st == RESIDENT:
-            res[x >> 6] |= one << np.uint64(x & 63)
-        elif st == UNFILLED:
-            unf[x >> 6] |= one << np.uint64(x & 63)
+    request's hundreds of random checks hit cache far more often than in `state`. States are
+    0, 1, 2 (ABSENT, RESIDENT, UNFILLED): a row's resident bit is its state's bit 0, its unfilled
+    bit its bit 1, gathered 8 rows per multiply from `state` read as words."""
+    n = state.shape[0]
+    full = n >> 6
+    words = state[:full << 6].view(np.uint64)
+    one, sh, top = np.uint64(1), np.uint64(1), np.uint64(56)
+    for w in range(full):
+        r = u = np.uint64(0)
+        for j in range(8):
+            x = words[8 * w + j]
+            r |= (((x & _LOW) * _GATHER) >> top) << np.uint64(8 * j)
+            u |= ((((x >> sh) & _LOW) * _GATHER) >> top) << np.uint64(8 * j)
+        res[w], unf[w] = r, u
+    if full < res.shape[0]:
+        res[full] = unf[full] = 0
+        for x in range(full << 6, n):
+            st = state[x]
+            if st == RESIDENT:
+                res[x >> 6] |= one << np.uint64(x & 63)
+            elif st == UNFILLED:
+                unf[x >> 6] |= one << np.uint64(x & 63)
 
 
 @njit(cache=True, nogil=True)
