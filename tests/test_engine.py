@@ -10,6 +10,7 @@ import pytest
 from helmgr.core.errors import HelmInputError
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.config import FaultSpec, scenario_cluster
+from helmgr.sim.engine_layout import INFN
 from helmgr.workload import default_config, synthetic_workload
 
 WALL_CLOCK = {"wall_s", "sim_path", "sim_path_reason"}
@@ -145,3 +146,24 @@ def test_bitmaps_hold_each_rows_state(n):
     pad = words * 64 - n
     if pad:
         assert np.unpackbits(res.view(np.uint8), bitorder="little")[n:].sum() == 0
+
+
+def test_a_cluster_on_the_compiled_path_forks_and_pickles_mid_run():
+    """Cluster.fork and a pickle (cloudpickle: what Ray sends to a worker) of a cluster on the
+    compiled path, taken mid-run with requests in flight, replay a block exactly as the original."""
+    cloudpickle = pytest.importorskip("cloudpickle")
+    from helmgr.core.profiles import node_profile
+    from helmgr.experiments.oracle import replay_p99
+    from helmgr.experiments.phase_oracle import Start
+    w = synthetic_workload(default_config("burst", rps=300, duration_s=8, n_items=50_000, n_clusters=8), 1)
+    cfg = SimConfig(**(V2 | dict(nodes=3, router="helm", seed=1))).validate(8)
+    c = Start(cfg, w, node_profile(cfg.hardware, cfg.model)).build(0.5)
+    chunks = list(w.chunks(1.0))
+    for chunk in chunks[:4]:
+        c.feed(chunk)                        # (the last arrival is just in: in service)
+    assert c.path == "compiled" and sum(c.queue_len(i) for i in range(3)) + int(c.engine.I[:, INFN].sum()) > 0
+    first = replay_p99(c, chunks[4:6], 0.7, 4.0)
+    copy = cloudpickle.loads(cloudpickle.dumps(c))
+    assert copy.engine is not c.engine and copy.engine.c is copy
+    assert replay_p99(copy, chunks[4:6], 0.7, 4.0) == first == replay_p99(c, chunks[4:6], 0.7, 4.0)
+    assert np.isfinite(first)

@@ -151,7 +151,7 @@ class Cluster(Faults):
             if f.up_s is not None:
                 self.push(f.up_s, UP, f.node)
         self.next_rid = 0
-        self.path, self.path_reason = self.choose_path() if compiled else ("python", "stepwise run")
+        self.path, self.path_reason = self.choose_path() if compiled else ("python", "begin(compiled=False)")
         if self.path == "compiled":
             from helmgr.sim import engine
             self.engine = engine.CompiledRun(self)
