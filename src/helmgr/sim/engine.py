@@ -190,24 +190,28 @@ class CompiledRun:
 
     def advance(self, t: float) -> None:
         """Every event due at or before t (node events before the cluster's at the same time)."""
-        c, heap = self.c, self.c.heap
+        self._events(t, lambda: False)
+        if t != np.inf:
+            self.c.now = max(self.c.now, t)
+
+    def _events(self, t: float, done) -> None:
+        """With no arrivals: node events and the cluster's, in time order, up to t or until
+        `done()` (asked before each event of the cluster's)."""
+        heap = self.c.heap
         self._no_arrivals()
         args = self._args()
         while True:
             step(min(heap[0][0] if heap else np.inf, t), -1, *args, self.AT, self.AI)
             self.report_kv()
-            if not (heap and heap[0][0] <= t):
+            if done() or not (heap and heap[0][0] <= t):
                 break
             self.boundary(heappop(heap))
         self.G[FINISH] = 0
-        if t != np.inf:
-            c.now = max(c.now, t)
 
     def finish(self) -> None:
         """No more arrivals: every event run, the objects and the router's books brought up to date."""
         c = self.c
-        self._no_arrivals()
-        self.drive()
+        self._events(np.inf, lambda: False)
         for i in range(c.cfg.nodes):
             self.sync_out(i)
         self.drain()
@@ -226,16 +230,7 @@ class CompiledRun:
     def run_until_served(self) -> None:
         """Events until every watched request has completed (node events up to the next event of
         the cluster's may run past it: later ones cannot delay a watched request), then drained."""
-        heap = self.c.heap
-        self._no_arrivals()
-        args = self._args()
-        while True:
-            step(heap[0][0] if heap else np.inf, -1, *args, self.AT, self.AI)
-            self.report_kv()
-            if self._served() or not heap:
-                break
-            self.boundary(heappop(heap))
-        self.G[FINISH] = 0
+        self._events(np.inf, self._served)
         for i in range(self.c.cfg.nodes):
             self.sync_out(i)
         self.drain()
@@ -261,7 +256,7 @@ class CompiledRun:
         self.G[POS], self.G[NARR] = 0, n
 
     def drive(self) -> None:
-        """Step until the chunk's arrivals are in (or, finishing, every event is done)."""
+        """Step until the chunk's arrivals are in."""
         c, heap, args = self.c, self.c.heap, self._args()
         routed = -1
         while True:
