@@ -70,7 +70,7 @@ def run_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs: int 
     slo_s = (cfg.slo_ms if cfg.slo_ms is not None else profile.model.slo_ms) * 1e-3
     wall = time.perf_counter()
     cluster = Cluster(cfg, workload, profile, make_router(cfg.router), Static())
-    cluster.begin(compiled=True)
+    cluster.begin()
     grid_arr = np.asarray(grid, float)
     r_star, table = [], []
     current = cfg.ratio

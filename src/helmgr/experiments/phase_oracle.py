@@ -117,7 +117,7 @@ class Start:
     def build(self, ratio: float) -> Cluster:
         cfg = dataclasses.replace(self.cfg, ratio=float(ratio))
         cluster = Cluster(cfg, self.workload, self.profile, make_router(cfg.router), Static())
-        cluster.begin(compiled=True)
+        cluster.begin()
         return cluster
 
 

@@ -117,7 +117,7 @@ class HelmEnv(gym.Env):
                                          r_max=self.r_max, slo_ms=slo_ms, path=self.sim_path)))
         self.recorder = _Recorder()
         self.cluster = Cluster(cfg.validate(), w, profile, make_router(self.router), self.recorder)
-        self.cluster.begin(compiled=True)
+        self.cluster.begin()
         self.chunks = shifted(w.chunks(1.0), start)
         self.t = 0.0
         self.observer = Observer()

@@ -119,7 +119,7 @@ class Cluster(Faults):
     def run(self) -> None:
         """The whole workload: begin, feed every chunk, finish — on the compiled path when the
         configuration allows it (`cfg.path`: auto | compiled | python), `self.path` says which."""
-        self.begin(compiled=True)
+        self.begin()
         for chunk in self.workload.chunks(1.0):
             self.feed(chunk)
             if self.on_progress and len(chunk):
@@ -137,10 +137,10 @@ class Cluster(Faults):
             raise HelmInputError(f"--sim-path compiled cannot run this configuration: {why}")
         return "python", why
 
-    def begin(self, compiled: bool = False) -> None:
-        """Schedule the periodic events. With `compiled`, the run takes the compiled path where
-        its configuration allows (`choose_path`); feed, advance, finish, fork and
-        run_until_served then go through it."""
+    def begin(self) -> None:
+        """Schedule the periodic events and choose the path (`choose_path`: compiled where the
+        configuration allows and `cfg.path` does not say python); on the compiled path feed,
+        advance, set_ratio, fork, watch, run_until_served and finish go through the engine."""
         cfg = self.cfg
         if type(self.policy).decide is not MemoryPolicy.decide or "decide" in vars(self.policy):
             self.push(cfg.tick_s, TICK)          # (a policy that never decides needs no ticks)
@@ -151,7 +151,7 @@ class Cluster(Faults):
             if f.up_s is not None:
                 self.push(f.up_s, UP, f.node)
         self.next_rid = 0
-        self.path, self.path_reason = self.choose_path() if compiled else ("python", "begin(compiled=False)")
+        self.path, self.path_reason = self.choose_path()
         if self.path == "compiled":
             from helmgr.sim import engine
             self.engine = engine.CompiledRun(self)

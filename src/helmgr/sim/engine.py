@@ -1,8 +1,8 @@
 """The compiled per-request path of the cluster simulator (SPEC 4, Speed).
 
-`Cluster.begin(compiled=True)` (what `Cluster.run` calls; the oracles and the training
-environment too) hands the per-request work to this engine when the run's configuration is one it
-compiles (`unsupported` says why not, and the run then takes the Python path): arrival, routing
+`Cluster.begin` (what `Cluster.run` calls; the oracles and the training environment too) hands
+the per-request work to this engine when the run's configuration is one it compiles
+(`unsupported` says why not, and the run then takes the Python path): arrival, routing
 (least-loaded, round-robin, prefix-aware and HELM in compiled code, `engine_routes.py` and
 `engine_helm.py`; any other router from Python, one call per arrival), batching, the node model
 of `sim/node.py` (`engine_node.py`: KV cache, EMB residency, the H2D link, the three service
@@ -84,7 +84,7 @@ def router_mode(router, index) -> int:
 
 
 class CompiledRun:
-    """One run of a `Cluster` on the compiled path (`Cluster.begin(compiled=True)` makes it; the
+    """One run of a `Cluster` on the compiled path (`Cluster.begin` makes it; the
     cluster's feed, advance, finish, watch and run_until_served call the verbs of the same names)."""
 
     def __init__(self, cluster):
