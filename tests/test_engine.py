@@ -75,6 +75,18 @@ def test_compiled_path_equals_python_path_with_the_helm_controller(regime):
     assert_same(py, co)
 
 
+@pytest.mark.parametrize("router,policy", [("helm", "static"), ("least-loaded", "helm-v1")])
+def test_compiled_path_equals_python_path_with_sampled_emb(router, policy):
+    """EMB caches tracking one id in 4: both paths check, record and scale the same sampled ids
+    (and the controller's resizes move the same sampled rows)."""
+    cfg = SimConfig(**(V2 | dict(nodes=3, router=router, policy=policy, seed=5, warmup_s=2.0, ratio=0.4,
+                                 emb_sample=4)))
+    py, co = both(cfg, "burst", rps=300.0, duration=10.0)
+    assert py.cluster.nodes[0].emb.n_items == 2_000_000 // 4
+    assert 0.3 < py.summary["emb_hit_rate"] < 0.99
+    assert_same(py, co)
+
+
 def test_compiled_path_under_overload_and_tail_first_kv():
     cfg = SimConfig(**(V2 | dict(nodes=2, router="least-loaded", kv_tail_first=True, seed=1, warmup_s=1.0,
                                  ratio=0.8, max_batch=2)))

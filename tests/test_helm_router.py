@@ -8,6 +8,7 @@ from helmgr.sim.node import Node
 from helmgr.sim import SimConfig, parse_fault, simulate
 from helmgr.routing.residency import (BLOCKED, CHUNK_S, HISTORY_MIN_IDS, HISTORY_MISS, REFILL_UNTIL, EmbSummary, KVBatch,
                                       ResidencyIndex, ResidencyReporter, history_miss_rate)
+from helmgr.routing import kernel as route_kernel
 from helmgr.routing.kernel import FREE, LINK_WASTE, MEMO, MISS, N_CONSTS
 from helmgr.routing.helm import Helm
 from helmgr.routing.routers import ROUTERS, make_router
@@ -434,3 +435,25 @@ def test_helm_revision_changes_with_any_default(monkeypatch):
         def __init__(self, d: int = 3, **kw):
             super().__init__(d=d, **kw)
     assert Wider.revision() != base and "d=3" in Wider.revision()
+
+
+def test_a_sampled_cluster_prices_an_id_by_its_tracked_row():
+    """EMB caches tracking one id in 4: the index holds a bit per tracked row, and the router prices
+    any id by its row's bit (id >> 2). A candidate beside a resident tracked id costs nothing on
+    the link; one beside an absent one costs a missed row: the service differs by one miss."""
+    from helmgr.routing.kernel import EMB_SHIFT
+    node = Node(tiny_node_profile(), N_ITEMS, NodeConfig(ratio=0.05, emb_sample=4))
+    node.emb.warm(np.linspace(1, 0, N_ITEMS // 4, dtype=np.float32))       # the hottest rows resident
+    assert node.emb.n_items == N_ITEMS // 4 and node.emb.state[0] and not node.emb.state[-1]
+    r = ROUTERS["helm"](d=8, sample=1024)
+    r.bind(1, [True], np.random.default_rng(0))
+    index = r.attach(node.cost, N_ITEMS, emb_sample=4)
+    assert r.consts[EMB_SHIFT] == 2 and index.bits.shape == (1, N_ITEMS // 4 // 8)
+    index.apply_summary(ResidencyReporter(0, node).summary(0.0))
+    np.testing.assert_array_equal(index.resident(0, np.array([0, 1, 3, N_ITEMS - 1])), [1, 1, 1, 0])
+    index.node[:, HISTORY_MISS] = 0.0
+    services = []
+    for cand in (5, N_ITEMS - 3):                       # rows 1 (resident) and N/4 - 1 (absent)
+        r.route_request(0.0, 7, 0, np.zeros(0, np.int64), np.array([cand]))
+        services.append(r.last_decision.service_s)
+    assert services[1] - services[0] == pytest.approx(r.consts[MISS] + r.consts[route_kernel.PCIE_LATENCY])

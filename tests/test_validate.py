@@ -396,3 +396,11 @@ def test_a_trace_error_crosses_a_process_boundary_whole():
     from helmgr.core.errors import TraceFormatError
     err = pickle.loads(pickle.dumps(TraceFormatError("bad.trace", 6, "not UTF-8")))
     assert (type(err), str(err), err.line) == (TraceFormatError, "bad.trace:6: not UTF-8", 6)
+
+
+@pytest.mark.parametrize("argv,needle", [(["simulate", "--emb-sample", "3"], "emb-sample 3 is not a power of two"),
+                                         (["simulate", "--emb-sample", "2048"], "2048 is not in the range"),
+                                         (["bench", "--sim", "--emb-sample", "1,6"], "--emb-sample '1,6': 6 is not"),
+                                         (["bench", "--sim", "--emb-sample", "x"], "not a comma list of integers")])
+def test_emb_sampling_rates_are_powers_of_two(capsys, argv, needle):
+    refused(capsys, argv + ["--duration", "5"], needle)

@@ -8,7 +8,7 @@ from helmgr.cli.output import emit_json, json_option, progress, stdout
 from helmgr.cli.types import names, node_sizes
 from helmgr.core.errors import HelmInputError
 from helmgr.routing.routers import ROUTERS
-from helmgr.sim.config import SIM_PATHS
+from helmgr.sim.config import MAX_EMB_SAMPLE, SIM_PATHS
 
 
 @click.command("bench")
@@ -34,9 +34,11 @@ from helmgr.sim.config import SIM_PATHS
               help="With --sim: cap on one run's requests (shortens the large clusters' runs).")
 @click.option("--sim-path", "sim_paths", default="auto", show_default=True,
               help="With --sim: comma list of per-request paths to time (auto, compiled, python).")
+@click.option("--emb-sample", "emb_samples", default="1", show_default=True,
+              help="With --sim: comma list of EMB sampling rates to time (simulate --emb-sample).")
 @json_option
 def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, cold_mb, sim, routers, duration,
-              max_requests, sim_paths, as_json):
+              max_requests, sim_paths, emb_samples, as_json):
     """Microseconds per routing decision (p50, p99, mean) at each cluster size, or with
     --controller per controller decision (p50, p99, p99.9).
 
@@ -56,7 +58,7 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
         if controller:
             raise HelmInputError("--sim and --controller are two benches; choose one")
         return _sim(nodes or [8, 32, 128], names(routers, list(ROUTERS), "routers"), duration, max_requests,
-                    names(sim_paths, list(SIM_PATHS), "sim-path"), as_json)
+                    names(sim_paths, list(SIM_PATHS), "sim-path"), sample_rates(emb_samples), as_json)
     if controller:
         from helmgr.experiments.bench import controller_bench
         r = controller_bench(policy_path, decisions, cold_mb=cold_mb)
@@ -84,22 +86,36 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
     stdout.print(t)
 
 
+def sample_rates(text: str) -> list[int]:
+    """`--emb-sample`'s comma list, each a power of two in [1, MAX_EMB_SAMPLE]."""
+    try:
+        rates = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HelmInputError(f"--emb-sample {text!r} is not a comma list of integers") from None
+    bad = [k for k in rates if not 1 <= k <= MAX_EMB_SAMPLE or k & (k - 1)]
+    if bad or not rates:
+        raise HelmInputError(f"--emb-sample {text!r}: {bad[0] if bad else 'empty list'} is not a power of two in "
+                             f"[1, {MAX_EMB_SAMPLE}]")
+    return rates
+
+
 def _sim(sizes: list[int], routers: list[str], duration: float, max_requests: int, paths: list[str],
-         as_json: bool) -> None:
+         samples: list[int], as_json: bool) -> None:
     from helmgr.experiments.bench import sim_bench
     with progress("bench", None) as bar:
-        task = bar.add_task("simulator: runs", total=len(sizes) * len(routers) * len(paths))
-        r = sim_bench(sizes, routers, duration, max_requests, on_done=lambda: bar.advance(task), paths=paths)
+        task = bar.add_task("simulator: runs", total=len(sizes) * len(routers) * len(paths) * len(samples))
+        r = sim_bench(sizes, routers, duration, max_requests, on_done=lambda: bar.advance(task), paths=paths,
+                      samples=samples)
     if as_json:
         emit_json(r)
         return
     t = Table(title=f"simulated req/s, default scenario ({r['rps_per_node']:g} req/s per node), one core; "
                     "wall time by phase (%)")
-    cols = ("nodes", "router", "path", "sim s", "requests", "req/s", "ids/req", "MB/node", *r["phases"])
+    cols = ("nodes", "router", "path", "sample", "sim s", "requests", "req/s", "ids/req", "MB/node", *r["phases"])
     for c in cols:
         t.add_column(c.replace("_", " "), justify="right")
     for row in r["rows"]:
-        t.add_row(str(row["nodes"]), row["router"], row["sim_path"], f"{row['duration_s']:.1f}", f"{row['requests']:,}",
+        t.add_row(str(row["nodes"]), row["router"], row["sim_path"], str(row["emb_sample"]), f"{row['duration_s']:.1f}", f"{row['requests']:,}",
                   f"{row['req_per_s']:,.0f}", f"{row['ids_per_request']:,.0f}",
                   f"{row['setup_bytes_per_node'] / 2**20:.1f}",
                   *(f"{100 * row['phase_share'][p]:.0f}" for p in r["phases"]))

@@ -31,7 +31,7 @@ from helmgr.workload import SCENARIOS, WorkloadSpec
 @out_option
 @scenario_defaults
 def capacity_cmd(scenario, regime, duration, seeds, rps, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
-                 faults, tick_ms, refresh_s, max_batch, engine, sim_path, tol, target, jobs, ray_address, as_json,
+                 faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, tol, target, jobs, ray_address, as_json,
                  out_dir):
     """The highest base request rate at which POLICY + ROUTER keeps window SLO satisfaction >=
     TARGET (and is not overloaded): bisection over the rate to within TOL, per seed; the
@@ -45,7 +45,7 @@ def capacity_cmd(scenario, regime, duration, seeds, rps, nodes, policy, ratio, r
     wall = time.perf_counter()
     seed_values = seed_list(seeds)
     cfg = build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                       max_batch, seed_values[0], engine, sim_path)
+                       max_batch, seed_values[0], engine, sim_path, emb_sample)
     spec = WorkloadSpec(regime, duration, seed_values[0], scenario=scenario)
     spec.build()                                       # validates the workload options up front
     with progress("bisecting", len(seed_values)) as bar:

@@ -36,7 +36,7 @@ COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo
 @out_option
 def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                 nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine,
-                sim_path, policies, routers, ratios, oracle_lookahead, jobs, ray_address, as_json, out_dir):
+                sim_path, emb_sample, policies, routers, ratios, oracle_lookahead, jobs, ray_address, as_json, out_dir):
     """Run every policy on the same workload and seed; P99, SLO and distance from the oracle.
 
     static-best is the grid ratio with the lowest P99 (a sweep of this run, in hindsight). The
@@ -63,7 +63,7 @@ def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time
                          scenario)
     w = spec.build()                                     # validates the workload options up front
     cfgs = {rt: build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                             max_batch, seed, engine, sim_path) for rt in router_names}
+                             max_batch, seed, engine, sim_path, emb_sample) for rt in router_names}
     with progress("comparing", None) as bar:
         def track(label: str, total: int):
             task = bar.add_task(f"{w.name} / {label}", total=total)

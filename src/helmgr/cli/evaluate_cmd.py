@@ -62,7 +62,7 @@ DEFAULT_OUT = Path("results/evaluate")
               show_default=True, help="Results folder: the report, and runs/ (what a rerun resumes from).")
 @scenario_defaults
 def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios, rate_scale, nodes, policy, ratio, router,
-                 hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, no_oracle,
+                 hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, no_oracle,
                  oracle_lookahead, no_capacity, capacity_workloads, capacity_duration, capacity_tol, s5, quick, fresh, jobs, ray_address, as_json, out_dir):
     """Regimes x seeds x policies x routers, static-best per router, the phase oracle, capacity at
     SLO and the scenario check; reported both ways (the controller against static-best under the
@@ -87,7 +87,7 @@ def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios
     cap_regimes = None if pick["capacity_workloads"] is None else tuple(
         r for r in names(pick["capacity_workloads"], REGIMES, "capacity-workloads") if r in regimes)
     ev = EvalConfig(cluster=build_config(nodes, "static", ratio, router, hardware, model, slo_ms, refill, faults,
-                                         tick_ms, refresh_s, max_batch, 0, engine, sim_path),
+                                         tick_ms, refresh_s, max_batch, 0, engine, sim_path, emb_sample),
                     regimes=regimes, seeds=tuple(seed_list(pick["seeds"])),
                     policies=tuple(names(policies, list(POLICIES), "policies")),
                     routers=tuple(names(routers, list(ROUTERS), "routers")), grid=tuple(ratio_grid(pick["ratios"])),

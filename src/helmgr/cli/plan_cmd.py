@@ -52,7 +52,7 @@ def _pairs(text: str) -> tuple[tuple[str, str], ...]:
 @out_option
 @scenario_defaults
 def plan_cmd(rps, scenario, traffic, seeds, duration, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
-             faults, tick_ms, refresh_s, max_batch, engine, sim_path, candidates, tol, quick, jobs, ray_address,
+             faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, candidates, tol, quick, jobs, ray_address,
              as_json, out_dir):
     """How many nodes serve RPS within the SLO, with which split policy and router, and the
     headroom left: capacity at SLO of each candidate on a probe cluster (--nodes), scaled to the
@@ -68,7 +68,7 @@ def plan_cmd(rps, scenario, traffic, seeds, duration, nodes, policy, ratio, rout
     wall = time.perf_counter()
     preset = QUICK if quick else FULL
     pc = PlanConfig(rps=rps, cluster=build_config(nodes, "static", ratio, router, hardware, model, slo_ms, refill,
-                                                  faults, tick_ms, refresh_s, max_batch, 0, engine, sim_path),
+                                                  faults, tick_ms, refresh_s, max_batch, 0, engine, sim_path, emb_sample),
                     regime=traffic, scenario=scenario, seeds=tuple(seed_list(seeds or preset["seeds"])),
                     duration_s=duration or preset["duration"], tol=tol or preset["tol"],
                     candidates=_pairs(candidates or preset["candidates"]), quick=quick)

@@ -37,7 +37,7 @@ PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
 @out_option
 @scenario_defaults
 def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy, ratio, router, hardware, model,
-                 slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, ratios, s5, jobs, ray_address,
+                 slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, ratios, s5, jobs, ray_address,
                  as_json, out_dir):
     """Does the scenario pose the question? S1-S5 (SPEC 3) per regime and seed, from static sweeps
     cut by the workload's phases; pass/fail, plots with --out.
@@ -53,7 +53,7 @@ def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy
     if len(grid) < 2:
         raise HelmInputError(f"--ratios {ratios!r}: the check needs at least two ratios")
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                       max_batch, 0, engine, sim_path)
+                       max_batch, 0, engine, sim_path, emb_sample)
     specs = [WorkloadSpec(r, duration, s, rps, scenario=scenario) for r in regimes for s in seed_values]
     first = specs[0].build()                           # validates the workload options up front
     with progress("checking", len(specs) * len(grid)) as bar:

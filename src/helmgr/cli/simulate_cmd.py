@@ -14,7 +14,7 @@ from helmgr.core.profiles import available
 from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
 from helmgr.sim import SimConfig, parse_fault, simulate
-from helmgr.sim.config import ENGINES, SIM_PATHS
+from helmgr.sim.config import ENGINES, MAX_EMB_SAMPLE, SIM_PATHS
 
 SHOWN = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
          "window_slo_satisfaction", "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "h2d_gb",
@@ -63,6 +63,9 @@ def sim_options(f=None, *, showcase: bool = False):
         click.option("--sim-path", type=click.Choice(SIM_PATHS), default="auto", show_default=True,
                      help="Per-request path: compiled, python, or auto (compiled where the configuration allows; "
                           "the summary's sim_path says which ran). Both give the same results."),
+        click.option("--emb-sample", type=click.IntRange(1, MAX_EMB_SAMPLE), default=1, show_default=True,
+                     help="EMB caches track one item id in this many (a power of two) and scale their misses up "
+                          "by it: faster, hit rates and P99 estimated (docs/simulator.md)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -70,11 +73,11 @@ def sim_options(f=None, *, showcase: bool = False):
 
 
 def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                 max_batch, seed, engine: str = "serial", sim_path: str = "auto") -> SimConfig:
+                 max_batch, seed, engine: str = "serial", sim_path: str = "auto", emb_sample: int = 1) -> SimConfig:
     return SimConfig(nodes=nodes, policy=policy, ratio=ratio, router=router, hardware=hardware, model=model,
                      slo_ms=slo_ms, refill=refill, faults=tuple(parse_fault(f, nodes) for f in faults),
                      tick_s=tick_ms / 1e3, refresh_s=refresh_s, max_batch=max_batch, seed=seed,
-                     engine=engine, path=sim_path).validate()
+                     engine=engine, path=sim_path, emb_sample=emb_sample).validate()
 
 
 @click.command("simulate")
@@ -86,7 +89,7 @@ def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, 
 @out_option
 def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                  nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch,
-                 engine, sim_path, jobs, as_json, out_dir):
+                 engine, sim_path, emb_sample, jobs, as_json, out_dir):
     """Simulate a cluster serving a workload; report latency, SLO, hit rates and H2D traffic.
 
     With neither --policy nor --router: full HELM (the controller and the HELM router) beside
@@ -103,7 +106,7 @@ def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, tim
     check_out(out_dir)
     side_by_side = policy is None and router is None
     cfg = build_config(nodes, policy or "static", ratio, router or "prefix-aware", hardware, model, slo_ms, refill,
-                       faults, tick_ms, refresh_s, max_batch, seed, engine, sim_path)
+                       faults, tick_ms, refresh_s, max_batch, seed, engine, sim_path, emb_sample)
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                          scenario=scenario)
     w = spec.build()                         # a bad trace or fault is refused here, before any work

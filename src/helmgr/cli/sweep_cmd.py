@@ -28,7 +28,7 @@ COLUMNS = ("ratio", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfacti
 @out_option
 def sweep_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
               nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine,
-              sim_path, ratios, jobs, ray_address, as_json, out_dir):
+              sim_path, emb_sample, ratios, jobs, ray_address, as_json, out_dir):
     """Sweep the static EMB ratio: P99 and SLO attainment per ratio, and the best one.
 
     \b
@@ -38,7 +38,7 @@ def sweep_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_c
     check_out(out_dir)
     grid = ratio_grid(ratios)
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                       max_batch, seed, engine, sim_path)
+                       max_batch, seed, engine, sim_path, emb_sample)
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                          scenario)
     w = spec.build()                                    # validates the workload options up front

@@ -24,6 +24,7 @@ class NodeConfig:
     emb_decay: float = 0.99          # per refresh: with 1-s refreshes, a ~100-s memory (docs/node.md)
     kv_tail_first: bool = False
     host_kv_gib: float = 0.0
+    emb_sample: int = 1               # EMB caches track one item id in this many (memory/emb.py)
 
 
 class Service(NamedTuple):

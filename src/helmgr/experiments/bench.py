@@ -223,13 +223,13 @@ def _phase_run(cfg, make_workload) -> dict:
 
 
 def sim_bench(sizes=(8, 32, 128), routers=("least-loaded", "helm"), duration_s: float = 10.0,
-              max_requests: int = 150_000, seed: int = 1, on_done=None, paths=("auto",)) -> dict:
+              max_requests: int = 150_000, seed: int = 1, on_done=None, paths=("auto",), samples=(1,)) -> dict:
     """Simulated requests per wall-second of the default (steady, v2) scenario at each cluster size,
     162.5 req/s per node on the v2 node model, one row per router x size: `simulate` end to end on one core (chunk
     generation included, as the run draws them; building the workload's tables not), then an
     instrumented run of the same configuration for the split by phase and the memory per node.
     Each size runs min(duration_s, max_requests / (162.5 x nodes)) simulated seconds, so 128 nodes
-    stays a few seconds long."""
+    stays a few seconds long. `samples`: the EMB caches' sampling (SimConfig.emb_sample), a row each."""
     from helmgr.sim import SimConfig, simulate
     from helmgr.sim.config import scenario_cluster
     from helmgr.workload import default_config, synthetic_workload
@@ -237,18 +237,18 @@ def sim_bench(sizes=(8, 32, 128), routers=("least-loaded", "helm"), duration_s: 
 
     def workload(nodes: int, seconds: float):
         return synthetic_workload(default_config("steady", rps=RPS_PER_NODE * nodes, duration_s=seconds), seed)
-    for rt in routers:                                   # compile / load the kernels outside the timings
-        for path in paths:
-            simulate(SimConfig(**(v2 | dict(nodes=2, router=rt, seed=seed, path=path))), workload(2, 1.0))
+    runs = [(rt, path, k) for rt in routers for path in paths for k in samples]
+    for rt, path, k in runs:                             # compile / load the kernels outside the timings
+        simulate(SimConfig(**(v2 | dict(nodes=2, router=rt, seed=seed, path=path, emb_sample=k))), workload(2, 1.0))
     rows = []
     for nodes in sizes:
         seconds = min(duration_s, max_requests / (RPS_PER_NODE * nodes))
-        for rt, path in ((rt, path) for rt in routers for path in paths):
-            cfg = SimConfig(**(v2 | dict(nodes=nodes, router=rt, seed=seed, path=path)))
+        for rt, path, k in runs:
+            cfg = SimConfig(**(v2 | dict(nodes=nodes, router=rt, seed=seed, path=path, emb_sample=k)))
             r = simulate(cfg, workload(nodes, seconds))
             s = r.summary
             ids = sum(n.stats.ids for n in r.cluster.nodes)
-            row = {"nodes": nodes, "router": rt, "duration_s": seconds, "requests": s["requests"],
+            row = {"nodes": nodes, "router": rt, "emb_sample": k, "duration_s": seconds, "requests": s["requests"],
                    "wall_s": s["wall_s"], "req_per_s": s["requests"] / s["wall_s"], "sim_path": s["sim_path"],
                    "ids_per_request": ids / max(s["requests"], 1), "ids_per_s": ids / s["wall_s"],
                    "p99_ms": s["p99_ms"] if np.isfinite(s["p99_ms"]) else None, "utilization": s["utilization"]}

@@ -20,6 +20,8 @@ def cluster_flags(cfg: SimConfig) -> str:
         flags.append(f"--tick-ms {cfg.tick_s * 1e3:g}")
     if cfg.refresh_s != DEFAULTS.refresh_s:
         flags.append(f"--refresh-s {cfg.refresh_s:g}")
+    if cfg.emb_sample != DEFAULTS.emb_sample:
+        flags.append(f"--emb-sample {cfg.emb_sample}")
     return " ".join(flags)
 
 

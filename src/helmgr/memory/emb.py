@@ -18,24 +18,36 @@ score only grows, so it crosses each at most once), then re-selects inside the w
 resize re-selects inside it too. Before the edge leaves the window (every few refreshes) one pass
 over the rows re-centres it. Work is proportional to the accesses and the window, not to the
 catalogue; LRU, whose every touched row jumps to the top, selects anew at each refresh.
+
+Sampling (`sample_shift` s > 0, the simulator's `--emb-sample 2**s`): the cache tracks only the
+item ids whose low s bits are 0, one in 2**s, as rows id >> s, each standing for 2**s rows
+(`row_bytes` is then 2**s rows' bytes, so capacity in rows is 1/2**s of the items'). A lookup
+checks and records only its sampled ids and scales their misses up by 2**s (at most the lookup's
+ids): the spatial sampling of SHARDS (Waldspurger et al., FAST '15) applied to this cache. Every
+sampled row is scored, admitted and evicted as it would be unsampled; state, scores and the
+refresh's work shrink 2**s times, and a request's hits become an estimate.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from helmgr.memory.emb_kernels import (  # noqa: F401  (ABSENT, RESIDENT, UNFILLED, _check: re-exported)
-    ABSENT, RESIDENT, UNFILLED, _NO_ROWS, _absent_from, _add, _check, _cut, _settle, _split, value_at_rank)
+    ABSENT, RESIDENT, UNFILLED, _NO_ROWS, _absent_from, _add, _check, _check_sampled, _cut, _settle, _split,
+    sampled_counts, value_at_rank)
 from helmgr.memory.eviction import make_eviction
 from helmgr.memory.pool import SizeInfo
 
 
 class EmbCache:
     def __init__(self, n_items: int, row_bytes: int, policy: str = "lfu", band_rows: int = 65536,
-                 decay: float = 0.99, state: np.ndarray | None = None):
+                 decay: float = 0.99, state: np.ndarray | None = None, sample_shift: int = 0):
         """`state`: a caller's uint8 array of n_items (e.g. a row of a cluster-wide table) to hold
-        the rows' states in place of the cache's own; it is set to absent, and never replaced."""
-        if n_items <= 0 or row_bytes <= 0:
-            raise ValueError(f"EMB cache needs n_items > 0 and row_bytes > 0, got {n_items}, {row_bytes}")
+        the rows' states in place of the cache's own; it is set to absent, and never replaced.
+        `sample_shift` > 0: the cache tracks one item id in 2**sample_shift (n_items and row_bytes
+        are then the tracked rows' count and 2**sample_shift rows' bytes; `lookup` takes item ids)."""
+        if n_items <= 0 or row_bytes <= 0 or not 0 <= sample_shift < 31:
+            raise ValueError(f"EMB cache needs n_items > 0, row_bytes > 0 and sample_shift in [0, 31), got "
+                             f"{n_items}, {row_bytes}, {sample_shift}")
         if state is None:
             state = np.zeros(n_items, np.uint8)
         elif state.dtype != np.uint8 or state.shape != (n_items,):
@@ -44,6 +56,7 @@ class EmbCache:
             state[:] = ABSENT
         self.n_items = n_items
         self.row_bytes = row_bytes
+        self.sample_shift = sample_shift
         self.policy = make_eviction(policy, decay, lazy=True)   # untouched scores never change
         self.band_rows = max(1, band_rows)
         self.capacity_rows = 0
@@ -87,20 +100,27 @@ class EmbCache:
 
     # -- the hot path ---------------------------------------------------------------------
     def lookup(self, ids: np.ndarray) -> tuple[int, int]:
-        """Count resident rows among `ids` and record the accesses for the next refresh.
+        """Count resident rows among item `ids` and record the accesses for the next refresh.
 
         Returns (hits, misses on unfilled rows). A miss on a wanted-but-unfilled row brings the
-        row over PCIe anyway, so it is admitted (this is the `lazy` refill)."""
+        row over PCIe anyway, so it is admitted (this is the `lazy` refill). Sampled: hits and
+        unfilled misses estimated from the sampled ids (`emb_kernels.sampled_counts`)."""
         if len(ids) == 0:
             return 0, 0
-        self.record(ids)
-        hits, unfilled = _check(self.state, ids)
+        shift = self.sample_shift
+        if shift:
+            self.record(ids[(ids & ((1 << shift) - 1)) == 0] >> shift)
+            hits, unfilled = sampled_counts(len(ids), *_check_sampled(self.state, ids, shift), shift)
+        else:
+            self.record(ids)
+            hits, unfilled = _check(self.state, ids)
         self.add_counts(len(ids), hits, unfilled)
         return hits, unfilled
 
     def record(self, ids: np.ndarray) -> None:
         """Accesses to count at the next refresh, as `lookup` records them, for a caller that
-        checks residency on `state` itself. `ids` (in [0, n_items)) is kept, not copied."""
+        checks residency on `state` itself. `ids` are rows (in [0, n_items): sampled, the sampled
+        ids >> sample_shift), kept, not copied."""
         if len(ids):
             self._pending.append(ids)
             self._as_warmed = False
@@ -271,6 +291,14 @@ class EmbCache:
         self._fill_queue, self._fill_pos = np.zeros(0, np.int64), 0
         self._as_warmed = True
 
+    def warm_items(self, shares: np.ndarray, per_refresh: float) -> None:
+        """`warm` from per-item access shares and item accesses per refresh: with sampling, the
+        sampled items' shares, and their part of the accesses (what `lookup` records of them)."""
+        if not self.sample_shift:
+            return self.warm(shares, per_refresh=per_refresh)
+        rows = np.asarray(shares, np.float64)[::1 << self.sample_shift]
+        self.warm(rows, per_refresh=per_refresh * float(rows.sum()) / max(float(np.sum(shares)), 1e-300))
+
     # what `warm` sets, beyond the scores and the state: `warm_from` copies these
     _WARM_FIELDS = ("_flat", "n_wanted", "_n_resident", "_stale_count", "_window", "_lo", "_hi", "_above", "_shadow",
                     "_fill_queue", "_fill_pos", "_fill_sorted")
@@ -278,7 +306,7 @@ class EmbCache:
     def can_warm_from(self, other: "EmbCache") -> bool:
         """Whether `warm_from(other)` applies: `other` was warmed and has changed in no way since,
         and has this cache's size, capacity, window band, shadow and policy."""
-        same = ("n_items", "capacity_rows", "band_rows", "shadow_rows", "epoch")
+        same = ("n_items", "sample_shift", "capacity_rows", "band_rows", "shadow_rows", "epoch")
         return (other._as_warmed and all(getattr(self, f) == getattr(other, f) for f in same)
                 and type(self.policy) is type(other.policy) and vars(self.policy) == vars(other.policy))
 

@@ -72,6 +72,36 @@ def _check(state, ids):
     return hits, unfilled
 
 
+@njit(cache=True, nogil=True)
+def _check_sampled(state, ids, shift):
+    """`_check` on a cache that tracks one row in 2**shift, the sampled ids (those with low bits
+    0; row = id >> shift): returns (sampled ids, of them resident, of them unfilled), and admits
+    the unfilled ones. Other ids are not looked at."""
+    low = (np.int64(1) << shift) - 1
+    n = hits = unfilled = 0
+    for s in ids:
+        if s & low == 0:
+            n += 1
+            st = state[s >> shift]
+            if st == RESIDENT:
+                hits += 1
+            elif st == UNFILLED:
+                unfilled += 1
+    if unfilled:
+        for s in ids:
+            if s & low == 0 and state[s >> shift] == UNFILLED:
+                state[s >> shift] = RESIDENT
+    return n, hits, unfilled
+
+
+@njit(cache=True, nogil=True, inline="always")
+def sampled_counts(ids, sampled, hits, unfilled, shift):
+    """A lookup of `ids` ids, (hits, unfilled) scaled up from its sampled ones': each sampled miss
+    stands for 2**shift misses. Unbiased, not capped: a small lookup can miss more ids than it
+    has (hits < 0); sums over many are what the estimate is for."""
+    return ids - ((sampled - hits) << shift), unfilled << shift
+
+
 # -- the refresh's kernels ------------------------------------------------------------------
 @intrinsic
 def _prefetch(typingctx, array, index):

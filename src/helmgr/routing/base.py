@@ -35,11 +35,11 @@ class Router:
         return self.route(user, prefix_len, prefix_len + len(new_ids))
 
     def attach(self, cost: CostModel, n_items: int, overlapped: bool = False,
-               segments: int = 0) -> ResidencyIndex | None:
+               segments: int = 0, emb_sample: int = 1) -> ResidencyIndex | None:
         """The cluster's cost model and item count, whether its nodes fetch a batch's rows while
-        the previous batch computes (`overlapped`: the pipelined engine), and how many interest
-        segments its requests name (0: none); a residency router returns the index the cluster
-        should feed."""
+        the previous batch computes (`overlapped`: the pipelined engine), how many interest
+        segments its requests name (0: none) and one in how many item ids EMB caches track; a
+        residency router returns the index the cluster should feed."""
         return None
 
     def dispatched(self, node: int, user: int, tokens: int) -> None:

@@ -108,13 +108,14 @@ class Helm(Router):
         self._freeing = [(0.0, i, 0) for i in range(n_nodes)]   # heap of (FREE, node, version): soonest first
         self._version = [0] * n_nodes
 
-    def attach(self, cost, n_items, overlapped=False, segments=0):
-        self.index = ResidencyIndex(self.n, n_items)
+    def attach(self, cost, n_items, overlapped=False, segments=0, emb_sample=1):
+        shift = emb_sample.bit_length() - 1
+        self.index = ResidencyIndex(self.n, -(-n_items >> shift), shift)
         link_waste = not overlapped if self.link_waste is None else self.link_waste
         self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample, self.waste, self.MAX_WASTE,
                                              link_waste, segments,
                                              self.home_slack if self.home_slack_s is None else self.home_slack_s,
-                                             self.home_by_load, self.home_slack_s is None)
+                                             self.home_by_load, self.home_slack_s is None, shift)
         self.consts[route_kernel.N_UP] = self.mine[:, route_kernel.UP].sum()
         self._clean()
         # the index's containers, held directly (they are updated in place, never replaced)

@@ -35,7 +35,11 @@ SEGMENTS, HOME_SLACK = 19, 20
 HOME_BY_LOAD = 21
 # 1: HOME_SLACK is a share of the request's own service at home; 0: seconds
 HOME_RELATIVE = 22
-N_CONSTS = 23                # the vector's length
+# the nodes' EMB caches track one item id in 2**EMB_SHIFT (memory/emb.py): an id's bit is that of
+# row id >> EMB_SHIFT, a tracked id of nearby popularity rank (the synthetic workload numbers
+# items by rank), a proxy for ids the caches do not track
+EMB_SHIFT = 23
+N_CONSTS = 24                # the vector's length
 DRAWS = 1                   # draws a decision takes beside its d samples: the tie-break
 # columns of the router's per-node array
 FREE, UP = range(2)
@@ -43,7 +47,7 @@ FREE, UP = range(2)
 
 def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, waste_cap: float,
               link_waste: bool = True, segments: int = 0, home_slack: float = 0.0,
-              home_by_load: bool = False, home_relative: bool = False) -> np.ndarray:
+              home_by_load: bool = False, home_relative: bool = False, emb_shift: int = 0) -> np.ndarray:
     c = np.zeros(N_CONSTS)
     c[LINEAR] = cost.layers * cost.linear_flops / cost.flops          # s per token-layer of linear work
     c[ATTENTION] = cost.layers * cost.attention_flops / cost.flops    # s per (query, key) pair
@@ -57,12 +61,13 @@ def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, was
     c[LINK_WASTE] = 1.0 if link_waste else 0.0
     c[SEGMENTS], c[HOME_SLACK], c[HOME_BY_LOAD] = segments, home_slack, 1.0 if home_by_load else 0.0
     c[HOME_RELATIVE] = 1.0 if home_relative else 0.0
+    c[EMB_SHIFT] = emb_shift
     return c
 
 
 @njit(cache=True, nogil=True)
 def _resident(bits, i, s):
-    """1 if node i's bitmap has row s resident, else 0."""
+    """1 if node i's bitmap has row s (an item id >> EMB_SHIFT) resident, else 0."""
     return (bits[i, s >> 3] >> (s & 7)) & 1
 
 
@@ -129,11 +134,12 @@ def _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c
     svc = c[LINEAR] * (tokens + n_cand) + c[ATTENTION] * pairs + c[LAUNCH] + c[LOOKUP] * (tokens + n_cand)
     if c[USE_EMB] > 0:
         misses = (prefix_len - cached) * node[i, HISTORY_MISS]
+        sh = np.int64(c[EMB_SHIFT])
         for s in new_ids:
-            misses += 1 - _resident(bits, i, s)
+            misses += 1 - _resident(bits, i, s >> sh)
         h = 0
         for s in samp:
-            h += _resident(bits, i, s)
+            h += _resident(bits, i, s >> sh)
         misses += (len(samp) - h) * w
     else:
         misses = (prefix_len - cached + n_new + n_cand) * c[MEAN_MISS]

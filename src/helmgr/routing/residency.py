@@ -105,8 +105,9 @@ class ResidencyReporter:
 class ResidencyIndex:
     """The router's view: who holds which prefix, which rows each node has, each node's refill."""
 
-    def __init__(self, n_nodes: int, n_items: int):
-        self.n_items = n_items
+    def __init__(self, n_nodes: int, n_items: int, sample_shift: int = 0):
+        """`n_items` rows of the nodes' EMB caches, which track one item id in 2**sample_shift."""
+        self.n_items, self.sample_shift = n_items, sample_shift
         self.holders: dict[int, dict[int, int]] = {}      # user -> {node: cached tokens}
         self.kv_version = [0] * n_nodes
         self.bits = np.zeros((n_nodes, (n_items + 7) // 8), np.uint8)   # nothing known: all misses
@@ -181,5 +182,6 @@ class ResidencyIndex:
         self.kv_version[node] = self.emb_version[node] = 0
 
     def resident(self, node: int, ids: np.ndarray) -> np.ndarray:
-        """0/1 per id: whether `node` reported the row resident."""
-        return (self.bits[node, ids >> 3] >> (ids & 7).astype(np.uint8)) & 1
+        """0/1 per item id: whether `node` reported its row resident."""
+        rows = ids >> self.sample_shift
+        return (self.bits[node, rows >> 3] >> (rows & 7).astype(np.uint8)) & 1

@@ -52,7 +52,8 @@ class Cluster(Faults):
         n = cfg.nodes
         self.node_config = NodeConfig(ratio=cfg.ratio, r_min=cfg.r_min, r_max=cfg.r_max, refill=cfg.refill,
                                       refill_share=cfg.refill_share, emb_policy=cfg.emb_policy,
-                                      kv_tail_first=cfg.kv_tail_first, host_kv_gib=cfg.host_kv_gib)
+                                      kv_tail_first=cfg.kv_tail_first, host_kv_gib=cfg.host_kv_gib,
+                                      emb_sample=cfg.emb_sample)
         self.ids_per_refresh = self._ids_per_refresh()
         self._warmed_emb = None                  # the first node's warm EMB cache: the others copy it
         self.slots = [Slot(self._fresh_node(i)) for i in range(n)]
@@ -65,7 +66,7 @@ class Cluster(Faults):
         self.seq = 0
         self.now = 0.0
         self.index = router.attach(self.slots[0].node.cost, workload.n_items, overlapped=cfg.engine == "pipelined",
-                                   segments=workload.n_segments)
+                                   segments=workload.n_segments, emb_sample=cfg.emb_sample)
         self.reporters: list[ResidencyReporter] | None = None
         if self.index is not None:
             self.reporters = [ResidencyReporter(i, s.node) for i, s in enumerate(self.slots)]
@@ -107,7 +108,7 @@ class Cluster(Faults):
             if warmed is not None and node.emb.can_warm_from(warmed):
                 node.emb.warm_from(warmed)
             else:
-                node.emb.warm(self.workload.prior, per_refresh=self.ids_per_refresh)
+                node.emb.warm_items(self.workload.prior, self.ids_per_refresh)
                 self._warmed_emb = node.emb
         return node
 

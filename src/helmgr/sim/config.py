@@ -58,6 +58,7 @@ def check_faults(faults: tuple[FaultSpec, ...], duration_s: float | None = None)
 
 
 ENGINES = ("serial", "batched", "pipelined")
+MAX_EMB_SAMPLE = 1024
 SIM_PATHS = ("auto", "compiled", "python")     # auto: compiled when the configuration allows it
 # The cluster side of each scenario (the workload side: workload.default_config). v1: the first
 # version's one-at-a-time serial node; v2: batches on the batch-efficiency curve, two engines.
@@ -101,12 +102,16 @@ class SimConfig:
     bypass_caches: bool = False        # queueing checks: service time is an exponential draw ...
     service_mean_s: float = 0.0        # ... with this mean, instead of the node model
     path: str = "auto"                 # the per-request path: auto | compiled | python (sim/engine.py)
+    emb_sample: int = 1                 # EMB caches track one item id in this many (memory/emb.py)
 
     def validate(self, duration_s: float | None = None) -> "SimConfig":
         """Every field finite, in range and of its type; faults inside a run of `duration_s`."""
         number("nodes", self.nodes, Range(1), integer=True)
         number("max-batch", self.max_batch, Range(1), integer=True)
         number("token-budget", self.token_budget, Range(1), integer=True)
+        number("emb-sample", self.emb_sample, Range(1, MAX_EMB_SAMPLE), integer=True)
+        if self.emb_sample & (self.emb_sample - 1):
+            raise HelmInputError(f"emb-sample {self.emb_sample} is not a power of two (1, 2, 4, ..., {MAX_EMB_SAMPLE})")
         if self.path not in SIM_PATHS:
             raise HelmInputError(f"unknown simulator path {self.path!r} (known: {', '.join(SIM_PATHS)})")
         if self.engine not in ENGINES:

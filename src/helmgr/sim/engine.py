@@ -119,9 +119,10 @@ class CompiledRun:
         self.C[[HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF]] = (
             cost.hbm_bw, cost.pcie_bw, cost.pcie_latency_s, cost.host_lookup_s, cost.flops, cost.launch_overhead_s,
             cost.batch_flops, cost.batch_half_rows)
-        self.CI = np.array([cost.row_bytes, cost.layers, cost.linear_flops, cost.attention_flops], np.int64)
+        self.CI = np.array([cost.row_bytes, cost.layers, cost.linear_flops, cost.attention_flops,
+                            nodes[0].emb.sample_shift], np.int64)
         self.STATES = List([node.emb.state for node in nodes])
-        words = (c.workload.n_items + 63) // 64
+        words = (nodes[0].emb.n_items + 63) // 64
         self.RB, self.UB = np.zeros((n, words), np.uint64), np.zeros((n, words), np.uint64)
         self.ACC = List([np.zeros(1 << 16, np.int32) for _ in range(n)])   # ids < 2**31: half the bytes
         self.KVM = List([node.kv.meta for node in nodes])

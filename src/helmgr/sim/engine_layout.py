@@ -31,7 +31,7 @@ LBU, LBS, BLK, CFREE, BUSY_S, WAIT_S, RECOMP_S, NF = range(8)
  SENT, LEFT, FHN, HCNT, HTOMB, EFREE, KVTERM, BLOCK, LASTNODE, PMEMORY, NG) = range(27)
 # cost constants: floats (C) and integers (CI)
 HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF, NC = range(9)
-ROW_BYTES, LAYERS, LINF, ATTF, NCI = range(5)
+ROW_BYTES, LAYERS, LINF, ATTF, ESHIFT, NCI = range(6)     # ESHIFT: EMB caches track 1 id in 2**ESHIFT
 # request table columns: ints (RI) and floats (RF)
 (R_RID, R_USER, R_PREFIX, R_NITEMS, R_NCANDS, R_IOFF, R_COFF, R_BURST, R_H0, R_HOFF, R_HMOD, R_HSHIFT, R_CF, R_IDS,
  R_MISSES, R_UNF, R_HITS, R_TOKHITS, R_TOKENS, R_SEG, NRI) = range(21)

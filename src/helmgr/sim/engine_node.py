@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit
 
 from helmgr.memory import kv_table as kvmod
-from helmgr.memory.emb_kernels import RESIDENT, UNFILLED
+from helmgr.memory.emb_kernels import RESIDENT, UNFILLED, sampled_counts
 from helmgr.sim.engine_layout import *  # noqa: F403  (the column names)
 from helmgr.sim.engine_layout import _grow1
 
@@ -81,7 +81,52 @@ def _check_bits(res, unf, state, ids, lo, hi):
 
 
 @njit(cache=True, nogil=True)
-def _lookup(n, s, I, RI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
+def _check_sampled_bits(res, unf, state, ids, lo, hi, shift):
+    """emb_kernels._check_sampled over ids[lo:hi] on the bitmaps: (sampled, hits, unfilled)
+    among the ids the cache tracks (low `shift` bits 0); their unfilled rows become resident."""
+    low = (1 << shift) - 1
+    n = 0
+    h = u = np.uint64(0)
+    one = np.uint64(1)
+    for k in range(lo, hi):
+        x = ids[k]
+        if x & low:
+            continue
+        n += 1
+        x >>= shift
+        w, b = x >> 6, np.uint64(x & 63)
+        h += (res[w] >> b) & one
+        u += (unf[w] >> b) & one
+    hits, unfilled = int(h), int(u)
+    if unfilled:
+        for k in range(lo, hi):
+            x = ids[k]
+            if x & low:
+                continue
+            x >>= shift
+            b = one << np.uint64(x & 63)
+            if unf[x >> 6] & b:
+                unf[x >> 6] &= ~b
+                res[x >> 6] |= b
+                state[x] = RESIDENT
+    return n, hits, unfilled
+
+
+@njit(cache=True, nogil=True)
+def _keep_sampled(acc, lo, hi, shift):
+    """Compact acc[lo:hi] (item ids) to its sampled ids, as rows (id >> shift); returns the end."""
+    low = (1 << shift) - 1
+    w = lo
+    for k in range(lo, hi):
+        x = acc[k]
+        if x & low == 0:
+            acc[w] = x >> shift
+            w += 1
+    return w
+
+
+@njit(cache=True, nogil=True)
+def _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
     """Node._lookup for request slot s on node n: its KV prefix, then its candidates' rows, then
     its computed tokens' rows (recorded for the next refresh, in that order)."""
     prefix = RI[s, R_PREFIX]
@@ -111,9 +156,17 @@ def _lookup(n, s, I, RI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
             if j == hmod:
                 j = 0
     state, res, unf = STATES[n], RB[n], UB[n]
-    hits, unfilled = _check_bits(res, unf, state, acc, a0, a1)
-    token_hits, u = _check_bits(res, unf, state, acc, a1, a1 + tokens)
-    I[n, ACCN] = a1 + tokens
+    shift = CI[ESHIFT]
+    if shift == 0:
+        hits, unfilled = _check_bits(res, unf, state, acc, a0, a1)
+        token_hits, u = _check_bits(res, unf, state, acc, a1, a1 + tokens)
+        I[n, ACCN] = a1 + tokens
+    else:                              # one row in 2**shift tracked: counts scaled up from its
+        c, h, uf = _check_sampled_bits(res, unf, state, acc, a0, a1, shift)
+        hits, unfilled = sampled_counts(nc, c, h, uf, shift)
+        c, h, uf = _check_sampled_bits(res, unf, state, acc, a1, a1 + tokens, shift)
+        token_hits, u = sampled_counts(tokens, c, h, uf, shift)
+        I[n, ACCN] = _keep_sampled(acc, a0, a1 + tokens, shift)
     ids = nc + tokens
     I[n, ELOOK] += ids
     I[n, EHIT] += hits + token_hits
@@ -179,7 +232,7 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
         for b in range(nb):
             s = batch[b]
             start = t if t >= blocked else blocked
-            _lookup(n, s, I, RI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP)
+            _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP)
             ready = _fetch(n, s, start, F, I, RI, C, CI)
             ids, tokens, cf = RI[s, R_IDS], RI[s, R_TOKENS], RI[s, R_CF]
             flops = _request_flops(CI, tokens, cf, RI[s, R_NCANDS])
@@ -194,7 +247,7 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
     rows = 0
     for b in range(nb):
         s = batch[b]
-        _lookup(n, s, I, RI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP)
+        _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP)
         r = _fetch(n, s, t, F, I, RI, C, CI)
         t += (RI[s, R_IDS] - RI[s, R_HITS]) * C[HOST_LOOKUP]
         ready = r if r > ready else ready

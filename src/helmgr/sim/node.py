@@ -42,8 +42,11 @@ class Node:
         self.cost = CostModel.from_profile(profile)
         model, hw = profile.model, profile.hardware
         budget = profile.pool_budget_bytes
-        self.emb = EmbCache(n_items, model.row_bytes, config.emb_policy,
-                            band_rows=max(1024, budget // model.row_bytes // 64), decay=config.emb_decay)
+        shift = config.emb_sample.bit_length() - 1          # (a power of two: SimConfig checks)
+        tracked_bytes = model.row_bytes << shift            # a tracked row stands for 2**shift rows
+        self.emb = EmbCache(-(-n_items >> shift), tracked_bytes, config.emb_policy,
+                            band_rows=max(1024, budget // tracked_bytes // 64), decay=config.emb_decay,
+                            sample_shift=shift)
         self.kv = KVCache(model.kv_bytes_per_token, profile.page_bytes, tail_first=config.kv_tail_first,
                           host_capacity_bytes=int(config.host_kv_gib * GIB))
         self.pool = HBMPool(budget, profile.page_bytes, self.emb, self.kv, config.ratio, config.r_min, config.r_max)
@@ -187,8 +190,9 @@ class Node:
         return out, launch
 
     def counters(self) -> NodeCounters:
-        """Running totals, for windows: the link's busy time and the EMB shadow's hits included."""
-        return self.stats.counters(self.link.busy_s, self.emb.shadow_hits)
+        """Running totals, for windows: the link's busy time and the EMB shadow's hits included
+        (sampled, each tracked row's hit stands for 2**shift)."""
+        return self.stats.counters(self.link.busy_s, self.emb.shadow_hits << self.emb.sample_shift)
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()
