@@ -26,9 +26,10 @@ def _moved(H, G, I, node):
     n_nodes = mine.shape[0]
     I[node, VER] += 1
     n = G[FHN]
-    H[H_FT][0] = _grow1(H[H_FT][0], n + 1)
-    H[H_FI][0] = _grow_rows(H[H_FI][0], n + 1)
     ft, fi = H[H_FT][0], H[H_FI][0]
+    if n >= ft.shape[0]:
+        ft = H[H_FT][0] = _grow1(ft, n + 1)
+        fi = H[H_FI][0] = _grow_rows(fi, n + 1)
     ft[n], fi[n, 0], fi[n, 1] = mine[node, M_FREE], node, I[node, VER]
     _sift_up(ft, fi, n)
     n += 1

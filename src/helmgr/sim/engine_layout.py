@@ -158,9 +158,10 @@ def _drop_top(ht, hk, n):
 def _push(HT, HK, G, t, kind, node):
     """The cluster's push: a node event at t (ties by kind, then by push order)."""
     n = G[HEAPN]
-    HT[0] = _grow1(HT[0], n + 1)
-    HK[0] = _grow_rows(HK[0], n + 1)
     ht, hk = HT[0], HK[0]
+    if n >= ht.shape[0]:                # (a typed list's setitem costs refcounts: only on growth)
+        ht = HT[0] = _grow1(ht, n + 1)
+        hk = HK[0] = _grow_rows(hk, n + 1)
     G[SEQ] += 1
     ht[n] = t
     hk[n, 0], hk[n, 1], hk[n, 2] = kind, G[SEQ], node

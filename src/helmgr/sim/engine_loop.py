@@ -85,9 +85,10 @@ def _depart(n, now, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI
     batch = INF[n, k]
     nb = batch[INF.shape[2] - 1]
     c = G[NCOMP]
-    CLI[0] = _grow_rows(CLI[0], c + nb)
-    CLF[0] = _grow_rows(CLF[0], c + nb)
     cli, clf, free = CLI[0], CLF[0], FREE[0]
+    if c + nb > cli.shape[0]:
+        cli = CLI[0] = _grow_rows(cli, c + nb)
+        clf = CLF[0] = _grow_rows(clf, c + nb)
     for b in range(nb):
         s = batch[b]
         cli[c, C_RID], cli[c, C_NODE], cli[c, C_BURST] = RI[s, R_RID], n, RI[s, R_BURST]

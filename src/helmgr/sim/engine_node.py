@@ -81,92 +81,56 @@ def _check_bits(res, unf, state, ids, lo, hi):
 
 
 @njit(cache=True, nogil=True)
-def _check_sampled_bits(res, unf, state, ids, lo, hi, shift):
-    """emb_kernels._check_sampled over ids[lo:hi] on the bitmaps: (sampled, hits, unfilled)
-    among the ids the cache tracks (low `shift` bits 0); their unfilled rows become resident."""
-    low = (1 << shift) - 1
-    n = 0
-    h = u = np.uint64(0)
-    one = np.uint64(1)
-    for k in range(lo, hi):
-        x = ids[k]
-        if x & low:
-            continue
-        n += 1
-        x >>= shift
-        w, b = x >> 6, np.uint64(x & 63)
-        h += (res[w] >> b) & one
-        u += (unf[w] >> b) & one
-    hits, unfilled = int(h), int(u)
-    if unfilled:
-        for k in range(lo, hi):
-            x = ids[k]
-            if x & low:
-                continue
-            x >>= shift
-            b = one << np.uint64(x & 63)
-            if unf[x >> 6] & b:
-                unf[x >> 6] &= ~b
-                res[x >> 6] |= b
-                state[x] = RESIDENT
-    return n, hits, unfilled
-
-
-@njit(cache=True, nogil=True)
-def _keep_sampled(acc, lo, hi, shift):
-    """Compact acc[lo:hi] (item ids) to its sampled ids, as rows (id >> shift); returns the end."""
-    low = (1 << shift) - 1
-    w = lo
-    for k in range(lo, hi):
-        x = acc[k]
-        if x & low == 0:
-            acc[w] = x >> shift
-            w += 1
-    return w
-
-
-@njit(cache=True, nogil=True)
 def _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
     """Node._lookup for request slot s on node n: its KV prefix, then its candidates' rows, then
-    its computed tokens' rows (recorded for the next refresh, in that order)."""
+    its computed tokens' rows (recorded for the next refresh, in that order). A sampled cache
+    (ESHIFT > 0) checks and records its tracked ids only and scales their counts up
+    (emb_kernels.sampled_counts, which leaves an unsampled cache's counts as they are)."""
     prefix = RI[s, R_PREFIX]
     got = kvmod.kv_lookup(KVM[n], KVT[n], RI[s, R_USER])
     cached = got if got < prefix else prefix
     nc, ni = RI[s, R_NCANDS], RI[s, R_NITEMS]
     tokens = prefix + ni - cached
     a0 = I[n, ACCN]
-    ACC[n] = _grow1(ACC[n], a0 + nc + tokens)
     acc = ACC[n]
+    if a0 + nc + tokens > acc.shape[0]:
+        acc = ACC[n] = _grow1(acc, a0 + nc + tokens)
+    sh = CI[ESHIFT]                    # the cache tracks the ids with low sh bits 0, as rows id >> sh
+    low = (1 << sh) - 1
+    w = a0
     cands = IDSC[0]
     c0 = RI[s, R_COFF]
     for k in range(nc):
-        acc[a0 + k] = cands[c0 + k]
-    a1 = a0 + nc
+        x = cands[c0 + k]
+        if x & low == 0:
+            acc[w] = x >> sh
+            w += 1
+    a1 = w
     if cached == prefix:
         items = IDSI[0]
         i0 = RI[s, R_IOFF]
         for k in range(ni):
-            acc[a1 + k] = items[i0 + k]
+            x = items[i0 + k]
+            if x & low == 0:
+                acc[w] = x >> sh
+                w += 1
     else:                              # history positions [cached, prefix + new), read cyclically
         h0, hmod, shift = RI[s, R_H0], RI[s, R_HMOD], RI[s, R_HSHIFT]
         j = (RI[s, R_HOFF] + cached) % hmod
         for k in range(tokens):
-            acc[a1 + k] = HP[h0 + j] + shift
+            x = HP[h0 + j] + shift
+            if x & low == 0:
+                acc[w] = x >> sh
+                w += 1
             j += 1
             if j == hmod:
                 j = 0
     state, res, unf = STATES[n], RB[n], UB[n]
-    shift = CI[ESHIFT]
-    if shift == 0:
-        hits, unfilled = _check_bits(res, unf, state, acc, a0, a1)
-        token_hits, u = _check_bits(res, unf, state, acc, a1, a1 + tokens)
-        I[n, ACCN] = a1 + tokens
-    else:                              # one row in 2**shift tracked: counts scaled up from its
-        c, h, uf = _check_sampled_bits(res, unf, state, acc, a0, a1, shift)
-        hits, unfilled = sampled_counts(nc, c, h, uf, shift)
-        c, h, uf = _check_sampled_bits(res, unf, state, acc, a1, a1 + tokens, shift)
-        token_hits, u = sampled_counts(tokens, c, h, uf, shift)
-        I[n, ACCN] = _keep_sampled(acc, a0, a1 + tokens, shift)
+    h, uf = _check_bits(res, unf, state, acc, a0, a1)
+    hits, unfilled = sampled_counts(nc, a1 - a0, h, uf, sh)
+    h, uf = _check_bits(res, unf, state, acc, a1, w)
+    token_hits, u = sampled_counts(tokens, w - a1, h, uf, sh)
+    I[n, ACCN] = w
     ids = nc + tokens
     I[n, ELOOK] += ids
     I[n, EHIT] += hits + token_hits
