@@ -102,26 +102,23 @@ def _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
     c0 = RI[s, R_COFF]
     for k in range(nc):
         x = cands[c0 + k]
-        if x & low == 0:
-            acc[w] = x >> sh
-            w += 1
+        acc[w] = x >> sh               # each id's row written at w, w moved on for a tracked id:
+        w += (x & low) == 0            # no branch to mispredict
     a1 = w
     if cached == prefix:
         items = IDSI[0]
         i0 = RI[s, R_IOFF]
         for k in range(ni):
             x = items[i0 + k]
-            if x & low == 0:
-                acc[w] = x >> sh
-                w += 1
+            acc[w] = x >> sh
+            w += (x & low) == 0
     else:                              # history positions [cached, prefix + new), read cyclically
         h0, hmod, shift = RI[s, R_H0], RI[s, R_HMOD], RI[s, R_HSHIFT]
         j = (RI[s, R_HOFF] + cached) % hmod
         for k in range(tokens):
             x = HP[h0 + j] + shift
-            if x & low == 0:
-                acc[w] = x >> sh
-                w += 1
+            acc[w] = x >> sh
+            w += (x & low) == 0
             j += 1
             if j == hmod:
                 j = 0
@@ -166,10 +163,10 @@ def _account(n, s, busy_s, fetch_s, flops_per_s, F, I, RI, CI, KVM, KVT, KVL):
         F[n, RECOMP_S] += recompute
         if cf == 0:
             I[n, COLD] += 1
-    meta = KVM[n]
-    if not kvmod.kv_room(meta, KVT[n], KVL[n]):
-        KVT[n], KVL[n] = kvmod.kv_reserve(meta, KVT[n], KVL[n])
-    kvmod.kv_insert(meta, KVT[n], KVL[n], RI[s, R_USER], prefix + RI[s, R_NITEMS])
+    meta, tab, log = KVM[n], KVT[n], KVL[n]
+    if not kvmod.kv_room(meta, tab, log):
+        tab, log = KVT[n], KVL[n] = kvmod.kv_reserve(meta, tab, log)
+    kvmod.kv_insert(meta, tab, log, RI[s, R_USER], prefix + RI[s, R_NITEMS])
     F[n, WAIT_S] += fetch_s
     ids, tokens = RI[s, R_IDS], RI[s, R_TOKENS]
     I[n, REQS] += 1
