@@ -128,8 +128,8 @@ class CompiledRun:
         self.KVM = List([node.kv.meta for node in nodes])
         self.KVT = List([node.kv.tab for node in nodes])
         self.KVL = List([node.kv.log for node in nodes])
-        self.IDSI = List([np.zeros(0, np.int64)])
-        self.IDSC = List([np.zeros(0, np.int64)])
+        self.IDSI = List([np.zeros(0, np.int64), np.zeros(0, np.int64)])   # stores 0 and 1 (rebase)
+        self.IDSC = List([np.zeros(0, np.int64), np.zeros(0, np.int64)])
         self.HP = np.ascontiguousarray(c.workload.history.compiled_pool, np.int64)
         self.AT = np.zeros(0)
         self.AI = np.zeros((0, NRI), np.int64)
@@ -244,13 +244,13 @@ class CompiledRun:
     def load(self, chunk) -> None:
         """The chunk's requests become the arrivals `step` walks."""
         n = len(chunk)
-        ni, nc = rebase(self.I, self.G, self.Q, self.RI, self.IDSI, self.IDSC,
-                        np.ascontiguousarray(chunk.item_ids, np.int64), np.ascontiguousarray(chunk.cand_ids, np.int64))
+        rebase(self.I, self.G, self.Q, self.RI, self.IDSI, self.IDSC,
+               np.ascontiguousarray(chunk.item_ids, np.int64), np.ascontiguousarray(chunk.cand_ids, np.int64))
         AI = np.zeros((n, NRI), np.int64)
         io, co = chunk.item_offsets, chunk.cand_offsets
         AI[:, R_USER], AI[:, R_PREFIX] = chunk.user, chunk.prefix_len
         AI[:, R_NITEMS], AI[:, R_NCANDS] = np.diff(io), np.diff(co)
-        AI[:, R_IOFF], AI[:, R_COFF] = io[:-1] + ni, co[:-1] + nc
+        AI[:, R_IOFF], AI[:, R_COFF] = io[:-1], co[:-1]          # in store 0 (R_STORE 0)
         AI[:, R_BURST], AI[:, R_SEG] = chunk.burst, chunk.segment
         AI[:, R_H0], AI[:, R_HOFF], AI[:, R_HMOD], AI[:, R_HSHIFT] = self.c.workload.history.locate(chunk.user)
         self.AT, self.AI, self.chunk = np.ascontiguousarray(chunk.t, np.float64), AI, chunk

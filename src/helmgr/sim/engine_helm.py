@@ -192,7 +192,7 @@ def _helm_route(now, s, I, G, RI, IDSI, IDSC, H):
         f[HF_WSENT], G[SENT], f[HF_RHO_T] = 0.0, 0, now
         c[K_RHO], c[K_RATE] = f[HF_RHO], f[HF_RATE]
     G[LEFT] -= 1
-    i0, ni = RI[s, R_IOFF], RI[s, R_NITEMS]
+    i0, ni = RI[s, R_IOFF], RI[s, R_NITEMS]          # an arriving request's ids are in store 0
     c0, nc = RI[s, R_COFF], RI[s, R_NCANDS]
     node, svc = route_decide(now, prefix, IDSI[0][i0:i0 + ni], IDSC[0][c0:c0 + nc], hn0, ht0, hn1, ht1, user,
                              RI[s, R_SEG], H[H_DRAWS][0], H[H_BITS], H[H_NODE], mine, c)

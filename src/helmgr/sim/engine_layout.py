@@ -34,7 +34,9 @@ HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF, NC = ran
 ROW_BYTES, LAYERS, LINF, ATTF, ESHIFT, NCI = range(6)     # ESHIFT: EMB caches track 1 id in 2**ESHIFT
 # request table columns: ints (RI) and floats (RF)
 (R_RID, R_USER, R_PREFIX, R_NITEMS, R_NCANDS, R_IOFF, R_COFF, R_BURST, R_H0, R_HOFF, R_HMOD, R_HSHIFT, R_CF, R_IDS,
- R_MISSES, R_UNF, R_HITS, R_TOKHITS, R_TOKENS, R_SEG, NRI) = range(21)
+ R_MISSES, R_UNF, R_HITS, R_TOKHITS, R_TOKENS, R_SEG, R_STORE, NRI) = range(22)
+# R_STORE: which id store holds the request's items and candidates (IDSI/IDSC[R_STORE]): 0 the
+# chunk's own arrays, 1 the ids of requests queued across a chunk boundary (engine_loop.rebase)
 R_T, R_START, R_END, R_FETCH, R_RECOMP, R_READY, NRF = range(7)
 # completion log columns
 (C_RID, C_NODE, C_BURST, C_PREFIX, C_KV, C_IDS, C_MISSES, C_UNF, NCLI) = range(9)

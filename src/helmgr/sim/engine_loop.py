@@ -1,7 +1,7 @@
 """The engine's loop (sim/engine.py), compiled: `step` runs arrivals and node events in the
 cluster's order — an arrival after every event due at or before it, departures before launches —
-with `Cluster.start`, `take_next` and `depart` as they are in sim/cluster.py; `rebase` carries the
-ids of queued requests into the next chunk's arrays."""
+with `Cluster.start`, `take_next` and `depart` as they are in sim/cluster.py; `rebase` moves the
+ids of queued requests into a store of their own when the next chunk's arrays come in."""
 from __future__ import annotations
 
 import numpy as np
@@ -183,11 +183,9 @@ def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK,
 
 @njit(cache=True, nogil=True)
 def rebase(I, G, Q, RIL, IDSI, IDSC, items, cands):
-    """A new chunk's id arrays replace the old ones: the ids of requests still queued (not yet
-    looked up) are carried to the front of the new stores. Returns the carried (items, cands)
-    counts, the offsets the chunk's own requests start from."""
+    """A new chunk's id arrays become store 0, as they are (no copy); the ids of requests still
+    queued (not yet looked up), from either store, are copied into a new store 1."""
     RI = RIL[0]
-    oi, oc = IDSI[0], IDSC[0]
     ni = nc = 0
     for n in range(G[NNODES]):
         q = Q[n]
@@ -195,16 +193,14 @@ def rebase(I, G, Q, RIL, IDSI, IDSC, items, cands):
             s = q[k % q.shape[0]]
             ni += RI[s, R_NITEMS]
             nc += RI[s, R_NCANDS]
-    if ni == 0 and nc == 0:                   # nothing queued: the chunk's arrays are the stores
-        IDSI[0], IDSC[0] = items, cands
-        return 0, 0
-    si = np.empty(ni + items.shape[0], np.int64)
-    sc = np.empty(nc + cands.shape[0], np.int64)
+    si = np.empty(ni, np.int64)
+    sc = np.empty(nc, np.int64)
     pi = pc = 0
     for n in range(G[NNODES]):
         q = Q[n]
         for k in range(I[n, QH], I[n, QT]):
             s = q[k % q.shape[0]]
+            oi, oc = IDSI[RI[s, R_STORE]], IDSC[RI[s, R_STORE]]
             a, b = RI[s, R_IOFF], RI[s, R_NITEMS]
             si[pi:pi + b] = oi[a:a + b]
             RI[s, R_IOFF] = pi
@@ -213,8 +209,6 @@ def rebase(I, G, Q, RIL, IDSI, IDSC, items, cands):
             sc[pc:pc + b] = oc[a:a + b]
             RI[s, R_COFF] = pc
             pc += b
-    si[ni:] = items
-    sc[nc:] = cands
-    IDSI[0] = si
-    IDSC[0] = sc
-    return ni, nc
+            RI[s, R_STORE] = 1
+    IDSI[0], IDSC[0] = items, cands
+    IDSI[1], IDSC[1] = si, sc

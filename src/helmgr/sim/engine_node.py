@@ -98,7 +98,7 @@ def _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
     sh = CI[ESHIFT]                    # the cache tracks the ids with low sh bits 0, as rows id >> sh
     low = (1 << sh) - 1
     w = a0
-    cands = IDSC[0]
+    cands = IDSC[RI[s, R_STORE]]
     c0 = RI[s, R_COFF]
     for k in range(nc):
         x = cands[c0 + k]
@@ -106,7 +106,7 @@ def _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
         w += (x & low) == 0            # no branch to mispredict
     a1 = w
     if cached == prefix:
-        items = IDSI[0]
+        items = IDSI[RI[s, R_STORE]]
         i0 = RI[s, R_IOFF]
         for k in range(ni):
             x = items[i0 + k]
