@@ -111,12 +111,15 @@ def _sim(sizes: list[int], routers: list[str], duration: float, max_requests: in
         return
     t = Table(title=f"simulated req/s, default scenario ({r['rps_per_node']:g} req/s per node), one core; "
                     "wall time by phase (%)")
-    cols = ("nodes", "router", "path", "sample", "sim s", "requests", "req/s", "ids/req", "MB/node", *r["phases"])
+    sampled = samples != [1]                   # the sampling column only where a row is sampled
+    cols = ("nodes", "router", "path", *(("sample",) if sampled else ()), "sim s", "requests", "req/s", "ids/req",
+            "MB/node", *r["phases"])
     for c in cols:
         t.add_column(c.replace("_", " "), justify="right")
     for row in r["rows"]:
-        t.add_row(str(row["nodes"]), row["router"], row["sim_path"], str(row["emb_sample"]), f"{row['duration_s']:.1f}", f"{row['requests']:,}",
-                  f"{row['req_per_s']:,.0f}", f"{row['ids_per_request']:,.0f}",
+        t.add_row(str(row["nodes"]), row["router"], row["sim_path"], *((str(row["emb_sample"]),) if sampled else ()),
+                  f"{row['duration_s']:.1f}", f"{row['requests']:,}", f"{row['req_per_s']:,.0f}",
+                  f"{row['ids_per_request']:,.0f}",
                   f"{row['setup_bytes_per_node'] / 2**20:.1f}",
                   *(f"{100 * row['phase_share'][p]:.0f}" for p in r["phases"]))
     stdout.print(t)

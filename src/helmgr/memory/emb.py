@@ -22,8 +22,8 @@ catalogue; LRU, whose every touched row jumps to the top, selects anew at each r
 Sampling (`sample_shift` s > 0, the simulator's `--emb-sample 2**s`): the cache tracks only the
 item ids whose low s bits are 0, one in 2**s, as rows id >> s, each standing for 2**s rows
 (`row_bytes` is then 2**s rows' bytes, so capacity in rows is 1/2**s of the items'). A lookup
-checks and records only its sampled ids and scales their misses up by 2**s (at most the lookup's
-ids): the spatial sampling of SHARDS (Waldspurger et al., FAST '15) applied to this cache. Every
+checks and records only its sampled ids and scales their misses up by 2**s (unbiased, not
+capped): the spatial sampling of SHARDS (Waldspurger et al., FAST '15) applied to this cache. Every
 sampled row is scored, admitted and evicted as it would be unsampled; state, scores and the
 refresh's work shrink 2**s times, and a request's hits become an estimate.
 """
@@ -108,12 +108,8 @@ class EmbCache:
         if len(ids) == 0:
             return 0, 0
         shift = self.sample_shift
-        if shift:
-            self.record(ids[(ids & ((1 << shift) - 1)) == 0] >> shift)
-            hits, unfilled = sampled_counts(len(ids), *_check_sampled(self.state, ids, shift), shift)
-        else:
-            self.record(ids)
-            hits, unfilled = _check(self.state, ids)
+        self.record(ids[(ids & ((1 << shift) - 1)) == 0] >> shift if shift else ids)
+        hits, unfilled = sampled_counts(len(ids), *_check_sampled(self.state, ids, shift), shift)
         self.add_counts(len(ids), hits, unfilled)
         return hits, unfilled
 

@@ -58,25 +58,15 @@ def value_at_rank(scores: np.ndarray, r: int):
 def _check(state, ids):
     """`ids`' resident and unfilled rows (a repeated id counts each time); the unfilled ones then
     become resident (the miss fetched them). Returns (hits, unfilled)."""
-    hits = unfilled = 0
-    for s in ids:
-        st = state[s]
-        if st == RESIDENT:
-            hits += 1
-        elif st == UNFILLED:
-            unfilled += 1
-    if unfilled:
-        for s in ids:
-            if state[s] == UNFILLED:
-                state[s] = RESIDENT
+    _, hits, unfilled = _check_sampled(state, ids, 0)
     return hits, unfilled
 
 
 @njit(cache=True, nogil=True)
 def _check_sampled(state, ids, shift):
-    """`_check` on a cache that tracks one row in 2**shift, the sampled ids (those with low bits
-    0; row = id >> shift): returns (sampled ids, of them resident, of them unfilled), and admits
-    the unfilled ones. Other ids are not looked at."""
+    """`_check` on a cache that tracks one row in 2**shift (0: every row), the sampled ids (those
+    with low bits 0; row = id >> shift): returns (sampled ids, of them resident, of them unfilled),
+    and admits the unfilled ones. Other ids are not looked at."""
     low = (np.int64(1) << shift) - 1
     n = hits = unfilled = 0
     for s in ids:
