@@ -21,6 +21,7 @@ never holds half of its results.
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -61,11 +62,22 @@ def failure(name: str, err: BaseException) -> Exception:
     return RuntimeError(f"{name} failed: {type(err).__name__}: {err}")
 
 
+def _collected(fn, *args):
+    """fn(*args), then a full garbage collection. A run's cluster holds its arrays (hundreds of MB)
+    in reference cycles, which only a full collection frees, and Python starts one by counting
+    objects, not bytes: a process running run after run grew by ~0.2 GB a run without this
+    (measured: nine 60-s runs, 0.5 -> 2.3 GB), and evaluate's workers died of it."""
+    try:
+        return fn(*args)
+    finally:
+        gc.collect()
+
+
 def _serial(fn, tasks, names, finished, shared) -> list:
     out = []
     for i, task in enumerate(tasks):
         try:
-            out.append(fn(task) if shared is None else fn(shared, task))
+            out.append(_collected(fn, task) if shared is None else _collected(fn, shared, task))
         except Exception as e:
             raise failure(names[i], e) from e
         finished(i, out[-1])
@@ -91,9 +103,9 @@ def _on_processes(fn, tasks, jobs, names, finished, shared) -> list:
                                initargs=(shared,) if shared is not None else ())
     try:
         if shared is None:
-            futures = {pool.submit(fn, t): i for i, t in enumerate(tasks)}
+            futures = {pool.submit(_collected, fn, t): i for i, t in enumerate(tasks)}
         else:
-            futures = {pool.submit(_call_shared, fn, t): i for i, t in enumerate(tasks)}
+            futures = {pool.submit(_collected, _call_shared, fn, t): i for i, t in enumerate(tasks)}
         out: list = [None] * len(tasks)
         pending = set(futures)
         while pending:
@@ -117,9 +129,9 @@ def _on_ray(fn, tasks, jobs, address, names, finished, shared) -> list:
     require("serve", "ray", what="--ray-address")
     import ray
     connect(address, jobs)
-    remote = ray.remote(fn)
+    remote = ray.remote(_collected)
     ref = ray.put(shared) if shared is not None else None
-    refs = [remote.remote(t) if ref is None else remote.remote(ref, t) for t in tasks]
+    refs = [remote.remote(fn, t) if ref is None else remote.remote(fn, ref, t) for t in tasks]
     index = {r: i for i, r in enumerate(refs)}
     out: list = [None] * len(tasks)
     pending = list(refs)
