@@ -10,8 +10,7 @@ above its controller's decision (`HelmPolicy(bias=...)`: a base deliberately wro
 0: the base as it is). Printed per run, one JSON line: P99, window SLO, the nodes' mean ratio,
 the mean ratio over the last quarter (where the adapter has had time), adapter v2's samples,
 steps and final offsets, and the mean ratio every 30 s. The gap an adapter closes is read
-against the same run of `helm-base` and hindsight static-best (`helmgr sweep`). Runs with
-adapter v2 take the Python path (the compiled one does not track shadows). Asserts nothing.
+against the same run of `helm-base` and hindsight static-best (`helmgr sweep`). Asserts nothing.
 """
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ below the cut, KV prefixes just evicted: `policy.policies.track_shadows`) and, p
 window after the warm-up, `marginal_value`: the seconds per request a larger EMB share would
 save per unit of r (positive: grow EMB). Printed per ratio: the run's P99, the signal's mean and
 its standard error over node-windows (treated as independent: an underestimate), and the same
-per phase kind. Where the sweep's P99 is lowest the signal should cross zero. The runs take the
-Python path (the compiled one does not track shadows). Also per phase kind: the mean EMB miss
+per phase kind. Where the sweep's P99 is lowest the signal should cross zero. Also per phase
+kind: the mean EMB miss
 rate and EMB time share (fetch / (fetch + recompute)) of the node-windows, the signals the
 recovery tier can read. Prints figures; asserts nothing.
 """

@@ -9,7 +9,7 @@ tier's (Controller's recovery_* arguments), "safety": Safety's (e.g. max_slew, t
 ratio moves a window), "detector": BurstDetector's (e.g. exit_ticks, the windows the burst's end
 is averaged over), "router": the HELM router's (e.g. home_slack_s), "policy": HelmPolicy's
 (e.g. level_load)}; {} is HELM as it ships. Every (config, preset, workload, seed) is one
-full-HELM run on the v2 cluster under the HELM router (the Python path: shadows). --presets
+full-HELM run on the v2 cluster under the HELM router. --presets
 takes HARDWARE[:MODEL[:RATE_SCALE]] items, e.g. `a100-80g,h100-80g::2` (the H100 at twice each
 regime's default rate), so a setting can be judged on several presets at once.
 The seeds default to the training validation seeds, never the evaluation's 1-3, so that a

@@ -67,11 +67,28 @@ def test_compiled_path_equals_python_path(engine, router):
 
 @pytest.mark.parametrize("regime", ["burst", "trend"])
 def test_compiled_path_equals_python_path_with_the_helm_controller(regime):
-    """The controller with the first version's adapter (`helm-v1`): v2's shadows keep `helm` on
-    the Python path (test_adapter_v2)."""
+    """The controller with the first version's adapter (`helm-v1`)."""
     cfg = SimConfig(**(V2 | dict(nodes=4, router="helm", policy="helm-v1", seed=2, warmup_s=2.0, ratio=0.3)))
     py, co = both(cfg, regime, rps=300.0, duration=12.0)
     assert len(py.series.timeline) > 4                 # the controller resized the pools during the run
+    assert_same(py, co)
+
+
+@pytest.mark.parametrize("policy,router,ghosts", [("helm", "helm", "all"), ("adaptive", "least-loaded", "own")])
+def test_compiled_path_equals_python_path_with_shadow_queues(policy, router, ghosts):
+    """Policies that watch shadows: full HELM (adapter v2: every node's KV ghosts credited by a
+    prefix recomputed anywhere, EMB rows just below the cut) and `adaptive` (each node its own).
+    The windows' shadow counts are what the policies decide on, so equal timelines need them
+    equal; they are also compared directly."""
+    from helmgr.sim.engine import ghost_mode
+    from helmgr.sim.engine_layout import GHOSTS_ALL, GHOSTS_OWN
+    cfg = SimConfig(**(V2 | dict(nodes=4, router=router, policy=policy, seed=2, warmup_s=2.0,
+                                 ratio=0.95)))
+    py, co = both(cfg, "burst", rps=300.0, duration=12.0)
+    assert ghost_mode(co.cluster.nodes) == {"all": GHOSTS_ALL, "own": GHOSTS_OWN}[ghosts]
+    shadows = [[(n.stats.kv_shadow_tokens, n.emb.shadow_hits) for n in r.cluster.nodes] for r in (py, co)]
+    assert shadows[0] == shadows[1] and sum(k for k, _ in shadows[0]) > 0 and sum(e for _, e in shadows[0]) > 0
+    assert [list(n.kv.ghost.items()) for n in py.cluster.nodes] == [list(n.kv.ghost.items()) for n in co.cluster.nodes]
     assert_same(py, co)
 
 

@@ -135,22 +135,23 @@ def order(meta, tab):
 
 def test_reserve_grows_the_table_and_the_log_and_keeps_the_lru_order():
     meta, tab, log = K.kv_arrays(1, 4, capacity_bytes=10 ** 6)
+    gm, gt = K.ghost_arrays(1)
     for user in range(200):
-        if not K.kv_room(meta, tab, log):
-            tab, log = K.kv_reserve(meta, tab, log)
-            assert K.kv_room(meta, tab, log)
-        assert K.kv_insert(meta, tab, log, user * 7919, user + 1) == user + 1
+        if not K.kv_room(meta, tab, log, gm, gt):
+            tab, log, gt = K.kv_reserve(meta, tab, log, gm, gt)
+            assert K.kv_room(meta, tab, log, gm, gt)
+        assert K.kv_insert(meta, tab, log, user * 7919, user + 1, gm, gt) == user + 1
         if user % 3 == 0:
             K.kv_lookup(meta, tab, (user // 2) * 7919)
     want = order(meta, tab)
     before = tab.shape[1]
     meta[K.LOGGING], meta[K.LOG_N] = K.LOG_EVENTS, 5
     log[:, :5] = np.arange(20).reshape(4, 5)
-    grown, glog = K.kv_reserve(meta, tab, np.zeros((4, 8), np.int64))
+    grown, glog, _ = K.kv_reserve(meta, tab, np.zeros((4, 8), np.int64), gm, gt)
     assert grown is tab and glog.shape[1] >= meta[K.COUNT] + 9          # the table had room: kept
-    tab2, log2 = K.kv_reserve(meta, K._rehash(meta, tab, before), log)
+    tab2, log2, _ = K.kv_reserve(meta, K._rehash(meta, tab, before), log, gm, gt)
     meta[K.TOMBS] = before // 2                                          # a table all tombstones
-    tab3, _ = K.kv_reserve(meta, tab2, log2)
+    tab3, _, _ = K.kv_reserve(meta, tab2, log2, gm, gt)
     assert tab.shape[1] >= 4 * 200 and tab3.shape[1] == before and meta[K.TOMBS] == 0
     assert order(meta, tab3) == want and meta[K.COUNT] == 200
     assert np.array_equal(log2[:, :5], np.arange(20).reshape(4, 5))     # logged rows kept
@@ -172,29 +173,30 @@ def _same_home(slots: int, n: int) -> list[int]:
 def test_a_deleted_slot_is_a_tombstone_that_a_new_user_reuses():
     a, b, c = _same_home(K.MIN_SLOTS, 3)
     meta, tab, log = K.kv_arrays(1, 1, capacity_bytes=2)
-    K.kv_insert(meta, tab, log, a, 1); K.kv_insert(meta, tab, log, b, 1)   # b probes past a
+    g = K.ghost_arrays(1)
+    K.kv_insert(meta, tab, log, a, 1, *g); K.kv_insert(meta, tab, log, b, 1, *g)   # b probes past a
     home = K.kv_find(meta, tab, a)
     assert K.kv_find(meta, tab, b) == (home + 1) % K.MIN_SLOTS
-    K.kv_resize(meta, tab, log, 1)                                         # evicts a (LRU)
+    K.kv_resize(meta, tab, log, 1, *g)                                     # evicts a (LRU)
     assert tab[K.KEY, home] == K.TOMB and meta[K.TOMBS] == 1 and K.kv_peek(meta, tab, b) == 1
-    K.kv_resize(meta, tab, log, 2)
-    K.kv_insert(meta, tab, log, c, 1)
+    K.kv_resize(meta, tab, log, 2, *g)
+    K.kv_insert(meta, tab, log, c, 1, *g)
     assert K.kv_find(meta, tab, c) == home and meta[K.TOMBS] == 0
-    K.kv_resize(meta, tab, log, 1)                                         # evicts b: its next slot is empty
-    K.kv_resize(meta, tab, log, 0)                                         # and c: then both slots are
+    K.kv_resize(meta, tab, log, 1, *g)                                     # evicts b: its next slot is empty
+    K.kv_resize(meta, tab, log, 0, *g)                                     # and c: then both slots are
     assert meta[K.TOMBS] == 0 and np.all(tab[K.KEY] == K.EMPTY) and meta[K.HEAD] == meta[K.TAIL] == -1
 
 
 @njit          # not cached: numba would not see a change to memory/kv.py, which it compiles in
-def _engine(meta, tab, log, users, tokens):
+def _engine(meta, tab, log, gm, gt, users, tokens):
     """An engine's loop: a lookup, then an insert, per request; the arrays grown in compiled code."""
     got = np.empty((2, users.shape[0]), np.int64)
     for i in range(users.shape[0]):
         got[0, i] = K.kv_lookup(meta, tab, users[i])
-        if not K.kv_room(meta, tab, log):
-            tab, log = K.kv_reserve(meta, tab, log)
-        got[1, i] = K.kv_insert(meta, tab, log, users[i], tokens[i])
-    return got, tab, log
+        if not K.kv_room(meta, tab, log, gm, gt):
+            tab, log, gt = K.kv_reserve(meta, tab, log, gm, gt)
+        got[1, i] = K.kv_insert(meta, tab, log, users[i], tokens[i], gm, gt)
+    return got, tab, log, gt
 
 
 @pytest.mark.parametrize("logging", [False, True])
@@ -208,11 +210,12 @@ def test_the_functions_run_in_compiled_code_and_the_cache_replays_their_log(logg
         c.events = []
     if not logging:
         new.meta[K.LOGGING] = 0
-    got, tab, log = _engine(new.meta, new.tab, new.log, users, tokens)
-    new.attach(tab, log)
+    got, tab, log, gtab = _engine(new.meta, new.tab, new.log, new.gmeta, new.gtab, users, tokens)
+    new.attach(tab, log, gtab)
     want = [(old.lookup(u), old.insert(u, t)) for u, t in zip(users.tolist(), tokens.tolist())]
     assert list(zip(*got.tolist())) == want
     assert list(new.entries.items()) == list(old.entries.items()) and new.evicted_tokens == old.evicted_tokens
+    assert list(new.ghost.items()) == list(old.ghost.items()) and new._ghost_used == old._ghost_used
     if logging:
         assert state(new) == state(old) and new.meta[K.LOG_N] == 0
     new.check_integrity()

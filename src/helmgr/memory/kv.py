@@ -6,7 +6,8 @@ partly evicted user keeps a usable shorter prefix. With a host tier, evicted K/V
 memory (its own LRU) and can be onloaded over PCIe instead of recomputed.
 
 The LRU lives in three int64 arrays worked on by compiled functions (`memory/kv_table.py`, which
-the simulator's compiled path calls directly); `KVCache` is the Python face of the same arrays.
+the simulator's compiled path calls directly), the ghost queue in two more; `KVCache` is the
+Python face of the same arrays.
 """
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from helmgr.memory.kv_table import (CAP_BYTES, COUNT, EVENT, EVICT, EVICTED, GHOST_DROP, KEY, LOG_EVENTS, LOG_GHOSTS,
-                                    LOG_N, LOG_SPILLS, LOGGING, PREV, SPILL, TAIL, TAIL_FIRST, TOK, TOMB, TOMBS, USED,
-                                    _findable, kv_arrays, kv_insert, kv_lookup, kv_order, kv_peek, kv_reserve,
-                                    kv_resize)
+from helmgr.memory.kv_table import (CAP_BYTES, COUNT, EVENT, EVICT, EVICTED, KEY, LOG_EVENTS, LOG_N, LOG_SPILLS,
+                                    LOGGING, PREV, SPILL, TAIL, TAIL_FIRST, TOK, TOMB, TOMBS, USED, _findable,
+                                    ghost_arrays, kv_arrays, kv_insert, kv_lookup, kv_order, kv_peek, kv_reserve,
+                                    kv_resize, kv_room)
 from helmgr.memory.pool import SizeInfo
 
 
@@ -58,8 +59,9 @@ class HostKVTier:
 
 
 class KVCache:
-    """The cache over `meta`, `tab` and `log` (see the module's docstring), with the host tier,
-    the ghost queue and the `events` log kept in Python and updated from `log` after each call.
+    """The cache over `meta`, `tab` and `log` (see the module's docstring) and its ghost queue over
+    `gmeta` and `gtab`, with the host tier and the `events` log kept in Python and updated from
+    `log` after each call.
 
     Compiled code may work on the same arrays between calls; it then hands them back with
     `attach`, which replays what it logged."""
@@ -73,9 +75,8 @@ class KVCache:
         self.meta, self.tab, self.log = kv_arrays(bytes_per_token, self.tokens_per_page, capacity_bytes, tail_first)
         self._views()
         self.host = HostKVTier(bytes_per_token, host_capacity_bytes) if host_capacity_bytes > 0 else None
-        self.ghost: OrderedDict[int, int] | None = None   # recently evicted users (a shadow queue)
-        self.ghost_bytes = 0
-        self._ghost_used = 0
+        self.gmeta, self.gtab = ghost_arrays(bytes_per_token)   # recently evicted users (off: capacity -1)
+        self.ghosts = False
         self._events: list[tuple[int, int]] | None = None
         self._set_logging(LOG_SPILLS, self.host is not None)
         self._inserts_left = self._room()
@@ -135,17 +136,31 @@ class KVCache:
     def track_ghosts(self, capacity_bytes: int) -> None:
         """Remember the last `capacity_bytes` of evicted prefixes (keys and lengths only), so a
         policy can count the hits a cache that much larger would have had (Cliffhanger's shadow
-        queues)."""
-        self.ghost, self.ghost_bytes, self._ghost_used = OrderedDict(), capacity_bytes, 0
-        self._set_logging(LOG_GHOSTS, True)
+        queues). Starts empty."""
+        self.gmeta, self.gtab = ghost_arrays(self.bytes_per_token, max(0, capacity_bytes))
+        self.ghosts = True
+        self._inserts_left = 0
 
-    def _ghost_put(self, user: int, tokens: int) -> None:
-        g = self.ghost
-        self._ghost_used -= g.pop(user, 0) * self.bytes_per_token
-        g[user] = tokens
-        self._ghost_used += tokens * self.bytes_per_token
-        while self._ghost_used > self.ghost_bytes and g:
-            self._ghost_used -= g.popitem(last=False)[1] * self.bytes_per_token
+    @property
+    def ghost(self) -> OrderedDict[int, int] | None:
+        """The ghost queue, user -> tokens it had, least recently evicted first (a copy); None
+        when not tracked."""
+        if not self.ghosts:
+            return None
+        order = kv_order(self.gmeta, self.gtab)
+        return OrderedDict(zip(self.gtab[KEY, order].tolist(), self.gtab[TOK, order].tolist()))
+
+    @property
+    def ghost_bytes(self) -> int:
+        return int(self.gmeta[CAP_BYTES]) if self.ghosts else 0
+
+    @property
+    def _ghost_used(self) -> int:
+        return int(self.gmeta[USED])
+
+    def ghost_tokens(self, user: int) -> int:
+        """The tokens `user` had when it was evicted, if it is in the ghost queue (else 0)."""
+        return kv_peek(self.gmeta, self.gtab, user)
 
     def lookup(self, user: int) -> int:
         """Cached prefix tokens of `user` (0 on a miss); a hit becomes most recently used."""
@@ -159,9 +174,9 @@ class KVCache:
         """Cache `tokens` prefix positions of `user` as most recently used, evicting others to
         fit. Returns the tokens actually cached (fewer if the prefix alone does not fit)."""
         if self._inserts_left <= 0:
-            self.attach(*kv_reserve(self.meta, self.tab, self.log))
+            self.attach(*kv_reserve(self.meta, self.tab, self.log, self.gmeta, self.gtab))
         self._inserts_left -= 1
-        cached = kv_insert(self.meta, self.tab, self.log, user, tokens)
+        cached = kv_insert(self.meta, self.tab, self.log, user, tokens, self.gmeta, self.gtab)
         if self._logging:
             n = self._meta_view[LOG_N]
             if n == 1 and cached and self._events is not None:   # the one row is this insert's event
@@ -172,7 +187,9 @@ class KVCache:
         return cached
 
     def resize(self, capacity_bytes: int) -> None:
-        kv_resize(self.meta, self.tab, self.log, capacity_bytes)
+        if not kv_room(self.meta, self.tab, self.log, self.gmeta, self.gtab):
+            self.attach(*kv_reserve(self.meta, self.tab, self.log, self.gmeta, self.gtab))
+        kv_resize(self.meta, self.tab, self.log, capacity_bytes, self.gmeta, self.gtab)
         if self._logging and self._meta_view[LOG_N]:
             self._drain()
 
@@ -180,10 +197,10 @@ class KVCache:
         return self.host.lookup(user) if self.host is not None else 0
 
     # -- the arrays -------------------------------------------------------------------------
-    def attach(self, tab: np.ndarray, log: np.ndarray) -> None:
-        """Take back `tab` and `log` (as `kv_reserve` may have replaced them) after compiled code
-        worked on `meta` and them, and replay what it logged."""
-        self.tab, self.log = tab, log
+    def attach(self, tab: np.ndarray, log: np.ndarray, gtab: np.ndarray) -> None:
+        """Take back `tab`, `log` and `gtab` (as `kv_reserve` may have replaced them) after
+        compiled code worked on the metas and them, and replay what it logged."""
+        self.tab, self.log, self.gtab = tab, log, gtab
         self._views()
         self._logging = bool(self.meta[LOGGING])
         if self.meta[LOG_N]:
@@ -192,18 +209,20 @@ class KVCache:
 
     def _room(self) -> int:
         """Inserts that `kv_room` holds for from now on (each adds at most one key, and the log
-        is drained after each)."""
+        is drained after each); with a ghost queue, one (each may put every user there)."""
         meta = self.meta
+        if self.ghosts:
+            return int(kv_room(meta, self.tab, self.log, self.gmeta, self.gtab))
         table = self.tab.shape[1] // 2 - int(meta[COUNT] + meta[TOMBS])
         return min(table, self.log.shape[1] - int(meta[COUNT]) - 3)
 
     def _drain(self) -> None:
-        """Replay the log onto the host tier, the ghost queue and `events`; empty it."""
+        """Replay the log onto the host tier and `events`; empty it."""
         n = self._meta_view[LOG_N]
         if n > self.log.shape[1]:
             raise RuntimeError(f"the KV log overflowed: {n} rows logged, {self.log.shape[1]} kept")
         self._meta_view[LOG_N] = 0
-        events, host, ghost = self._events, self.host, self.ghost
+        events, host = self._events, self.host
         for kind, user, a, b in self._log_rows[:n].tolist():
             if kind == EVENT:
                 events.append((user, a))
@@ -212,12 +231,8 @@ class KVCache:
                     events.append((user, b))
                 if host is not None:
                     host.put(user, a)
-                if ghost is not None:
-                    self._ghost_put(user, a)
             elif kind == SPILL:
                 host.put(user, a)
-            elif kind == GHOST_DROP and user in ghost:
-                self._ghost_used -= ghost.pop(user) * self.bytes_per_token
 
     def check_integrity(self) -> None:
         meta, tab = self.meta, self.tab
@@ -237,3 +252,8 @@ class KVCache:
         assert np.all(tokens > 0)
         if self.host is not None:
             self.host.check_integrity()
+        if self.ghosts:
+            gm, gt = self.gmeta, self.gtab
+            order = kv_order(gm, gt)
+            assert len(order) == np.count_nonzero(gt[KEY] >= 0) == gm[COUNT] and _findable(gm, gt)
+            assert int(gt[TOK, order].sum()) * self.bytes_per_token == gm[USED] <= max(0, gm[CAP_BYTES])

@@ -10,14 +10,17 @@ through the `kv_*` functions; `KVCache` is the Python face of the same arrays.
   for a deleted one), TOK (cached tokens), PREV and NEXT (slots; -1: none). meta[HEAD] is the
   least recently used slot, meta[TAIL] the most recently used.
 - `log[4, L]`: what happened that the Python side replays onto the parts that are not arrays
-  (the host tier, the ghost queue, `events`), in order, as rows (kind, user, a, b):
-  EVICT (user, tokens it had, tokens left) — the user's tokens go to the host tier and the ghost
-  queue, `(user, left)` to `events`; SPILL (user, tokens, 0) — to the host tier; EVENT (user,
-  tokens now cached, 0); GHOST_DROP (user, 0, 0) — out of the ghost queue. meta[LOGGING] is a mask
-  of LOG_EVENTS, LOG_SPILLS and LOG_GHOSTS saying which of those to record (0: nothing).
+  (the host tier, `events`), in order, as rows (kind, user, a, b): EVICT (user, tokens it had,
+  tokens left) — the user's tokens go to the host tier, `(user, left)` to `events`; SPILL (user,
+  tokens, 0) — to the host tier; EVENT (user, tokens now cached, 0). meta[LOGGING] is a mask of
+  LOG_EVENTS and LOG_SPILLS saying which of those to record (0: nothing).
+- The ghost queue, `(gmeta, gtab)`: a second table of the same layout, the users most recently
+  evicted with the tokens they had, least recently evicted first, at most gmeta[CAP_BYTES] bytes of
+  them (Cliffhanger's shadow queue); gmeta[CAP_BYTES] < 0: no ghost queue (`ghost_arrays`). An
+  eviction puts its user in it, an insert takes its user out, as the functions below go.
 
-Before an insert of a user that may be new, `kv_room` must hold (else `kv_reserve`); one insert
-or resize logs at most COUNT + 4 rows.
+Before an insert of a user that may be new, or a resize, `kv_room` must hold (else `kv_reserve`);
+one insert or resize logs at most COUNT + 4 rows and puts at most COUNT users in the ghost queue.
 """
 from __future__ import annotations
 
@@ -30,8 +33,8 @@ HEAD, TAIL, COUNT, USED, CAP_BYTES, BPT, TPP, TAIL_FIRST, EVICTED, TOMBS, LOG_N,
 KV_META = 12
 KEY, TOK, PREV, NEXT = 0, 1, 2, 3           # rows of tab
 EMPTY, TOMB = -1, -2                        # tab[KEY] of a free slot
-EVICT, SPILL, EVENT, GHOST_DROP = 1, 2, 3, 4   # log kinds
-LOG_EVENTS, LOG_SPILLS, LOG_GHOSTS = 1, 2, 4   # bits of meta[LOGGING]
+EVICT, SPILL, EVENT = 1, 2, 3               # log kinds
+LOG_EVENTS, LOG_SPILLS = 1, 2               # bits of meta[LOGGING]
 MIN_SLOTS = 16
 _MIX = -7046029254386353131                 # 0x9E3779B97F4A7C15 (Fibonacci hashing), as int64
 
@@ -48,6 +51,12 @@ def kv_arrays(bytes_per_token: int, tokens_per_page: int, capacity_bytes: int = 
     tab = np.full((4, slots), -1, np.int64)
     tab[TOK] = 0
     return meta, tab, np.zeros((4, slots // 2 + 4), np.int64)
+
+
+def ghost_arrays(bytes_per_token: int, capacity_bytes: int = -1):
+    """A ghost queue's (gmeta, gtab), empty, of `capacity_bytes` (< 0: none)."""
+    meta, tab, _ = kv_arrays(bytes_per_token, 1, capacity_bytes)
+    return meta, tab
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -156,9 +165,42 @@ def kv_peek(meta, tab, user):
 
 
 @njit(cache=True, nogil=True)
-def _evict(meta, tab, log, need_bytes):
+def _ghost_take(gm, gt, s):
+    """Slot s out of the ghost queue."""
+    gm[USED] -= gt[TOK, s] * gm[BPT]
+    _unlink(gm, gt, s)
+    _delete(gm, gt, s)
+
+
+@njit(cache=True, nogil=True)
+def ghost_drop(gm, gt, user):
+    """`user` out of the ghost queue (if it is there)."""
+    if gm[CAP_BYTES] >= 0:
+        s = kv_find(gm, gt, user)
+        if s >= 0:
+            _ghost_take(gm, gt, s)
+
+
+@njit(cache=True, nogil=True)
+def ghost_put(gm, gt, user, tokens):
+    """`user` with `tokens` into the ghost queue as its most recent entry (replacing any it had),
+    then its least recent entries out while it holds more than its capacity (the new one too, if
+    it alone is larger). Needs room for one more key (`kv_room`)."""
+    s = kv_find(gm, gt, user)
+    if s >= 0:
+        _ghost_take(gm, gt, s)
+    s = _claim(gm, gt, user)
+    gt[TOK, s] = tokens
+    _link_tail(gm, gt, s)
+    gm[USED] += tokens * gm[BPT]
+    while gm[USED] > gm[CAP_BYTES] and gm[HEAD] >= 0:
+        _ghost_take(gm, gt, gm[HEAD])
+
+
+@njit(cache=True, nogil=True)
+def _evict(meta, tab, log, need_bytes, gm, gt):
     """Free at least `need_bytes`, least recently used first (whole pages off its tail with
-    tail-first)."""
+    tail-first); each user evicted from goes into the ghost queue with the tokens it had."""
     bpt, tpp = meta[BPT], meta[TPP]
     while need_bytes > 0 and meta[HEAD] >= 0:
         s = meta[HEAD]
@@ -173,6 +215,8 @@ def _evict(meta, tab, log, need_bytes):
             tab[TOK, s] = tokens - drop
         if meta[LOGGING]:
             _log(meta, log, EVICT, user, tokens, tokens - drop)
+        if gm[CAP_BYTES] >= 0:
+            ghost_put(gm, gt, user, tokens)
         meta[USED] -= drop * bpt
         need_bytes -= drop * bpt
         meta[EVICTED] += drop
@@ -189,10 +233,10 @@ def _uncache(meta, tab, log, s, user, old):
 
 
 @njit(cache=True, nogil=True)
-def kv_insert(meta, tab, log, user, tokens):
-    """Cache `tokens` prefix positions of `user` as most recently used, evicting others to fit.
-    Returns the tokens actually cached (fewer if the prefix alone does not fit). A new user needs
-    `kv_room`."""
+def kv_insert(meta, tab, log, user, tokens, gm, gt):
+    """Cache `tokens` prefix positions of `user` as most recently used, evicting others to fit
+    (into the ghost queue `gm`, `gt`, which `user` leaves). Returns the tokens actually cached
+    (fewer if the prefix alone does not fit). A new user needs `kv_room`."""
     bpt = meta[BPT]
     s = kv_find(meta, tab, user)
     old = 0
@@ -200,8 +244,7 @@ def kv_insert(meta, tab, log, user, tokens):
         old = tab[TOK, s]
         _unlink(meta, tab, s)
         meta[USED] -= old * bpt
-    if meta[LOGGING] & LOG_GHOSTS:
-        _log(meta, log, GHOST_DROP, user, 0, 0)
+    ghost_drop(gm, gt, user)
     fit = meta[CAP_BYTES] // bpt
     if tokens > fit:
         if not meta[TAIL_FIRST]:
@@ -214,7 +257,7 @@ def kv_insert(meta, tab, log, user, tokens):
         tokens = fit
     if tokens <= 0:
         return _uncache(meta, tab, log, s, user, old)
-    _evict(meta, tab, log, meta[USED] + tokens * bpt - meta[CAP_BYTES])
+    _evict(meta, tab, log, meta[USED] + tokens * bpt - meta[CAP_BYTES], gm, gt)
     if s < 0:
         s = _claim(meta, tab, user)
     tab[TOK, s] = tokens
@@ -226,25 +269,34 @@ def kv_insert(meta, tab, log, user, tokens):
 
 
 @njit(cache=True, nogil=True)
-def kv_resize(meta, tab, log, capacity_bytes):
+def kv_resize(meta, tab, log, capacity_bytes, gm, gt):
+    """A new capacity, the least recently used evicted to fit it (into the ghost queue). Needs
+    `kv_room`."""
     meta[CAP_BYTES] = capacity_bytes
-    _evict(meta, tab, log, meta[USED] - capacity_bytes)
+    _evict(meta, tab, log, meta[USED] - capacity_bytes, gm, gt)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _ghost_room(meta, gm, gt):
+    """Room in the ghost queue for every user of the cache (the most one insert or resize puts
+    there: each put adds at most one key or tombstone), at most half full after them."""
+    return gm[CAP_BYTES] < 0 or 2 * (gm[COUNT] + gm[TOMBS] + meta[COUNT] + 1) <= gt.shape[1]
 
 
 @njit(cache=True, nogil=True)
-def kv_room(meta, tab, log):
-    """Room in `tab` for one more user (load, tombstones included, at most 1/2 after it) and in
-    `log` for one more insert or resize."""
+def kv_room(meta, tab, log, gm, gt):
+    """Room in `tab` for one more user (load, tombstones included, at most 1/2 after it), in
+    `log` for one more insert or resize, and in the ghost queue for what it evicts."""
     return (2 * (meta[COUNT] + meta[TOMBS] + 1) <= tab.shape[1]
-            and log.shape[1] - meta[LOG_N] >= meta[COUNT] + 4)
+            and log.shape[1] - meta[LOG_N] >= meta[COUNT] + 4 and _ghost_room(meta, gm, gt))
 
 
 @njit(cache=True, nogil=True)
-def kv_reserve(meta, tab, log):
-    """(tab, log) such that `kv_room` holds: `tab` rehashed (tombstones dropped, doubled until at
-    most a quarter full) and `log` grown (its rows kept) where needed; the arrays given, if they
-    already have room. The LRU order is kept."""
-    if not kv_room(meta, tab, log):
+def kv_reserve(meta, tab, log, gm, gt):
+    """(tab, log, gt) such that `kv_room` holds: `tab` and `gt` rehashed (tombstones dropped,
+    doubled until at most a quarter full) and `log` grown (its rows kept) where needed; the
+    arrays given, if they already have room. The LRU orders are kept."""
+    if not kv_room(meta, tab, log, gm, gt):
         slots = tab.shape[1]
         if 2 * (meta[COUNT] + meta[TOMBS] + 1) > slots:
             while 4 * (meta[COUNT] + 1) > slots:
@@ -255,7 +307,12 @@ def kv_reserve(meta, tab, log):
             grown = np.zeros((4, want), np.int64)
             grown[:, :log.shape[1]] = log
             log = grown
-    return tab, log
+        if not _ghost_room(meta, gm, gt):
+            g = gt.shape[1]
+            while 4 * (gm[COUNT] + meta[COUNT] + 1) > g:
+                g *= 2
+            gt = _rehash(gm, gt, g)
+    return tab, log, gt
 
 
 @njit(cache=True, nogil=True)

@@ -54,9 +54,27 @@ def unsupported(cluster) -> str | None:
         return f"a history ({type(wl.history).__name__}) without a compiled locator"
     for s in cluster.slots:
         node = s.node
-        if node.emb.shadow_rows or node.kv.ghost is not None or node.emb.access_log is not None \
-                or node.kv_log is not None:
-            return f"policy {cluster.policy.name!r} watches shadow entries or access logs"
+        if node.emb.access_log is not None or node.kv_log is not None:
+            return f"policy {cluster.policy.name!r} watches access logs"
+    if ghost_mode(cluster.nodes) is None:
+        return "KV ghost queues on some nodes only, or shared among some"
+    return None
+
+
+def ghost_mode(nodes) -> int | None:
+    """Whose KV ghost queues a node's recomputed prefix credits (`Node._account`): none
+    (GHOSTS_OFF), its own (GHOSTS_OWN) or every node's (GHOSTS_ALL: the cluster's nodes are each
+    other's `ghost_peers`, as policies.track_shadows makes them); None for any other arrangement."""
+    if not any(node.kv.ghosts for node in nodes):
+        return GHOSTS_OFF
+    if not all(node.kv.ghosts for node in nodes):
+        return None
+    if all(node.ghost_peers is None for node in nodes):
+        return GHOSTS_OWN
+    peers = nodes[0].ghost_peers
+    if (peers is not None and len(peers) == len(nodes) and all(a is b for a, b in zip(peers, nodes))
+            and all(node.ghost_peers is peers for node in nodes)):
+        return GHOSTS_ALL
     return None
 
 
@@ -120,13 +138,13 @@ class CompiledRun:
             cost.hbm_bw, cost.pcie_bw, cost.pcie_latency_s, cost.host_lookup_s, cost.flops, cost.launch_overhead_s,
             cost.batch_flops, cost.batch_half_rows)
         self.CI = np.array([cost.row_bytes, cost.layers, cost.linear_flops, cost.attention_flops,
-                            nodes[0].emb.sample_shift], np.int64)
+                            nodes[0].emb.sample_shift, ghost_mode(nodes)], np.int64)
         self.STATES = List([node.emb.state for node in nodes])
         words = (nodes[0].emb.n_items + 63) // 64
         self.RB, self.UB = np.zeros((n, words), np.uint64), np.zeros((n, words), np.uint64)
         self.ACC = List([np.zeros(1 << 16, np.int32) for _ in range(n)])   # ids < 2**31: half the bytes
-        self.KVM = List([node.kv.meta for node in nodes])
-        self.KVT = List([node.kv.tab for node in nodes])
+        self.KVM = List([node.kv.meta for node in nodes] + [node.kv.gmeta for node in nodes])
+        self.KVT = List([node.kv.tab for node in nodes] + [node.kv.gtab for node in nodes])
         self.KVL = List([node.kv.log for node in nodes])
         self.IDSI = List([np.zeros(0, np.int64), np.zeros(0, np.int64)])   # stores 0 and 1 (rebase)
         self.IDSC = List([np.zeros(0, np.int64), np.zeros(0, np.int64)])
@@ -166,8 +184,8 @@ class CompiledRun:
         self.drain()
         state = {k: _plain(v) for k, v in vars(self).items() if k not in self._SHARED and k != "HP"}
         nodes = self.c.nodes
-        state["_shared"] = ([nd.emb.state for nd in nodes], [nd.kv.meta for nd in nodes],
-                            [nd.kv.tab for nd in nodes], [nd.kv.log for nd in nodes])
+        state["_shared"] = ([nd.emb.state for nd in nodes], [nd.kv.meta for nd in nodes] + [nd.kv.gmeta for nd in nodes],
+                            [nd.kv.tab for nd in nodes] + [nd.kv.gtab for nd in nodes], [nd.kv.log for nd in nodes])
         state["chunk"] = None
         return state
 
@@ -319,21 +337,22 @@ class CompiledRun:
         (s.requests, s.cold_requests, s.prefix_tokens, s.kv_hit_tokens, s.ids, s.misses, s.unfilled_misses,
          s.token_ids, s.token_misses) = I[[REQS, COLD, PREFIX, KVHIT, IDS, MISSES, UNF, TOKIDS, TOKMISS]].tolist()
         s.busy_s, s.emb_wait_s, s.recompute_s = F[[BUSY_S, WAIT_S, RECOMP_S]].tolist()
+        s.kv_shadow_tokens = int(I[KVSH])
         link = node.link
         link.busy_until, link.busy_s = float(F[LBU]), float(F[LBS])
         link.bytes_by_cause[EMB_MISS] = int(I[LBYTES])
         if I[ELOOK]:
             node.emb.add_counts(int(I[ELOOK]), int(I[EHIT]), int(I[EUNF]))
             I[ELOOK] = I[EHIT] = I[EUNF] = 0
-        node.kv.attach(self.KVT[i], self.KVL[i])      # (its log was replayed by report_kv)
+        node.kv.attach(self.KVT[i], self.KVL[i], self.KVT[len(self.KVL) + i])   # (its log was replayed by report_kv)
 
     def sync_in(self, i: int) -> None:
         """Node i's objects into the engine (after Python code changed them)."""
         node, F, I = self.c.slots[i].node, self.F[i], self.I[i]
         F[LBU], F[LBS], F[BLK] = node.link.busy_until, node.link.busy_s, node.blocked_until
         I[LBYTES] = node.link.bytes_by_cause[EMB_MISS]
-        kv = node.kv
-        self.KVT[i], self.KVL[i] = kv.tab, kv.log
+        kv, n = node.kv, len(self.KVL)
+        self.KVT[i], self.KVL[i], self.KVM[n + i], self.KVT[n + i] = kv.tab, kv.log, kv.gmeta, kv.gtab
         if self.STATES[i] is not node.emb.state:
             self.STATES[i] = node.emb.state
         build_bits(node.emb.state, self.RB[i], self.UB[i])

@@ -2,7 +2,8 @@
 grow (kept as element 0 of a numba typed List, so compiled code can replace them), and its event
 heap.
 
-Per node: `F` (floats) and `I` (integers), one row each; cluster-wide counters in `G`; per request
+Per node: `F` (floats) and `I` (integers), one row each; its KV cache's arrays in `KVM`, `KVT`
+and `KVL` (meta, table, log; node n's ghost queue at KVM[N + n], KVT[N + n] on N nodes); cluster-wide counters in `G`; per request
 (a slot from a free list, reused after completion) `RI` and `RF`; per completion, until Python
 drains them, `CLI` and `CLF`. The cost model folded into `C` (floats) and `CI` (the integers the
 Python path multiplies exactly).
@@ -25,13 +26,16 @@ CHUNK_DONE, BOUNDARY, NEED_ROUTE, NEED_DRAWS = 0, 1, 2, 3
 LBU, LBS, BLK, CFREE, BUSY_S, WAIT_S, RECOMP_S, NF = range(8)
 # per-node int columns (I)
 (REQS, COLD, PREFIX, KVHIT, IDS, MISSES, UNF, TOKIDS, TOKMISS, LBYTES, BUSY, QH, QT, INFH, INFN, ELOOK, EHIT,
- EUNF, ACCN, ARR, LOAD, PH, PT, VER, KVEV, NI) = range(26)
+ EUNF, ACCN, ARR, LOAD, PH, PT, VER, KVEV, KVSH, NI) = range(27)      # KVSH: NodeStats.kv_shadow_tokens
 # globals (G)
 (POS, NARR, HEAPN, SEQ, TURN, NCOMP, RCUR, MODE, MAXB, BUDGET, ENG, NNODES, RID, NDL, NFREE, FINISH,
  SENT, LEFT, FHN, HCNT, HTOMB, EFREE, KVTERM, BLOCK, LASTNODE, PMEMORY, NG) = range(27)
 # cost constants: floats (C) and integers (CI)
 HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF, NC = range(9)
-ROW_BYTES, LAYERS, LINF, ATTF, ESHIFT, NCI = range(6)     # ESHIFT: EMB caches track 1 id in 2**ESHIFT
+ROW_BYTES, LAYERS, LINF, ATTF, ESHIFT, GHOSTS, NCI = range(7)   # ESHIFT: EMB caches track 1 id in 2**ESHIFT
+# GHOSTS: whose KV ghost queues a recomputed prefix credits (Node._account): none (GHOSTS_OFF), the
+# node's own (GHOSTS_OWN), every node's (GHOSTS_ALL: the peers of policies.track_shadows)
+GHOSTS_OFF, GHOSTS_OWN, GHOSTS_ALL = 0, 1, 2
 # request table columns: ints (RI) and floats (RF)
 (R_RID, R_USER, R_PREFIX, R_NITEMS, R_NCANDS, R_IOFF, R_COFF, R_BURST, R_H0, R_HOFF, R_HMOD, R_HSHIFT, R_CF, R_IDS,
  R_MISSES, R_UNF, R_HITS, R_TOKHITS, R_TOKENS, R_SEG, R_STORE, NRI) = range(22)

@@ -155,7 +155,8 @@ def _fetch(n, s, t, F, I, RI, C, CI):
 
 @njit(cache=True, nogil=True)
 def _account(n, s, busy_s, fetch_s, flops_per_s, F, I, RI, CI, KVM, KVT, KVL):
-    """Node._account: counters, and the prefix cached."""
+    """Node._account: counters, the prefix cached, and its recompute credited to the KV ghost
+    queues that held it (CI[GHOSTS])."""
     prefix, cf = RI[s, R_PREFIX], RI[s, R_CF]
     recompute = 0.0
     if cf < prefix:
@@ -163,10 +164,19 @@ def _account(n, s, busy_s, fetch_s, flops_per_s, F, I, RI, CI, KVM, KVT, KVL):
         F[n, RECOMP_S] += recompute
         if cf == 0:
             I[n, COLD] += 1
-    meta, tab, log = KVM[n], KVT[n], KVL[n]
-    if not kvmod.kv_room(meta, tab, log):
-        tab, log = KVT[n], KVL[n] = kvmod.kv_reserve(meta, tab, log)
-    kvmod.kv_insert(meta, tab, log, RI[s, R_USER], prefix + RI[s, R_NITEMS])
+    user = RI[s, R_USER]
+    nodes = len(KVL)
+    if cf < prefix and CI[GHOSTS] != GHOSTS_OFF:   # before the insert below takes the user out of them
+        lo, hi = (n, n + 1) if CI[GHOSTS] == GHOSTS_OWN else (0, nodes)
+        for p in range(lo, hi):
+            shadow = min(kvmod.kv_peek(KVM[nodes + p], KVT[nodes + p], user), prefix) - cf
+            if shadow > 0:
+                I[p, KVSH] += shadow
+    meta, tab, log, gm, gt = KVM[n], KVT[n], KVL[n], KVM[nodes + n], KVT[nodes + n]
+    if not kvmod.kv_room(meta, tab, log, gm, gt):
+        tab, log, gt = kvmod.kv_reserve(meta, tab, log, gm, gt)
+        KVT[n], KVL[n], KVT[nodes + n] = tab, log, gt
+    kvmod.kv_insert(meta, tab, log, user, prefix + RI[s, R_NITEMS], gm, gt)
     F[n, WAIT_S] += fetch_s
     ids, tokens = RI[s, R_IDS], RI[s, R_TOKENS]
     I[n, REQS] += 1

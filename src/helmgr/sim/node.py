@@ -114,9 +114,9 @@ class Node:
             s.recompute_s += recompute
             if lk.computed_from == 0:
                 s.cold_requests += 1
-            if kv.ghost is not None:           # before the insert below takes the user out of it
+            if kv.ghosts:                      # before the insert below takes the user out of it
                 for peer in self.ghost_peers or (self,):
-                    shadow = min(peer.kv.ghost.get(user, 0), prefix_len) - lk.computed_from
+                    shadow = min(peer.kv.ghost_tokens(user), prefix_len) - lk.computed_from
                     if shadow > 0:
                         peer.stats.kv_shadow_tokens += shadow
         kv.insert(user, prefix_len + n_new)
