@@ -155,6 +155,7 @@ class CompiledRun:
         self.H = books_in(c, self.mode, G, self.I)
         self.workload = c.workload
         self.watch_from, self.watch_done = 1 << 62, 0
+        self._step = None                         # step's compiled overload, once found (`step`)
         self._install()
         for i in range(n):
             self.sync_in(i)
@@ -182,7 +183,8 @@ class CompiledRun:
         for i in range(len(self.c.nodes)):
             self.sync_out(i)
         self.drain()
-        state = {k: _plain(v) for k, v in vars(self).items() if k not in self._SHARED and k != "HP"}
+        state = {k: _plain(v) for k, v in vars(self).items() if k not in self._SHARED and k not in ("HP", "_step")}
+        state["_step"] = None
         nodes = self.c.nodes
         state["_shared"] = ([nd.emb.state for nd in nodes], [nd.kv.meta for nd in nodes] + [nd.kv.gmeta for nd in nodes],
                             [nd.kv.tab for nd in nodes] + [nd.kv.gtab for nd in nodes], [nd.kv.log for nd in nodes])
@@ -194,6 +196,18 @@ class CompiledRun:
         vars(self).update({k: _typed(v) for k, v in state.items()})
         self.STATES, self.KVM, self.KVT, self.KVL = (List(x) for x in shared)
         self.HP = np.ascontiguousarray(self.workload.history.compiled_pool, np.int64)
+
+    def step(self, until: float, routed: int, args: tuple) -> int:
+        """engine_loop.step on this run's arrays. Called once per event of the cluster's (a
+        controller tick every few ms): through numba's dispatcher, which works out the types of
+        some forty arguments in Python on every call (~0.3 ms, a third of a full-HELM run), only
+        the first time; then straight into the compiled overload it chose."""
+        full = (float(until), int(routed), *args, self.AT, self.AI)
+        if self._step is None:
+            code = step(*full)
+            self._step = step.overloads[tuple(step.typeof_pyval(a) for a in full)].entry_point
+            return code
+        return self._step(*full)
 
     def _args(self):
         return (self.F, self.I, self.G, self.Q, self.INF, self.INFF, self.RI, self.RF, self.FREE, self.CLI, self.CLF,
@@ -220,7 +234,7 @@ class CompiledRun:
         self._no_arrivals()
         args = self._args()
         while True:
-            step(min(heap[0][0] if heap else np.inf, t), -1, *args, self.AT, self.AI)
+            self.step(min(heap[0][0] if heap else np.inf, t), -1, args)
             self.report_kv()
             if done() or not (heap and heap[0][0] <= t):
                 break
@@ -280,7 +294,7 @@ class CompiledRun:
         routed = -1
         while True:
             until = heap[0][0] if heap else np.inf
-            code = step(until, routed, *args, self.AT, self.AI)
+            code = self.step(until, routed, args)
             routed = -1
             if code == CHUNK_DONE:
                 return
