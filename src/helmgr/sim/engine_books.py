@@ -10,7 +10,8 @@ from numba.typed import List
 
 from helmgr.memory import kv_table as kvmod
 from helmgr.routing import kernel as route_kernel
-from helmgr.sim.engine_helm import _expect, _forget
+from helmgr.sim.engine_helm import _expect
+from helmgr.sim.engine_helm import apply_events as _apply_events
 from helmgr.sim.engine_layout import *  # noqa: F403
 from helmgr.sim.engine_layout import _grow1, _grow_rows
 from helmgr.sim.engine_routes import PA_SHIFT, _prefix_dispatched
@@ -70,11 +71,10 @@ def next_draws(router, H: tuple, G: np.ndarray) -> None:
 
 def apply_events(H: tuple, G: np.ndarray, n: int, events) -> None:
     """ResidencyIndex.apply_events into the compiled holders (reports sent from Python)."""
-    for user, tokens in events:
-        if tokens:
-            _expect(H, G, n, user, tokens)
-        else:
-            _forget(H, G, n, user)
+    events = list(events)
+    if events:
+        users, tokens = np.array(events, np.int64).reshape(-1, 2).T
+        _apply_events(H, G, n, np.ascontiguousarray(users), np.ascontiguousarray(tokens))
 
 
 def books_out(c, mode: int, H: tuple, G: np.ndarray, I: np.ndarray) -> None:

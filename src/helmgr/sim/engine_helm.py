@@ -149,6 +149,18 @@ def _forget(H, G, node, user):
 
 
 @njit(cache=True, nogil=True)
+def apply_events(H, G, node, users, tokens):
+    """ResidencyIndex.apply_events into the compiled holders, in order: `node` holds tokens[k] of
+    users[k] (0: no longer holds it). One call per report: a call from Python costs the
+    dispatcher's typing of H, far more than the events."""
+    for k in range(users.shape[0]):
+        if tokens[k]:
+            _expect(H, G, node, users[k], tokens[k])
+        else:
+            _forget(H, G, node, users[k])
+
+
+@njit(cache=True, nogil=True)
 def _holders(H, user):
     """Helm.route_request's two longest cached prefixes of user: (hn0, ht0, hn1, ht1), a stable
     sort by tokens, descending, over the nodes in the order they were added."""
