@@ -153,6 +153,21 @@ def test_bench_sim_json_parses_strictly(capsys):
     assert row["setup_bytes_per_node"] > 0
 
 
+def test_bench_sim_times_full_helm_and_every_compiled_step(capsys):
+    """A row per policy; the compiled phase counts every call of the engine's step (full HELM's
+    controller ticks every 10 ms: more than 100 in 1.2 s), not only the first, which goes
+    through numba's dispatcher (CompiledRun.step calls the overload directly after it)."""
+    code = main(["bench", "--sim", "--nodes", "2", "--routers", "helm", "--duration", "1.2", "--policies",
+                 "static,helm", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    static, helm = json.loads(out)["rows"]
+    assert (static["policy"], helm["policy"]) == ("static", "helm")
+    assert static["sim_path"] == helm["sim_path"] == "compiled"
+    assert helm["phase_calls"]["compiled"] > 100 and helm["phase_calls"]["windows_policy"] > 100
+    assert static["phase_calls"]["compiled"] < helm["phase_calls"]["compiled"]
+
+
 def test_bench_sim_table_by_path(capsys):
     """The table (not only --json) for both per-request paths: a row each, the path named."""
     code = main(["bench", "--sim", "--nodes", "2", "--routers", "least-loaded", "--duration", "1",

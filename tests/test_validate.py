@@ -404,3 +404,7 @@ def test_a_trace_error_crosses_a_process_boundary_whole():
                                          (["bench", "--sim", "--emb-sample", "x"], "not a comma list of integers")])
 def test_emb_sampling_rates_are_powers_of_two(capsys, argv, needle):
     refused(capsys, argv + ["--duration", "5"], needle)
+
+
+def test_bench_sim_names_an_unknown_policy(capsys):
+    refused(capsys, ["bench", "--sim", "--policies", "static,helmm"], "--policies 'static,helmm': unknown helmm")

@@ -7,6 +7,7 @@ from rich.table import Table
 from helmgr.cli.output import emit_json, json_option, progress, stdout
 from helmgr.cli.types import names, node_sizes
 from helmgr.core.errors import HelmInputError
+from helmgr.policy import POLICIES
 from helmgr.routing.routers import ROUTERS
 from helmgr.sim.config import MAX_EMB_SAMPLE, SIM_PATHS
 
@@ -36,9 +37,11 @@ from helmgr.sim.config import MAX_EMB_SAMPLE, SIM_PATHS
               help="With --sim: comma list of per-request paths to time (auto, compiled, python).")
 @click.option("--emb-sample", "emb_samples", default="1", show_default=True,
               help="With --sim: comma list of EMB sampling rates to time (simulate --emb-sample).")
+@click.option("--policies", "sim_policies", default="static", show_default=True,
+              help="With --sim: comma list of memory policies to time (static at 0.5; helm: full HELM).")
 @json_option
 def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, cold_mb, sim, routers, duration,
-              max_requests, sim_paths, emb_samples, as_json):
+              max_requests, sim_paths, emb_samples, sim_policies, as_json):
     """Microseconds per routing decision (p50, p99, mean) at each cluster size, or with
     --controller per controller decision (p50, p99, p99.9).
 
@@ -51,6 +54,7 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
     helmgr bench --controller
     helmgr bench --controller --cold-mb 16 --decisions 2000
     helmgr bench --sim --nodes 8,32,128 --routers least-loaded,helm
+    helmgr bench --sim --nodes 8 --routers helm --policies static,helm
     """
     if cold_mb and not controller:
         raise HelmInputError(f"--cold-mb {cold_mb} goes with --controller")
@@ -58,7 +62,8 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
         if controller:
             raise HelmInputError("--sim and --controller are two benches; choose one")
         return _sim(nodes or [8, 32, 128], names(routers, list(ROUTERS), "routers"), duration, max_requests,
-                    names(sim_paths, list(SIM_PATHS), "sim-path"), sample_rates(emb_samples), as_json)
+                    names(sim_paths, list(SIM_PATHS), "sim-path"), sample_rates(emb_samples),
+                    names(sim_policies, list(POLICIES), "policies"), as_json)
     if controller:
         from helmgr.experiments.bench import controller_bench
         r = controller_bench(policy_path, decisions, cold_mb=cold_mb)
@@ -100,24 +105,27 @@ def sample_rates(text: str) -> list[int]:
 
 
 def _sim(sizes: list[int], routers: list[str], duration: float, max_requests: int, paths: list[str],
-         samples: list[int], as_json: bool) -> None:
+         samples: list[int], policies: list[str], as_json: bool) -> None:
     from helmgr.experiments.bench import sim_bench
     with progress("bench", None) as bar:
-        task = bar.add_task("simulator: runs", total=len(sizes) * len(routers) * len(paths) * len(samples))
+        task = bar.add_task("simulator: runs",
+                            total=len(sizes) * len(routers) * len(paths) * len(samples) * len(policies))
         r = sim_bench(sizes, routers, duration, max_requests, on_done=lambda: bar.advance(task), paths=paths,
-                      samples=samples)
+                      samples=samples, policies=policies)
     if as_json:
         emit_json(r)
         return
     t = Table(title=f"simulated req/s, default scenario ({r['rps_per_node']:g} req/s per node), one core; "
                     "wall time by phase (%)")
     sampled = samples != [1]                   # the sampling column only where a row is sampled
-    cols = ("nodes", "router", "path", *(("sample",) if sampled else ()), "sim s", "requests", "req/s", "ids/req",
-            "MB/node", *r["phases"])
+    policied = policies != ["static"]          # the policy column only where a row is not static
+    cols = ("nodes", *(("policy",) if policied else ()), "router", "path", *(("sample",) if sampled else ()), "sim s",
+            "requests", "req/s", "ids/req", "MB/node", *r["phases"])
     for c in cols:
         t.add_column(c.replace("_", " "), justify="right")
     for row in r["rows"]:
-        t.add_row(str(row["nodes"]), row["router"], row["sim_path"], *((str(row["emb_sample"]),) if sampled else ()),
+        t.add_row(str(row["nodes"]), *((row["policy"],) if policied else ()), row["router"], row["sim_path"],
+                  *((str(row["emb_sample"]),) if sampled else ()),
                   f"{row['duration_s']:.1f}", f"{row['requests']:,}", f"{row['req_per_s']:,.0f}",
                   f"{row['ids_per_request']:,.0f}",
                   f"{row['setup_bytes_per_node'] / 2**20:.1f}",

@@ -123,12 +123,14 @@ class PhaseClock:
 
     def __init__(self):
         self.spent = dict.fromkeys(SIM_PHASES, 0.0)
+        self.calls = dict.fromkeys(SIM_PHASES, 0)
         self._inner: list[float] = []     # per open timed call: time spent in timed calls within it
 
     def wrap(self, phase: str, fn):
-        spent, inner, clock = self.spent, self._inner, time.perf_counter
+        spent, calls, inner, clock = self.spent, self.calls, self._inner, time.perf_counter
 
         def timed(*args, **kwargs):
+            calls[phase] += 1
             inner.append(0.0)
             t0 = clock()
             try:
@@ -201,13 +203,13 @@ def _phase_run(cfg, make_workload) -> dict:
     tracemalloc.stop()
     t2 = time.perf_counter()
     _instrument(clock, cluster)
-    from helmgr.sim import engine
-    step = engine.step
-    engine.step = clock.wrap("compiled", step)            # arrivals, routing and service, compiled
+    from helmgr.sim.engine import CompiledRun
+    step = CompiledRun.step
+    CompiledRun.step = clock.wrap("compiled", step)        # arrivals, routing and service, compiled
     try:
         cluster.run()
     finally:
-        engine.step = step
+        CompiledRun.step = step
     t3 = time.perf_counter()
     summarize(cluster.rec, cluster.nodes, w.duration_s, profile.model.slo_ms * 1e-3, cfg.window_s, w.bursts,
               t3 - t2, cluster.rerouted, min(cfg.warmup_s, 0.5 * w.duration_s))
@@ -216,20 +218,22 @@ def _phase_run(cfg, make_workload) -> dict:
     spent["event_loop"] = (t3 - t2) - sum(spent.values())          # the run less its timed phases
     spent["setup"], spent["summary"] = t2 - t1, t4 - t3
     total = t4 - t1                                                # what `simulate` times, instrumented
-    return {"workload_build_s": t1 - t0, "phase_wall_s": total, "phase_s": dict(spent),
+    return {"workload_build_s": t1 - t0, "phase_wall_s": total, "phase_s": dict(spent), "phase_calls": dict(clock.calls),
             "phase_share": {p: v / total for p, v in spent.items()},
             "setup_bytes_per_node": setup_peak / cfg.nodes,
             "rss_growth_bytes_per_node": max(0, _rss_bytes() - rss0) / cfg.nodes}
 
 
 def sim_bench(sizes=(8, 32, 128), routers=("least-loaded", "helm"), duration_s: float = 10.0,
-              max_requests: int = 150_000, seed: int = 1, on_done=None, paths=("auto",), samples=(1,)) -> dict:
+              max_requests: int = 150_000, seed: int = 1, on_done=None, paths=("auto",), samples=(1,),
+              policies=("static",)) -> dict:
     """Simulated requests per wall-second of the default (steady, v2) scenario at each cluster size,
     162.5 req/s per node on the v2 node model, one row per router x size: `simulate` end to end on one core (chunk
     generation included, as the run draws them; building the workload's tables not), then an
     instrumented run of the same configuration for the split by phase and the memory per node.
     Each size runs min(duration_s, max_requests / (162.5 x nodes)) simulated seconds, so 128 nodes
-    stays a few seconds long. `samples`: the EMB caches' sampling (SimConfig.emb_sample), a row each."""
+    stays a few seconds long. `samples`: the EMB caches' sampling (SimConfig.emb_sample), a row each;
+    `policies`: the memory policies (static at 0.5, full HELM `helm`, ...), a row each."""
     from helmgr.sim import SimConfig, simulate
     from helmgr.sim.config import scenario_cluster
     from helmgr.workload import default_config, synthetic_workload
@@ -237,18 +241,20 @@ def sim_bench(sizes=(8, 32, 128), routers=("least-loaded", "helm"), duration_s: 
 
     def workload(nodes: int, seconds: float):
         return synthetic_workload(default_config("steady", rps=RPS_PER_NODE * nodes, duration_s=seconds), seed)
-    runs = [(rt, path, k) for rt in routers for path in paths for k in samples]
-    for rt, path, k in runs:                             # compile / load the kernels outside the timings
-        simulate(SimConfig(**(v2 | dict(nodes=2, router=rt, seed=seed, path=path, emb_sample=k))), workload(2, 1.0))
+    runs = [(pol, rt, path, k) for pol in policies for rt in routers for path in paths for k in samples]
+    for pol, rt, path, k in runs:                        # compile / load the kernels outside the timings
+        simulate(SimConfig(**(v2 | dict(nodes=2, router=rt, seed=seed, path=path, emb_sample=k, policy=pol))),
+                 workload(2, 1.0))
     rows = []
     for nodes in sizes:
         seconds = min(duration_s, max_requests / (RPS_PER_NODE * nodes))
-        for rt, path, k in runs:
-            cfg = SimConfig(**(v2 | dict(nodes=nodes, router=rt, seed=seed, path=path, emb_sample=k)))
+        for pol, rt, path, k in runs:
+            cfg = SimConfig(**(v2 | dict(nodes=nodes, router=rt, seed=seed, path=path, emb_sample=k, policy=pol)))
             r = simulate(cfg, workload(nodes, seconds))
             s = r.summary
             ids = sum(n.stats.ids for n in r.cluster.nodes)
-            row = {"nodes": nodes, "router": rt, "emb_sample": k, "duration_s": seconds, "requests": s["requests"],
+            row = {"nodes": nodes, "policy": pol, "router": rt, "emb_sample": k, "duration_s": seconds,
+                   "requests": s["requests"],
                    "wall_s": s["wall_s"], "req_per_s": s["requests"] / s["wall_s"], "sim_path": s["sim_path"],
                    "ids_per_request": ids / max(s["requests"], 1), "ids_per_s": ids / s["wall_s"],
                    "p99_ms": s["p99_ms"] if np.isfinite(s["p99_ms"]) else None, "utilization": s["utilization"]}
