@@ -72,6 +72,35 @@ def test_every_refresh_and_resize_selects_the_exact_top_of_its_scores(ties):
         c.check_integrity()
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_the_shadow_a_refresh_keeps_is_the_rows_just_below_the_cut(ties):
+    """The shadow a refresh takes from its last re-selection (`_settle`) is `_rows_below`'s, row
+    for row: found anew from the scores, and by brute force the absent rows that score at least
+    the (c + shadow)-th best. Resizes between refreshes move the cut; small shadows stay inside
+    the window; a large one reaches past it after a resize, and the refresh rebuilds the window
+    (`_select`) so that the next ones need no rank of the whole table."""
+    n, rng = 3000, np.random.default_rng(4)
+    for shadow in (40, 700):
+        c = EmbCache(n, ROW, band_rows=16)
+        c.resize(600 * ROW)
+        c.warm(rng.integers(0, 50, n).astype(np.float32) if ties else rng.random(n) * 50)
+        c.track_shadow(shadow)
+        from_settle = 0
+        for step, (acc, _) in enumerate(zipf_stream(n, 400, 120, seed=3)):
+            c.lookup(acc)
+            c.refresh()
+            from_settle += c._settled is not None
+            slow = c._rows_below(c.n_wanted)
+            assert np.array_equal(c._shadow, slow), step
+            if c.n_wanted < n:
+                floor = np.sort(c.scores)[::-1][min(c.n_wanted + shadow, n) - 1]
+                brute = np.flatnonzero((c.state == ABSENT) & (c.scores >= floor))
+                assert np.array_equal(np.sort(c._shadow), brute), step
+            if step % 9 == 4:
+                c.resize(int(rng.integers(300, 900)) * ROW)
+        assert from_settle > 100
+
+
 @pytest.mark.parametrize("policy,decay", [("lfu", 0.5), ("lru", 0.99), ("lfu", 1.0)])
 def test_other_policies_and_rescales_select_exactly(policy, decay):
     """LRU (a full selection every refresh), plain frequency, and decay 0.5: the lazy weight

@@ -82,6 +82,7 @@ class EmbCache:
         self.shadow_rows = 0                       # > 0: count accesses to the rows just outside
         self.shadow_hits = 0                       # ... summed over refresh intervals
         self._shadow = _NO_ROWS
+        self._settled = None                       # the shadow the last re-selection found (`_settle`)
 
     def track_shadow(self, rows: int) -> None:
         """Count, at every refresh, the accesses that went to the `rows` rows ranked just below
@@ -189,8 +190,8 @@ class EmbCache:
         if self._window is None or not self._above <= new <= self._above + len(self._window):
             self._select(new)               # beyond the window: select anew
             return
-        self._window, add, dropped, _ = _settle(self.scores, self.state, self._window, _NO_ROWS,
-                                                self._hi, new - self._above)
+        self._window, add, dropped, _, self._settled = _settle(self.scores, self.state, self._window, _NO_ROWS,
+                                                               self._hi, new - self._above, self._shadow_rank(new))
         self.n_wanted = new
         self._n_resident -= dropped
         if len(add) and self._fill_queue is not None:   # else it is found (add included) when asked for
@@ -204,14 +205,15 @@ class EmbCache:
         out of the top `capacity` are evicted, rows that rose into it become unfilled."""
         self.epoch += 1
         self._as_warmed = False
+        self._settled = None
         if self._pending:
             accesses = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
             self._pending.clear()
             if self.access_log is not None:
                 self.access_log(accesses)
             self._raise(accesses)
-        if self.shadow_rows:
-            self._shadow = self._rows_below(self.n_wanted)
+        if self.shadow_rows:            # the last re-selection's shadow, else found anew
+            self._shadow = self._rows_below(self.n_wanted) if self._settled is None else self._settled
 
     def _raise(self, accesses: np.ndarray) -> None:
         """Age, score the rows in `accesses` and re-select: inside the window while it holds the
@@ -237,13 +239,16 @@ class EmbCache:
         if self._window is None or policy.rescales != rescales or self._above > c:   # (every score moved,
             self._select(c)                                                         # or the edge left)
             return
-        self._window, _, dropped, edge = _settle(self.scores, self.state, self._window, joined,
-                                                 self._hi, c - self._above)
+        self._window, _, dropped, edge, self._settled = _settle(self.scores, self.state, self._window, joined,
+                                                                self._hi, c - self._above, self._shadow_rank(c))
         self._n_resident -= dropped
         self._fill_queue = None                    # found when first asked for
         near_top = self._hi < np.inf and c - self._above < 2 * len(rose)   # (len(rose): how far it moved)
         if 0 < c < self.n_items and (near_top or len(self._window) > 4 * self._span(c)):
             self._slide(c, edge)                   # before the next refresh pushes the edge out
+        elif self._settled is None and self._shadow_rank(c) > len(self._window):
+            self._select(c)                        # the shadow reaches past the window (EMB grew): one
+                                                   # rebuild, not a rank of the whole table each refresh
 
     def _slide(self, c: int, edge: np.float32) -> None:
         """Re-centre the window on the capacity edge (score `edge`) in one pass over the rows, no
@@ -263,8 +268,8 @@ class EmbCache:
         ratio = float(self._hi) / float(edge) if edge > 0 else 2.0
         hi = max(edge, np.float32(float(edge) * min(max(ratio, 1.0001) ** (self._reach_up(c) / k), 2.0)))
         self._above, window, dropped = _split(self.scores, self.state, lo, hi)
-        self._window, _, dropped_in, _ = _settle(self.scores, self.state, window, _NO_ROWS, hi,
-                                                 c - self._above)
+        self._window, _, dropped_in, _, self._settled = _settle(self.scores, self.state, window, _NO_ROWS, hi,
+                                                                c - self._above, self._shadow_rank(c))
         self._lo, self._hi = lo, hi
         self._n_resident -= dropped + dropped_in
 
@@ -340,8 +345,8 @@ class EmbCache:
         hi = value_at_rank(self.scores, top) if top > 0 else np.float32(np.inf)
         lo = value_at_rank(self.scores, bottom)
         self._above, window, dropped = _split(self.scores, self.state, lo, hi)
-        self._window, _, dropped_in, _ = _settle(self.scores, self.state, window, _NO_ROWS, hi,
-                                                 c - self._above)
+        self._window, _, dropped_in, _, self._settled = _settle(self.scores, self.state, window, _NO_ROWS, hi,
+                                                                c - self._above, self._shadow_rank(c))
         self._lo, self._hi = lo, hi
         self.n_wanted = c
         self._n_resident -= dropped + dropped_in
@@ -355,6 +360,14 @@ class EmbCache:
         """Ranks above the edge a rebuilt window spans: each row a refresh raises over the window
         moves the edge up one rank, so this sets how many refreshes the window lasts."""
         return min(c, max(self.band_rows, c // 4))
+
+    def _shadow_rank(self, c: int) -> int:
+        """For `_settle` re-selecting the window at capacity c: the rank in the window (from 1)
+        of the shadow's last row, 0 where `_rows_below(c)` would not read the window (no shadow,
+        c at or past the table's end, or the window does not reach it)."""
+        if not self.shadow_rows or c >= self.n_items or self._above > c:
+            return 0
+        return min(c + self.shadow_rows, self.n_items) - self._above
 
     def _rows_below(self, c: int) -> np.ndarray:
         """The `shadow_rows` rows ranked just below the top c (and rows tied with the last)."""

@@ -168,10 +168,12 @@ def _cut(vals, rows, k):
 
 
 @njit(cache=True, nogil=True)
-def _settle(scores, state, window, joined, hi, k):
+def _settle(scores, state, window, joined, hi, k, m):
     """Re-select inside the window: `window` and `joined` less the rows that rose above `hi`; its
     best k rows are wanted, the rest are not. Returns (the window, rows newly wanted, wanted rows
-    dropped that were resident, the score of the k-th)."""
+    dropped that were resident, the score of the k-th, the shadow): with 0 < m <= the window's
+    rows, the shadow is its rows not wanted that score at least its m-th best (EmbCache._rows_below
+    of the window, read here from the scores already gathered); else None."""
     rows = np.empty(len(window) + len(joined), np.int64)
     vals = np.empty(len(rows), np.float32)
     j = 0
@@ -183,8 +185,11 @@ def _settle(scores, state, window, joined, hi, k):
             j += np.int64(scores[r] <= hi)
     rows, vals = rows[:j], vals[:j]
     p, last = _cut(vals, rows, k)
+    shade = 0 < m <= j
+    floor = _cut(vals, rows, m)[0] if shade else np.float32(np.inf)
     added = np.empty(j, np.int64)
-    a = dropped = 0
+    shadow = np.empty(j if shade else 0, np.int64)
+    a = dropped = n_shadow = 0
     for i in range(j):
         _prefetch(state, rows[min(i + _AHEAD, j - 1)])
         r = rows[i]
@@ -198,7 +203,10 @@ def _settle(scores, state, window, joined, hi, k):
             else:
                 dropped += st == RESIDENT
                 state[r] = ABSENT
-    return rows, added[:a], dropped, p
+        if shade and not want and vals[i] >= floor:
+            shadow[n_shadow] = r
+            n_shadow += 1
+    return rows, added[:a], dropped, p, (shadow[:n_shadow] if shade else None)
 
 
 @njit(cache=True, nogil=True)
