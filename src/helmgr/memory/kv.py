@@ -76,7 +76,6 @@ class KVCache:
         self._views()
         self.host = HostKVTier(bytes_per_token, host_capacity_bytes) if host_capacity_bytes > 0 else None
         self.gmeta, self.gtab = ghost_arrays(bytes_per_token)   # recently evicted users (off: capacity -1)
-        self.ghosts = False
         self._events: list[tuple[int, int]] | None = None
         self._set_logging(LOG_SPILLS, self.host is not None)
         self._inserts_left = self._room()
@@ -138,8 +137,12 @@ class KVCache:
         policy can count the hits a cache that much larger would have had (Cliffhanger's shadow
         queues). Starts empty."""
         self.gmeta, self.gtab = ghost_arrays(self.bytes_per_token, max(0, capacity_bytes))
-        self.ghosts = True
         self._inserts_left = 0
+
+    @property
+    def ghosts(self) -> bool:
+        """Whether the ghost queue is tracked (`track_ghosts`)."""
+        return bool(self.gmeta[CAP_BYTES] >= 0)
 
     @property
     def ghost(self) -> OrderedDict[int, int] | None:
@@ -149,10 +152,6 @@ class KVCache:
             return None
         order = kv_order(self.gmeta, self.gtab)
         return OrderedDict(zip(self.gtab[KEY, order].tolist(), self.gtab[TOK, order].tolist()))
-
-    @property
-    def ghost_bytes(self) -> int:
-        return int(self.gmeta[CAP_BYTES]) if self.ghosts else 0
 
     @property
     def _ghost_used(self) -> int:
