@@ -6,7 +6,7 @@ import pytest
 
 from helmgr.core.errors import HelmInputError
 from helmgr.sim import SimConfig, parse_fault, simulate
-from helmgr.sim.metrics import mean_ratio, node_load_peak, peak_load, window_stats
+from helmgr.sim.metrics import mean_ratio, node_load_peak, peak_load, tail_profile, window_stats
 from helmgr.policy.policies import Scheduled
 from helmgr.workload import default_config, synthetic_workload
 from helmgr.workload.arrivals import SessionShape
@@ -109,6 +109,22 @@ def test_node_load_peak_by_hand():
     end = start + np.array([1.0, 2.0, 1.0, 2.0, 2.0, 9.0])
     assert node_load_peak(node, start, end, 2, 10.0) == pytest.approx(1.5)
     assert node_load_peak(node, start, end, 2, 10.0, from_s=10.0) == pytest.approx(1.0)   # only [10, 20) full
+
+
+def test_tail_profile_by_hand():
+    """Latencies 1..200 ms: the P99 (numpy's interpolation) is 198.01 ms, so the tail is the two
+    slowest, 199 and 200 ms. Their waits 9.95 and 10 ms -> 9.975; services 189.05 and 190 ->
+    189.525 ms. Of the two, 199 had its 100-token prefix cached whole, 200 none of its 300 -> cold
+    share 0.5, recompute (0 + 300) / 2 = 150 tokens; 200 came in a burst -> 0.5."""
+    latency = np.arange(1, 201) * 1e-3
+    wait = np.arange(1, 201) * 5e-5
+    prefix, kv, burst = np.zeros(200), np.zeros(200), np.zeros(200)
+    prefix[198], kv[198], prefix[199], burst[199] = 100, 100, 300, 1
+    got = tail_profile(latency, wait, prefix, kv, burst, np.percentile(latency, 99))
+    assert got == pytest.approx({"tail_wait_ms": 9.975, "tail_service_ms": 189.525, "tail_cold_share": 0.5,
+                                 "tail_recompute_tokens": 150.0, "tail_burst_share": 0.5})
+    assert all(np.isnan(v) for v in tail_profile(latency[:0], wait[:0], prefix[:0], kv[:0], burst[:0],
+                                                  float("nan")).values())
 
 
 def test_mean_ratio_is_time_weighted():

@@ -15,8 +15,9 @@ from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
 from helmgr.sim import SimConfig, parse_fault, simulate
 from helmgr.sim.config import ENGINES, MAX_EMB_SAMPLE, SIM_PATHS
+from helmgr.sim.metrics import TAIL
 
-SHOWN = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
+SHOWN = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", *TAIL, "slo_ms", "slo_attainment",
          "window_slo_satisfaction", "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "h2d_gb",
          "refill_blocked_s", "mean_ratio", "burst_violation_share", "utilization", "peak_utilization", "overloaded",
          "rerouted", "wall_s", "sim_path")

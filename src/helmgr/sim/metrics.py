@@ -165,6 +165,24 @@ UNMEASURED = {"p50_ms": _NO_REQUEST, "p95_ms": _NO_REQUEST, "p99_ms": _NO_REQUES
               "mean_ratio": "no node was up",
               "node_load_max_over_mean": "no service started after the warm-up",
               "peak_utilization": "no metrics window closed after the warm-up"}
+TAIL = ("tail_wait_ms", "tail_service_ms", "tail_cold_share", "tail_recompute_tokens", "tail_burst_share")
+UNMEASURED |= {k: _NO_REQUEST for k in TAIL}
+
+
+def tail_profile(latency, wait, prefix, kv, burst, p99) -> dict:
+    """What the slowest 1 % of requests (latency >= P99) are made of, as means over them: queue
+    wait (arrival to its batch's start), service (start to end: link and compute, its batch's
+    included), the share that found none of their prefix cached (of those with a prefix), prefix
+    tokens recomputed, and the share generated inside a burst. NaN with no request."""
+    tail = latency >= p99
+    if not tail.any():
+        return dict.fromkeys(TAIL, NAN)
+    with_prefix = tail & (prefix > 0)
+    return {"tail_wait_ms": float(wait[tail].mean() * 1e3),
+            "tail_service_ms": float((latency - wait)[tail].mean() * 1e3),
+            "tail_cold_share": float(np.mean(kv[with_prefix] == 0)) if with_prefix.any() else 0.0,
+            "tail_recompute_tokens": float((prefix - kv)[tail].mean()),
+            "tail_burst_share": float(burst[tail].mean())}
 
 
 def burst_windows(burst, window_s: float, n_windows: int) -> tuple[int, int]:
@@ -242,7 +260,8 @@ def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_
         "warmup_s": warmup_s,
         "max_queue": int(max((max(q) for q in rec.window_queues), default=0)),
         "node_load_max_over_mean": node_load_peak(rec.node, rec.start, rec.end, rec.n_nodes, 10.0, warmup_s),
-    }
+    } | tail_profile(latency, np.asarray(rec.start)[keep] - arrival, prefix, kv, np.asarray(rec.burst, float)[keep],
+                     pct[2] * 1e-3)
     nulls = {k: why for k, why in UNMEASURED.items() if isinstance(summary[k], float) and not np.isfinite(summary[k])}
     if nulls:
         summary["nulls"] = nulls
