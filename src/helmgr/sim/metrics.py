@@ -170,10 +170,11 @@ UNMEASURED |= {k: _NO_REQUEST for k in TAIL}
 
 
 def tail_profile(latency, wait, prefix, kv, burst, p99) -> dict:
-    """What the slowest 1 % of requests (latency >= P99) are made of, as means over them: queue
-    wait (arrival to its batch's start), service (start to end: link and compute, its batch's
-    included), the share that found none of their prefix cached (of those with a prefix), prefix
-    tokens recomputed, and the share generated inside a burst. NaN with no request."""
+    """What the slowest 1 % of requests (latency >= P99) are made of, as means over them: wait
+    (arrival to when the node took its batch), service (from then to the end: its rows' fetch, on
+    a pipelined node the wait for the batch before it to finish computing, its batch's compute),
+    the share that found none of their prefix cached (of those with a prefix), prefix tokens
+    recomputed, and the share generated inside a burst. NaN with no request."""
     tail = latency >= p99
     if not tail.any():
         return dict.fromkeys(TAIL, NAN)
