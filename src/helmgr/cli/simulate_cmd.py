@@ -135,9 +135,9 @@ def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, tim
             stderr.print(f"wrote {out_dir}/summary.json, summary.md and plots")
 
 
-SIDE_BY_SIDE = ("p50_ms", "p99_ms", "p999_ms", "tail_wait_ms", "tail_service_ms", "tail_cold_share", "slo_ms", "window_slo_satisfaction", "slo_attainment", "throughput_rps",
-                "emb_hit_rate", "kv_hit_rate", "mean_ratio", "utilization", "overloaded", "h2d_gb",
-                "burst_violation_share", "wall_s", "sim_path")
+SIDE_BY_SIDE = ("p50_ms", "p99_ms", "p999_ms", "tail_wait_ms", "tail_service_ms", "tail_cold_share", "slo_ms",
+                "window_slo_satisfaction", "slo_attainment", "throughput_rps", "emb_hit_rate", "kv_hit_rate",
+                "mean_ratio", "utilization", "overloaded", "h2d_gb", "burst_violation_share", "wall_s", "sim_path")
 
 
 def _side_by_side(spec, cfg, jobs, as_json, out_dir) -> None:

@@ -156,6 +156,8 @@ def peak_load(window_t, loads, from_s: float = 0.0, span: int = PEAK_SPAN_WINDOW
 
 
 _NO_REQUEST = "no request completed after the warm-up"
+# what the P99 is made of (tail_profile)
+TAIL = ("tail_wait_ms", "tail_service_ms", "tail_cold_share", "tail_recompute_tokens", "tail_burst_share")
 # why a figure can be missing (NaN here, null in JSON, the reason under "nulls")
 UNMEASURED = {"p50_ms": _NO_REQUEST, "p95_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "p999_ms": _NO_REQUEST,
               "slo_attainment": _NO_REQUEST,
@@ -164,9 +166,7 @@ UNMEASURED = {"p50_ms": _NO_REQUEST, "p95_ms": _NO_REQUEST, "p99_ms": _NO_REQUES
               "kv_hit_rate": "no request after the warm-up had a prefix to cache",
               "mean_ratio": "no node was up",
               "node_load_max_over_mean": "no service started after the warm-up",
-              "peak_utilization": "no metrics window closed after the warm-up"}
-TAIL = ("tail_wait_ms", "tail_service_ms", "tail_cold_share", "tail_recompute_tokens", "tail_burst_share")
-UNMEASURED |= {k: _NO_REQUEST for k in TAIL}
+              "peak_utilization": "no metrics window closed after the warm-up"} | dict.fromkeys(TAIL, _NO_REQUEST)
 
 
 def tail_profile(latency, wait, prefix, kv, burst, p99) -> dict:
