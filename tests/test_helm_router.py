@@ -307,13 +307,37 @@ def test_a_placements_waste_counts_its_link_seconds_only_on_serial_nodes(overlap
     assert r.route_request(1.0, 5, 1000, np.array([10, 11]), CANDS) == chosen
 
 
+@pytest.mark.parametrize("overlapped, chosen", [(False, 0), (True, 1)])
+def test_a_pipelined_nodes_misses_are_fetched_behind_the_work_before_them(overlapped, chosen):
+    """Node 0 misses nothing and runs out of work at 1 + 2d; node 1 misses half of a cold
+    1,000-token history's rows (d link seconds) and runs out at 1 + 1.5d; no waste weight. In
+    series (serial nodes) node 1 finishes at 1 + 1.5d + d + c, after node 0's 1 + 2d + c: node 0.
+    On pipelined nodes its rows come over the link while the work before them computes, so it
+    computes at max(1 + 1.5d, 1 + d) and finishes at 1 + 1.5d + c: node 1."""
+    nodes = [warm_node(i) for i in range(2)]
+    r = ROUTERS["helm"](d=8, sample=1024, waste=0.0)
+    r.bind(2, [True, True], np.random.default_rng(0))
+    index = r.attach(nodes[0].cost, N_ITEMS, overlapped=overlapped)
+    for i, node in enumerate(nodes):
+        index.apply_summary(ResidencyReporter(i, node).summary(0.0))
+    index.node[:, HISTORY_MISS] = (0.0, 0.5)
+    d = 500 * r.consts[MISS] + r.consts[route_kernel.PCIE_LATENCY]
+    r.mine[:, FREE] = (1.0 + 2 * d, 1.0 + 1.5 * d)
+    resident = np.array([2, 3])                                  # candidates node 0 and node 1 both hold
+    assert r.route_request(1.0, 5, 1000, np.array([10, 11]), resident) == chosen
+    if overlapped:                                               # node 1 idle: the fetch is on the path again
+        r.mine[:, FREE] = (1.0 + 0.5 * d, 1.0)
+        assert r.route_request(1.0, 6, 1000, np.array([10, 11]), resident) == 0
+
+
 @pytest.mark.parametrize("engine, link_waste", [("serial", 1.0), ("batched", 1.0), ("pipelined", 0.0)])
 def test_the_cluster_tells_the_router_whether_its_link_overlaps_compute(engine, link_waste):
     cfg = SimConfig(nodes=2, router="helm", engine=engine, max_batch=4, warmup_s=0.0)
     res = simulate(cfg, small(duration_s=2.0))
     assert res.cluster.router.consts[LINK_WASTE] == link_waste
-    forced = simulate(cfg, small(duration_s=2.0), router=Helm(link_waste=True)).cluster.router
-    assert forced.consts[LINK_WASTE] == 1.0
+    assert res.cluster.router.consts[route_kernel.OVERLAP] == 1.0 - link_waste
+    forced = simulate(cfg, small(duration_s=2.0), router=Helm(link_waste=True, overlap=False)).cluster.router
+    assert forced.consts[LINK_WASTE] == 1.0 and forced.consts[route_kernel.OVERLAP] == 0.0
 
 
 def test_home_node_is_the_segment_mod_nodes_or_one_of_its_homes():

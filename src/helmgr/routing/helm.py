@@ -27,7 +27,10 @@ class Helm(Router):
     For each candidate node, predicted completion = when the node runs out of the work this router
     has sent it (each request's predicted service, added at dispatch; at a completion the node's
     clock restarts from now plus what is still outstanding) or, if later, when a sync refill
-    releases it + the request's predicted service there from the cost model: the prefix positions
+    releases it + the request's predicted service there from the cost model (on nodes whose link
+    fetches a batch's rows while the batch before it computes, `attach(..., overlapped=True)`: the
+    larger of that and when its rows are in, + its compute; `overlap=False` prices them in
+    series): the prefix positions
     the node does not hold are recomputed and their rows looked up, the request's rows miss where
     the node's hot-set summary says they are absent (new-token ids exactly, candidates from an
     evenly spaced sample of `sample`), the recomputed prefix rows miss at the node's reported
@@ -73,7 +76,7 @@ class Helm(Router):
 
     def __init__(self, d: int = 2, kv_term: bool = True, emb_term: bool = True, sample: int = 32,
                  waste: float | None = None, link_waste: bool | None = None, home_slack: float | None = None,
-                 home_slack_s: float | None = None, home_by_load: bool = True):
+                 home_slack_s: float | None = None, home_by_load: bool = True, overlap: bool = True):
         home_slack = self.HOME_SLACK if home_slack is None else home_slack
         slack = home_slack if home_slack_s is None else home_slack_s
         if d < 1 or sample < 1 or (waste is not None and not waste >= 0) or not slack >= 0:
@@ -81,7 +84,7 @@ class Helm(Router):
                              f"{sample}, {waste}, {slack}")
         self.d, self.kv_term, self.emb_term, self.sample, self.waste = d, kv_term, emb_term, sample, waste
         self.link_waste, self.home_slack, self.home_slack_s = link_waste, home_slack, home_slack_s
-        self.home_by_load = home_by_load
+        self.home_by_load, self.overlap = home_by_load, overlap
 
     @classmethod
     def revision(cls) -> str:
@@ -115,7 +118,8 @@ class Helm(Router):
         self.consts = route_kernel.constants(cost, self.emb_term, self.d, self.sample, self.waste, self.MAX_WASTE,
                                              link_waste, segments,
                                              self.home_slack if self.home_slack_s is None else self.home_slack_s,
-                                             self.home_by_load, self.home_slack_s is None, shift)
+                                             self.home_by_load, self.home_slack_s is None, shift,
+                                             overlapped and self.overlap)
         self.consts[route_kernel.N_UP] = self.mine[:, route_kernel.UP].sum()
         self._clean()
         # the index's containers, held directly (they are updated in place, never replaced)

@@ -39,7 +39,11 @@ HOME_RELATIVE = 22
 # row id >> EMB_SHIFT, a tracked id of nearby popularity rank (the synthetic workload numbers
 # items by rank), a proxy for ids the caches do not track
 EMB_SHIFT = 23
-N_CONSTS = 24                # the vector's length
+# 1: the nodes' links fetch a batch's rows while the batch before it computes (the pipelined
+# engine): a request taken at `now` computes at max(now + its link seconds, when the node runs out
+# of work); 0: its rows are fetched after the work before it, in series
+OVERLAP = 24
+N_CONSTS = 25                # the vector's length
 DRAWS = 1                   # draws a decision takes beside its d samples: the tie-break
 # columns of the router's per-node array
 FREE, UP = range(2)
@@ -47,7 +51,8 @@ FREE, UP = range(2)
 
 def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, waste_cap: float,
               link_waste: bool = True, segments: int = 0, home_slack: float = 0.0,
-              home_by_load: bool = False, home_relative: bool = False, emb_shift: int = 0) -> np.ndarray:
+              home_by_load: bool = False, home_relative: bool = False, emb_shift: int = 0,
+              overlap: bool = False) -> np.ndarray:
     c = np.zeros(N_CONSTS)
     c[LINEAR] = cost.layers * cost.linear_flops / cost.flops          # s per token-layer of linear work
     c[ATTENTION] = cost.layers * cost.attention_flops / cost.flops    # s per (query, key) pair
@@ -62,6 +67,7 @@ def constants(cost, use_emb: bool, d: int, sample: int, waste: float | None, was
     c[SEGMENTS], c[HOME_SLACK], c[HOME_BY_LOAD] = segments, home_slack, 1.0 if home_by_load else 0.0
     c[HOME_RELATIVE] = 1.0 if home_relative else 0.0
     c[EMB_SHIFT] = emb_shift
+    c[OVERLAP] = 1.0 if overlap else 0.0
     return c
 
 
@@ -154,7 +160,7 @@ def _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _pick(now, starts, svcs, works, k, least, home_j, draw, c):
+def _pick(now, starts, ends, svcs, works, k, least, home_j, draw, c):
     """The candidate with the least completion + the work its placement wastes (its `works` beyond
     the cheapest candidate's), weighted by how many later requests it delays — those that arrive
     before the node is idle again, (rho + rate x backlog) / (1 - rho); candidate `home_j` (-1:
@@ -167,7 +173,7 @@ def _pick(now, starts, svcs, works, k, least, home_j, draw, c):
         weight = c[WASTE]
         if c[ADAPT] > 0:
             weight = min(weight, (rho + c[RATE] * (starts[j] - now)) / (1.0 - rho))
-        t = starts[j] + svcs[j] + weight * (works[j] - least)
+        t = ends[j] + weight * (works[j] - least)
         if j == home_j:
             slack = c[HOME_SLACK] * svcs[j] if c[HOME_RELATIVE] > 0 else c[HOME_SLACK]
             t -= slack * (1.0 - rho) if c[HOME_BY_LOAD] > 0 else slack
@@ -204,6 +210,7 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, user, segment
     svcs = np.empty(k)
     works = np.empty(k)           # what the placement costs later requests: service, less idle-link time
     starts = np.empty(k)
+    ends = np.empty(k)            # predicted completion
     memo_j, memo_t = 0, np.inf
     least = np.inf
     home_j = -1
@@ -214,10 +221,12 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, user, segment
         cached = min(ht0 if i == hn0 else (ht1 if i == hn1 else 0), prefix_len)
         svcs[j], link = _service(i, cached, prefix_len, new_ids, n_cand, samp, w, now, bits, node, c)
         works[j] = svcs[j] - (1.0 - c[LINK_WASTE]) * link
-        starts[j] = max(now, free[i], node[i, BLOCKED])
+        take = max(now, node[i, BLOCKED])
+        starts[j] = max(take, free[i])
+        ends[j] = (max(starts[j], take + link) + svcs[j] - link) if c[OVERLAP] > 0 else starts[j] + svcs[j]
         if starts[j] < memo_t:
             memo_j, memo_t = j, starts[j]
         least = min(least, works[j])
-    pick = _pick(now, starts, svcs, works, k, least, home_j, draws[pos + d], c)
+    pick = _pick(now, starts, ends, svcs, works, k, least, home_j, draws[pos + d], c)
     c[MEMO] = cands[memo_j]
     return cands[pick], svcs[pick]
