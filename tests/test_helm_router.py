@@ -313,7 +313,8 @@ def test_a_pipelined_nodes_misses_are_fetched_behind_the_work_before_them(overla
     1,000-token history's rows (d link seconds) and runs out at 1 + 1.5d; no waste weight. In
     series (serial nodes) node 1 finishes at 1 + 1.5d + d + c, after node 0's 1 + 2d + c: node 0.
     On pipelined nodes its rows come over the link while the work before them computes, so it
-    computes at max(1 + 1.5d, 1 + d) and finishes at 1 + 1.5d + c: node 1."""
+    computes at max(1 + 1.5d, 1 + d) and finishes at 1 + 1.5d + c: node 1, whose books take on c
+    alone (d + c once it is idle and the fetch is on the request's path)."""
     nodes = [warm_node(i) for i in range(2)]
     r = ROUTERS["helm"](d=8, sample=1024, waste=0.0)
     r.bind(2, [True, True], np.random.default_rng(0))
@@ -325,9 +326,18 @@ def test_a_pipelined_nodes_misses_are_fetched_behind_the_work_before_them(overla
     r.mine[:, FREE] = (1.0 + 2 * d, 1.0 + 1.5 * d)
     resident = np.array([2, 3])                                  # candidates node 0 and node 1 both hold
     assert r.route_request(1.0, 5, 1000, np.array([10, 11]), resident) == chosen
-    if overlapped:                                               # node 1 idle: the fetch is on the path again
+    behind = r.last_decision.service_s                           # what node `chosen`'s books take on
+    r.mine[:, FREE] = (1.0 + 3 * d, 1.0)                         # node 1 idle: its fetch is on the path
+    assert r.route_request(1.0, 6, 1000, np.array([10, 11]), resident) == 1
+    idle = r.last_decision.service_s
+    # serial: node 0 (no misses) took c, node 1 takes d + c; pipelined: node 1 took c behind other
+    # work (its books move to its completion) and d + c idle
+    assert idle - behind == pytest.approx(d, rel=1e-9)
+    r.dispatched(1, 6, 1002)
+    assert r.expected_free(1) == pytest.approx(1.0 + idle, rel=1e-12)
+    if overlapped:                                               # node 0 a little busy, node 1 idle: node 0
         r.mine[:, FREE] = (1.0 + 0.5 * d, 1.0)
-        assert r.route_request(1.0, 6, 1000, np.array([10, 11]), resident) == 0
+        assert r.route_request(1.0, 7, 1000, np.array([10, 11]), resident) == 0
 
 
 @pytest.mark.parametrize("engine, link_waste", [("serial", 1.0), ("batched", 1.0), ("pipelined", 0.0)])

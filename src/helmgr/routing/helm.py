@@ -29,8 +29,8 @@ class Helm(Router):
     clock restarts from now plus what is still outstanding) or, if later, when a sync refill
     releases it + the request's predicted service there from the cost model (on nodes whose link
     fetches a batch's rows while the batch before it computes, `attach(..., overlapped=True)`: the
-    larger of that and when its rows are in, + its compute; `overlap=False` prices them in
-    series): the prefix positions
+    larger of that and when its rows are in, + its compute, and the node's books move to that
+    completion; `overlap=False` prices and books them in series): the prefix positions
     the node does not hold are recomputed and their rows looked up, the request's rows miss where
     the node's hot-set summary says they are absent (new-token ids exactly, candidates from an
     evenly spaced sample of `sample`), the recomputed prefix rows miss at the node's reported

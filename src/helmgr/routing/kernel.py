@@ -41,7 +41,8 @@ HOME_RELATIVE = 22
 EMB_SHIFT = 23
 # 1: the nodes' links fetch a batch's rows while the batch before it computes (the pipelined
 # engine): a request taken at `now` computes at max(now + its link seconds, when the node runs out
-# of work); 0: its rows are fetched after the work before it, in series
+# of work), and the node's books move to its completion; 0: its rows are fetched after the work
+# before it, in series
 OVERLAP = 24
 N_CONSTS = 25                # the vector's length
 DRAWS = 1                   # draws a decision takes beside its d samples: the tie-break
@@ -191,10 +192,12 @@ def _pick(now, starts, ends, svcs, works, k, least, home_j, draw, c):
 def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, user, segment, draws, bits, node, mine, c):
     """One routing decision over the candidates of `_candidates` (draws from c[POS] on), each
     priced at predicted completion = max(now, when the node runs out of work, when a sync refill
-    releases it) + `_service`; `_pick` chooses, one more draw breaking exact ties. A request whose
+    releases it) + `_service` (OVERLAP: its rows fetched from when the node can take it, behind
+    the work before it); `_pick` chooses, one more draw breaking exact ties. A request whose
     user holds no prefix anywhere (a new session) also prices its segment's home node, preferred
-    by HOME_SLACK. Returns (node, its predicted service), or (-1, 0) when no candidate is up;
-    advances c[POS], sets c[MEMO]."""
+    by HOME_SLACK. Returns (node, its predicted service; OVERLAP: its completion less when the
+    node runs out of work, what the books add), or (-1, 0) when no candidate is up; advances
+    c[POS], sets c[MEMO]."""
     up = mine[:, UP]
     free = mine[:, FREE]
     pos = np.int64(c[POS])
@@ -229,4 +232,6 @@ def decide(now, prefix_len, new_ids, cand_ids, hn0, ht0, hn1, ht1, user, segment
         least = min(least, works[j])
     pick = _pick(now, starts, ends, svcs, works, k, least, home_j, draws[pos + d], c)
     c[MEMO] = cands[memo_j]
+    if c[OVERLAP] > 0:             # what it adds to the node's books: they move to its completion
+        return cands[pick], ends[pick] - max(now, free[cands[pick]])
     return cands[pick], svcs[pick]
