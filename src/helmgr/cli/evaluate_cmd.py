@@ -180,8 +180,9 @@ HEAD = ("regime", "config", "baseline", "p99_ms", "baseline_p99_ms", "p99_reduct
         "baseline_window_slo", "throughput_ratio", "utilization", "baseline_utilization")
 CTRL = HEAD[:5] + ("p99_reduction", "window_slo", "regret", "band_distance", "oracle_distance")
 CAP = ("regime", "config", "capacity_rps", "vs_static_best_prefix_aware", "static_ratio")
-ROWS = ("regime", "seed", "policy", "router", "ratio", "p99_ms", "window_slo_satisfaction", "utilization",
-        "overloaded", "mean_ratio", "burst_violation_share", "oracle_distance", "band_distance", "regret")
+ROWS = ("regime", "seed", "policy", "router", "ratio", "p99_ms", "tail_wait_ms", "tail_service_ms", "tail_cold_share",
+        "window_slo_satisfaction", "utilization", "overloaded", "mean_ratio", "burst_violation_share",
+        "oracle_distance", "band_distance", "regret")
 
 
 def _fmt(v) -> str:

@@ -19,7 +19,8 @@ SYSTEM_BASELINES = (("static-best", "least-loaded"), ("static-best", "prefix-awa
 CONTROLLER = (("helm", "helm"), ("static-best", "helm"))
 ROW_FIELDS = ("regime", "seed", "policy", "router", "ratio", "p99_ms", "window_slo_satisfaction", "slo_attainment",
               "throughput_rps", "utilization", "overloaded", "mean_ratio", "emb_hit_rate", "kv_hit_rate",
-              "burst_violation_share", "oracle_distance", "band_distance", "regret")
+              "burst_violation_share", "oracle_distance", "band_distance", "regret",
+              "tail_wait_ms", "tail_service_ms", "tail_cold_share")      # what the P99 is made of (metrics.TAIL)
 
 
 def rows(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
