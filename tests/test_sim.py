@@ -114,17 +114,41 @@ def test_node_load_peak_by_hand():
 def test_tail_profile_by_hand():
     """Latencies 1..200 ms: the P99 (numpy's interpolation) is 198.01 ms, so the tail is the two
     slowest, 199 and 200 ms. Their waits 9.95 and 10 ms -> 9.975; services 189.05 and 190 ->
-    189.525 ms. Of the two, 199 had its 100-token prefix cached whole, 200 none of its 300 -> cold
-    share 0.5, recompute (0 + 300) / 2 = 150 tokens; 200 came in a burst -> 0.5."""
+    189.525 ms; own fetches 4 and 6 ms -> 5, computes 100 and 120 -> 110, so behind
+    189.525 - 5 - 110 = 74.525. Of the two, 199 had its 100-token prefix cached whole, 200 none
+    of its 300 -> cold share 0.5, recompute (0 + 300) / 2 = 150 tokens; 200 came in a burst -> 0.5."""
     latency = np.arange(1, 201) * 1e-3
     wait = np.arange(1, 201) * 5e-5
+    fetch, compute = np.zeros(200), np.zeros(200)
+    fetch[198:], compute[198:] = (4e-3, 6e-3), (0.1, 0.12)
     prefix, kv, burst = np.zeros(200), np.zeros(200), np.zeros(200)
     prefix[198], kv[198], prefix[199], burst[199] = 100, 100, 300, 1
-    got = tail_profile(latency, wait, prefix, kv, burst, np.percentile(latency, 99))
-    assert got == pytest.approx({"tail_wait_ms": 9.975, "tail_service_ms": 189.525, "tail_cold_share": 0.5,
+    got = tail_profile(latency, wait, fetch, compute, prefix, kv, burst, np.percentile(latency, 99))
+    assert got == pytest.approx({"tail_wait_ms": 9.975, "tail_service_ms": 189.525, "tail_fetch_ms": 5.0,
+                                 "tail_behind_ms": 74.525, "tail_compute_ms": 110.0, "tail_cold_share": 0.5,
                                  "tail_recompute_tokens": 150.0, "tail_burst_share": 0.5})
-    assert all(np.isnan(v) for v in tail_profile(latency[:0], wait[:0], prefix[:0], kv[:0], burst[:0],
-                                                  float("nan")).values())
+    none = np.zeros(0)
+    assert all(np.isnan(v) for v in tail_profile(*[none] * 7, float("nan")).values())
+
+
+@pytest.mark.parametrize("engine", ["serial", "batched", "pipelined"])
+def test_each_requests_service_splits_into_fetch_behind_and_compute(engine):
+    """Every request: its fetch ends no later than its launch, its launch no later than its end;
+    on a batch engine the requests of one batch share its launch and end, and on the serial
+    engine a request computes as soon as its rows are in."""
+    res = simulate(SimConfig(nodes=2, engine=engine, max_batch=4, warmup_s=0.0), small(duration_s=3.0))
+    rec = res.cluster.rec
+    start, end, fetch, launch = (np.asarray(x) for x in (rec.start, rec.end, rec.fetch, rec.launch))
+    assert len(launch) == len(end) > 1000
+    assert np.all(start + fetch <= launch + 1e-12) and np.all(launch < end)
+    if engine == "serial":
+        assert np.allclose(launch, start + fetch, rtol=0, atol=1e-12)
+    else:                                        # a batch: one launch, one end
+        order = np.lexsort((end, np.asarray(rec.node)))
+        same = np.diff(end[order]) == 0
+        assert same.any() and np.all(np.diff(launch[order])[same] == 0)
+    s = res.summary
+    assert s["tail_fetch_ms"] + s["tail_behind_ms"] + s["tail_compute_ms"] == pytest.approx(s["tail_service_ms"])
 
 
 def test_mean_ratio_is_time_weighted():

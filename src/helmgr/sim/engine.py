@@ -392,6 +392,8 @@ class CompiledRun:
         rec.rerouted.extend([0] * k)
         rec.prefix.extend(cli[:, C_PREFIX].tolist())
         rec.start.extend(clf[:, C_START].tolist())
+        rec.fetch.extend(clf[:, C_FETCH].tolist())
+        rec.launch.extend(clf[:, C_LAUNCH].tolist())
         rec.ids.extend(cli[:, C_IDS].tolist())
         rec.misses.extend(cli[:, C_MISSES].tolist())
         rec.kv_tokens.extend(cli[:, C_KV].tolist())

@@ -41,10 +41,10 @@ GHOSTS_OFF, GHOSTS_OWN, GHOSTS_ALL = 0, 1, 2
  R_MISSES, R_UNF, R_HITS, R_TOKHITS, R_TOKENS, R_SEG, R_STORE, NRI) = range(22)
 # R_STORE: which id store holds the request's items and candidates (IDSI/IDSC[R_STORE]): 0 the
 # chunk's own arrays, 1 the ids of requests queued across a chunk boundary (engine_loop.rebase)
-R_T, R_START, R_END, R_FETCH, R_RECOMP, R_READY, NRF = range(7)
+R_T, R_START, R_END, R_FETCH, R_RECOMP, R_READY, R_LAUNCH, NRF = range(8)
 # completion log columns
 (C_RID, C_NODE, C_BURST, C_PREFIX, C_KV, C_IDS, C_MISSES, C_UNF, NCLI) = range(9)
-(C_T, C_START, C_END, C_FETCH, C_RECOMP, NCLF) = range(6)
+(C_T, C_START, C_END, C_FETCH, C_RECOMP, C_LAUNCH, NCLF) = range(7)
 INFLIGHT = 4                               # batches a node can have in service at once (pipelined: 2)
 
 # H: (mine, consts, index bits, index node rows, floats, work, pending rings, free-time heap (times,

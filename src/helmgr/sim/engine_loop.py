@@ -95,7 +95,7 @@ def _depart(n, now, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI
         cli[c, C_PREFIX], cli[c, C_KV], cli[c, C_UNF] = RI[s, R_PREFIX], RI[s, R_CF], RI[s, R_UNF]
         cli[c, C_IDS], cli[c, C_MISSES] = RI[s, R_IDS], RI[s, R_IDS] - RI[s, R_HITS]
         clf[c, C_T], clf[c, C_START], clf[c, C_END] = RF[s, R_T], RF[s, R_START], now
-        clf[c, C_FETCH], clf[c, C_RECOMP] = RF[s, R_FETCH], RF[s, R_RECOMP]
+        clf[c, C_FETCH], clf[c, C_RECOMP], clf[c, C_LAUNCH] = RF[s, R_FETCH], RF[s, R_RECOMP], RF[s, R_LAUNCH]
         c += 1
         if G[MODE] == HELM:
             _helm_completed(H, G, I, n, now)

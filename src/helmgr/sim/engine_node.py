@@ -210,6 +210,7 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
             end = ready + ids * CI[ROW_BYTES] / C[HBM_BW] + (flops / C[FLOPS] + C[LAUNCH_S])
             rec = _account(n, s, end - start, ready - start, C[FLOPS], F, I, RI, CI, KVM, KVT, KVL)
             RF[s, R_START], RF[s, R_END], RF[s, R_FETCH], RF[s, R_RECOMP] = start, end, ready - start, rec
+            RF[s, R_LAUNCH] = ready
             t = end - launch
         return end, end
     start = now if now >= blocked else blocked
@@ -236,4 +237,5 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
         r = RF[s, R_READY]
         rec = _account(n, s, share, r - start, rate, F, I, RI, CI, KVM, KVT, KVL)
         RF[s, R_START], RF[s, R_END], RF[s, R_FETCH], RF[s, R_RECOMP] = start, end, r - start, rec
+        RF[s, R_LAUNCH] = launch
     return end, (launch if G[ENG] == PIPELINED else end)

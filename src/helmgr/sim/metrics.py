@@ -18,6 +18,7 @@ class Recorder:
         self.requests = 0
         self.arrival, self.start, self.end, self.node, self.burst, self.rerouted = [], [], [], [], [], []
         self.ids, self.misses, self.prefix, self.kv_tokens, self.unfilled = [], [], [], [], []
+        self.fetch, self.launch = [], []            # its own rows' fetch (s); when its compute began
         self.timeline: list[tuple[float, int, float | None]] = []   # (t, node, ratio or None = down)
         self.window_t: list[float] = []
         self.window_queues: list[list[int]] = []
@@ -31,6 +32,8 @@ class Recorder:
         self.rerouted.append(req.rerouted)
         self.prefix.append(req.prefix_len)
         self.start.append(svc.start)
+        self.fetch.append(svc.fetch_s)
+        self.launch.append(svc.launch)
         self.ids.append(svc.ids)
         self.misses.append(svc.misses)
         self.kv_tokens.append(svc.kv_tokens)
@@ -157,7 +160,8 @@ def peak_load(window_t, loads, from_s: float = 0.0, span: int = PEAK_SPAN_WINDOW
 
 _NO_REQUEST = "no request completed after the warm-up"
 # what the P99 is made of (tail_profile)
-TAIL = ("tail_wait_ms", "tail_service_ms", "tail_cold_share", "tail_recompute_tokens", "tail_burst_share")
+TAIL = ("tail_wait_ms", "tail_service_ms", "tail_fetch_ms", "tail_behind_ms", "tail_compute_ms", "tail_cold_share",
+        "tail_recompute_tokens", "tail_burst_share")
 # why a figure can be missing (NaN here, null in JSON, the reason under "nulls")
 UNMEASURED = {"p50_ms": _NO_REQUEST, "p95_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "p999_ms": _NO_REQUEST,
               "slo_attainment": _NO_REQUEST,
@@ -169,18 +173,24 @@ UNMEASURED = {"p50_ms": _NO_REQUEST, "p95_ms": _NO_REQUEST, "p99_ms": _NO_REQUES
               "peak_utilization": "no metrics window closed after the warm-up"} | dict.fromkeys(TAIL, _NO_REQUEST)
 
 
-def tail_profile(latency, wait, prefix, kv, burst, p99) -> dict:
+def tail_profile(latency, wait, fetch, compute, prefix, kv, burst, p99) -> dict:
     """What the slowest 1 % of requests (latency >= P99) are made of, as means over them: wait
-    (arrival to when the node took its batch), service (from then to the end: its rows' fetch, on
-    a pipelined node the wait for the batch before it to finish computing, its batch's compute),
-    the share that found none of their prefix cached (of those with a prefix), prefix tokens
-    recomputed, and the share generated inside a burst. NaN with no request."""
+    (arrival to when the node took its batch), service (from then to the end), and service in
+    three parts: its own rows' fetch (host gathers and link copies, the link's queue included),
+    behind (from its rows being in to its batch's launch: its batch-mates' rows, and on a
+    pipelined node the batch before it still computing) and its batch's compute; the share that
+    found none of their prefix cached (of those with a prefix), prefix tokens recomputed, and the
+    share generated inside a burst. NaN with no request."""
     tail = latency >= p99
     if not tail.any():
         return dict.fromkeys(TAIL, NAN)
     with_prefix = tail & (prefix > 0)
+    service = (latency - wait)[tail]
     return {"tail_wait_ms": float(wait[tail].mean() * 1e3),
-            "tail_service_ms": float((latency - wait)[tail].mean() * 1e3),
+            "tail_service_ms": float(service.mean() * 1e3),
+            "tail_fetch_ms": float(fetch[tail].mean() * 1e3),
+            "tail_behind_ms": float((service - fetch[tail] - compute[tail]).mean() * 1e3),
+            "tail_compute_ms": float(compute[tail].mean() * 1e3),
             "tail_cold_share": float(np.mean(kv[with_prefix] == 0)) if with_prefix.any() else 0.0,
             "tail_recompute_tokens": float((prefix - kv)[tail].mean()),
             "tail_burst_share": float(burst[tail].mean())}
@@ -261,7 +271,8 @@ def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_
         "warmup_s": warmup_s,
         "max_queue": int(max((max(q) for q in rec.window_queues), default=0)),
         "node_load_max_over_mean": node_load_peak(rec.node, rec.start, rec.end, rec.n_nodes, 10.0, warmup_s),
-    } | tail_profile(latency, np.asarray(rec.start)[keep] - arrival, prefix, kv, np.asarray(rec.burst, float)[keep],
+    } | tail_profile(latency, np.asarray(rec.start)[keep] - arrival, np.asarray(rec.fetch)[keep],
+                     np.asarray(rec.end)[keep] - np.asarray(rec.launch)[keep], prefix, kv, np.asarray(rec.burst, float)[keep],
                      pct[2] * 1e-3)
     nulls = {k: why for k, why in UNMEASURED.items() if isinstance(summary[k], float) and not np.isfinite(summary[k])}
     if nulls:

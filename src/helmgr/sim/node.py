@@ -152,7 +152,8 @@ class Node:
         ready = self._fetch(start, lk)
         end = ready + cost.lookup_s(lk.ids) + cost.compute_s(lk.tokens, lk.computed_from, len(cand_ids))
         recompute = self._account(user, prefix_len, len(new_ids), lk, end - start, ready - start, cost.flops)
-        return Service(start, end, lk.computed_from, lk.ids, lk.ids - lk.hits, lk.unfilled, ready - start, recompute)
+        return Service(start, end, lk.computed_from, lk.ids, lk.ids - lk.hits, lk.unfilled, ready - start, recompute,
+                       ready)
 
     def serve_batch(self, now: float, batch: list, history: History, compute_free: float) -> tuple[list[Service], float]:
         """Serve `batch` (Requests) as one batch taken at `now` (SPEC 2.5 v2): every request's
@@ -186,7 +187,7 @@ class Node:
         for req, lk, r in zip(batch, looks, readies):
             recompute = self._account(req.user, req.prefix_len, len(req.items), lk, share, r - start, rate)
             out.append(Service(start, end, lk.computed_from, lk.ids, lk.ids - lk.hits, lk.unfilled, r - start,
-                               recompute))
+                               recompute, launch))
         return out, launch
 
     def counters(self) -> NodeCounters:

@@ -45,7 +45,7 @@ class BatchServer:
     def _exponential(self, node: Node, batch: list[Request], now: float) -> list[tuple[Request, Service]]:
         begin = max(now, node.blocked_until)
         end = begin + sum(self._draw() for _ in batch)
-        return [(req, Service(begin, end, 0, 0, 0, 0, 0.0, 0.0)) for req in batch]
+        return [(req, Service(begin, end, 0, 0, 0, 0, 0.0, 0.0, begin)) for req in batch]
 
     def _draw(self) -> float:
         if not self._draws:
