@@ -287,6 +287,19 @@ def test_a_summary_soon_after_another_keeps_the_rate_it_had():
     assert 0.32 < expected
 
 
+def half_missing_pair(waste: float, overlapped: bool) -> Helm:
+    """Two warm nodes a HELM router with a fixed waste weight knows exactly, but for their history
+    miss rates: node 0 misses none of a recomputed prefix's rows, node 1 half of them."""
+    nodes = [warm_node(i) for i in range(2)]
+    r = ROUTERS["helm"](d=8, sample=1024, waste=waste)
+    r.bind(2, [True, True], np.random.default_rng(0))
+    index = r.attach(nodes[0].cost, N_ITEMS, overlapped=overlapped)
+    for i, node in enumerate(nodes):
+        index.apply_summary(ResidencyReporter(i, node).summary(0.0))
+    index.node[:, HISTORY_MISS] = (0.0, 0.5)
+    return r
+
+
 @pytest.mark.parametrize("overlapped, chosen", [(False, 0), (True, 1)])
 def test_a_placements_waste_counts_its_link_seconds_only_on_serial_nodes(overlapped, chosen):
     """A cold 1,000-token history; node 1 misses half of its rows (history miss 0.5), node 0 none:
@@ -295,13 +308,7 @@ def test_a_placements_waste_counts_its_link_seconds_only_on_serial_nodes(overlap
     waste is d (the link is the node) -> 5d, node 0 wins. Pipelined nodes (`overlapped`): the
     link fetches while the last batch computes, the waste is the compute part alone, 0 -> d,
     node 1 wins."""
-    nodes = [warm_node(i) for i in range(2)]
-    r = ROUTERS["helm"](d=8, sample=1024, waste=4.0)
-    r.bind(2, [True, True], np.random.default_rng(0))
-    index = r.attach(nodes[0].cost, N_ITEMS, overlapped=overlapped)
-    for i, node in enumerate(nodes):
-        index.apply_summary(ResidencyReporter(i, node).summary(0.0))
-    index.node[:, HISTORY_MISS] = (0.0, 0.5)
+    r = half_missing_pair(4.0, overlapped)
     d = 500 * r.consts[MISS]
     r.mine[0, FREE] = 1.0 + 3 * d
     assert r.route_request(1.0, 5, 1000, np.array([10, 11]), CANDS) == chosen
@@ -315,13 +322,7 @@ def test_a_pipelined_nodes_misses_are_fetched_behind_the_work_before_them(overla
     On pipelined nodes its rows come over the link while the work before them computes, so it
     computes at max(1 + 1.5d, 1 + d) and finishes at 1 + 1.5d + c: node 1, whose books take on c
     alone (d + c once it is idle and the fetch is on the request's path)."""
-    nodes = [warm_node(i) for i in range(2)]
-    r = ROUTERS["helm"](d=8, sample=1024, waste=0.0)
-    r.bind(2, [True, True], np.random.default_rng(0))
-    index = r.attach(nodes[0].cost, N_ITEMS, overlapped=overlapped)
-    for i, node in enumerate(nodes):
-        index.apply_summary(ResidencyReporter(i, node).summary(0.0))
-    index.node[:, HISTORY_MISS] = (0.0, 0.5)
+    r = half_missing_pair(0.0, overlapped)
     d = 500 * r.consts[MISS] + r.consts[route_kernel.PCIE_LATENCY]
     r.mine[:, FREE] = (1.0 + 2 * d, 1.0 + 1.5 * d)
     resident = np.array([2, 3])                                  # candidates node 0 and node 1 both hold
