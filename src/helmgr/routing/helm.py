@@ -15,7 +15,9 @@ from helmgr.routing.residency import HISTORY_MISS, ResidencyIndex
 
 
 class Decision(NamedTuple):
-    """A routing decision: the node and the service the router predicted for the request there."""
+    """A routing decision: the node and what its books take on for the request there (its
+    predicted service; on pipelined nodes, its predicted completion less when the node would
+    have run out of work: compute alone behind other work)."""
 
     node: int
     service_s: float
