@@ -150,3 +150,23 @@ def test_result_dir_writes_through_a_symlinked_folder(tmp_path):
         (scratch / "summary.json").write_text("new json")
     assert link.is_symlink() and (real / "summary.json").read_text() == "new json"
     assert (real / "notes.txt").read_text() == "mine" and leftovers(tmp_path) == []
+
+
+def test_a_log_gets_a_progress_line_every_30_s_of_a_long_run(capsys):
+    now = [0.0]
+    bar = output.LogProgress(get_time=lambda: now[0], disable=True)
+    with bar:
+        task = bar.add_task("evaluating", total=10)
+        quiet = bar.add_task("stage", total=None)
+        for t, k in ((20.0, task), (40.0, task), (50.0, task), (75.0, quiet)):
+            now[0] = t
+            bar.advance(k)
+    # t=20: under 30 s, nothing. t=40: 2 done; rich's speed: 1 step between the samples at 20 and
+    # 40 s, so 8 left take 160 s. t=50: 10 s since the last line. t=75: a task without a total.
+    assert capsys.readouterr().err.splitlines() == ["evaluating: 2/10 (20 %), 40s elapsed, ~2m40s left",
+                                                    "stage: 1, 1m15s elapsed"]
+
+
+def test_progress_draws_no_bar_into_a_log():
+    assert isinstance(output.progress("x", None), output.LogProgress)     # pytest's stderr is no terminal
+    assert output._clock(3725.0) == "1h02m" and output._clock(59.6) == "1m00s"

@@ -66,11 +66,56 @@ def markdown_table(rows: dict, headers: tuple[str, ...] = ("value",)) -> str:
     return "\n".join(lines) + "\n"
 
 
+class LogProgress(Progress):
+    """A progress bar for a log: stderr is not a terminal, so no bar is drawn; instead, once a
+    run has gone on for `every_s` seconds, each update writes one plain line (at most one per
+    `every_s`): "evaluating: 33/222 (15 %), 6m30s elapsed, ~38m left". A run shorter than that
+    writes nothing."""
+
+    def __init__(self, *columns, every_s: float = 30.0, **kw):
+        super().__init__(*columns, **kw)
+        self.every_s = every_s
+        self._logged = self.get_time()
+
+    def update(self, task_id, **kw) -> None:
+        super().update(task_id, **kw)
+        self._log(task_id)
+
+    def advance(self, task_id, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._log(task_id)
+
+    def _log(self, task_id) -> None:
+        now = self.get_time()
+        if now - self._logged < self.every_s:
+            return
+        self._logged = now
+        with self._lock:
+            task = self._tasks[task_id]
+            done, total, elapsed, left = task.completed, task.total, task.elapsed, task.time_remaining
+        line = f"{task.description}: {done:g}"
+        if total:
+            line += f"/{total:g} ({100.0 * done / total:.0f} %)"
+        line += f", {_clock(elapsed or 0.0)} elapsed"
+        if total and left is not None:
+            line += f", ~{_clock(left)} left"
+        print(line, file=sys.stderr, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    """1h02m, 6m30s or 42s."""
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
 def progress(description: str, total: float | None) -> Progress:
-    """A progress bar on stderr; silent when stderr is not a terminal."""
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=stderr, transient=True,
-                    disable=not sys.stderr.isatty())
+    """A progress bar on stderr; when stderr is not a terminal (a log), a plain line every 30 s
+    of a long run instead (`LogProgress`)."""
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    if sys.stderr.isatty():
+        return Progress(*columns, console=stderr, transient=True)
+    return LogProgress(*columns, console=stderr, transient=True, disable=True)
 
 
 def check_out(out_dir: Path | None, option: str = "--out") -> None:
