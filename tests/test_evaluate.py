@@ -98,6 +98,10 @@ def test_tables_by_hand(done):
     assert set(caps) == {"helm@helm", "static-best@least-loaded"}
     assert caps["static-best@least-loaded"]["static_ratio"] == rows[("static-best", "least-loaded")]["ratio"]
     assert result["scenario_check"]["steady"]["summary"]["S1"]["threshold"] == 1.3
+    p99 = {(u.router, u.ratio): r.summary["p99_ms"] for u, r in out["results"].items() if u.kind == "point"}
+    assert [(r["ratio"], r["helm"], r["least-loaded"], r["vs_least-loaded"], r["below_all"]) for r in result["routers"]] == [
+        (x, p99[("helm", x)], p99[("least-loaded", x)], p99[("helm", x)] / p99[("least-loaded", x)] - 1,
+         int(p99[("helm", x)] < p99[("least-loaded", x)])) for x in TINY.grid]
 
 
 def test_every_figure_has_its_command(done):

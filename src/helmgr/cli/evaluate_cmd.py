@@ -133,7 +133,8 @@ def assemble(ev: EvalConfig, results: dict, s5: str) -> dict:
                       for h in report.headline(table, ev, report.FULL, base)] if "helm" in ev.routers else [],
            "controller": report.headline(table, ev, *report.CONTROLLER) if "helm" in ev.routers else [],
            "capacity": report.capacity_table(ev, results),
-           "scenario_check": report.check_table(ev, results, s5), "rows": table}
+           "scenario_check": report.check_table(ev, results, s5), "routers": report.router_table(ev, results),
+           "rows": table}
     out["commands"] = _commands(ev, results)
     return out
 
@@ -239,6 +240,7 @@ def markdown(result: dict, pngs: list[str]) -> str:
                   + "; static-best is held "
                   "at the ratio best at the base rate.", ""]
         lines += _md_table(result["capacity"], CAP)
+    lines += _router_lines(result["routers"], c["seeds"])
     lines += ["## Scenario check (S1-S5)", "", "| regime | property | " + " | ".join(
         f"seed {s}" for s in c["seeds"]) + " | threshold | pass |", "|---|---|" + "---:|" * len(c["seeds"]) + "---:|---|"]
     for regime, r in result["scenario_check"].items():
@@ -249,6 +251,23 @@ def markdown(result: dict, pngs: list[str]) -> str:
     lines += [f"![{p}]({p})" for p in pngs] + ["", "## Commands (each figure's)", ""]
     lines += [f"- {name}: `{cmd}`" for name, cmd in result["commands"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _router_lines(rows: list[dict], seeds) -> list[str]:
+    """The routers at each static split: the table, and how often the HELM router is below them all."""
+    if not rows:
+        return []
+    others = [k[3:] for k in rows[0] if k.startswith("vs_")]
+    cols = ("regime", "ratio", "helm", *others, *(f"vs_{rt}" for rt in others), "below_all")
+    below, points = sum(r["below_all"] for r in rows), sum(r["seeds"] for r in rows)
+    worst = {rt: max(rows, key=lambda r: r[f"vs_{rt}"]) for rt in others}
+    lines = ["## Routers at each static split", "",
+             "P99 in ms, the mean of the seeds; `vs_R` is the HELM router's P99 against router R's on the worst "
+             "seed (P99 / R's - 1); `below_all` counts the seeds where it is strictly below every other router. "
+             f"It is below them all at {below} of {points} (split, seed) points; its worst against "
+             + ", ".join(f"{rt} is {100 * w[f'vs_{rt}']:+.1f} % ({w['regime']}, {w['ratio']:g})" for rt, w in worst.items())
+             + ".", ""]
+    return lines + _md_table(rows, cols)
 
 
 def _print(result: dict) -> None:

@@ -111,6 +111,31 @@ def capacity_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
     return out
 
 
+def router_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
+    """Router against router at each static split (no controller in it): per regime and grid ratio,
+    each sweep router's P99 (mean of the seeds) and, for the HELM router, its P99 against each
+    other router's on the worst seed (`vs_<router>`, P99 / theirs - 1) and on how many seeds it is
+    strictly below every other router (`below_all`). Empty without a HELM sweep."""
+    if "helm" not in ev.point_routers:
+        return []
+    p99 = {(u.regime, u.seed, u.router, u.ratio): r.summary["p99_ms"] for u, r in results.items() if u.kind == "point"}
+    others = [rt for rt in ev.point_routers if rt != "helm"]
+    out = []
+    for regime in ev.regimes:
+        for ratio in ev.grid:
+            seeds = [s for s in ev.seeds if all((regime, s, rt, ratio) in p99 for rt in ev.point_routers)]
+            if not seeds:
+                continue
+            row = {"regime": regime, "ratio": ratio, "seeds": len(seeds)}
+            row |= {rt: _mean(p99[(regime, s, rt, ratio)] for s in seeds) for rt in ev.point_routers}
+            row |= {f"vs_{rt}": max(p99[(regime, s, "helm", ratio)] / p99[(regime, s, rt, ratio)] - 1 for s in seeds)
+                    for rt in others}
+            row["below_all"] = sum(all(p99[(regime, s, "helm", ratio)] < p99[(regime, s, rt, ratio)] for rt in others)
+                                   for s in seeds)
+            out.append(row)
+    return out
+
+
 def check_table(ev: EvalConfig, results: dict[Unit, object], s5: str = "whole") -> dict:
     """The scenario check (S1-S5) per regime, from the static points under the check's router."""
     points = {(u.regime, u.seed, u.ratio): r for u, r in results.items()
