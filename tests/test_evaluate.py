@@ -104,6 +104,18 @@ def test_tables_by_hand(done):
          int(p99[("helm", x)] < p99[("least-loaded", x)])) for x in TINY.grid]
 
 
+def test_the_report_links_every_plot_it_writes(done, tmp_path):
+    from helmgr.cli.evaluate_cmd import _write
+    _, out = done
+    result = assemble(TINY, out["results"], "whole") | {"wall_s": 1.0, "ran": 9, "kept": 0,
+                                                        "duration_s": {"steady": 5.0}, "command": "helmgr evaluate"}
+    _write(result, TINY, out["results"], tmp_path)
+    md = (tmp_path / "evaluate.md").read_text()
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == ["evaluate_capacity.png", "evaluate_p99.png", "evaluate_ratios.png", "evaluate_routers.png"]
+    assert all(f"({p})" in md for p in pngs) and "## Routers at each static split" in md
+
+
 def test_every_figure_has_its_command(done):
     _, out = done
     cmds = assemble(TINY, out["results"], "whole")["commands"]

@@ -152,13 +152,16 @@ def _commands(ev: EvalConfig, results: dict) -> dict:
 
 
 def _write(result: dict, ev: EvalConfig, results: dict, scratch: Path) -> None:
-    from helmgr.experiments.eval_plots import plot_capacity, plot_p99, plot_ratios
+    from helmgr.experiments.eval_plots import plot_capacity, plot_p99, plot_ratios, plot_routers
     (scratch / "evaluate.json").write_text(json_text(result))
     pngs = ["evaluate_p99.png"]
     plot_p99(result["rows"], ev.regimes, result["slo_ms"], scratch / pngs[0])
     if result["capacity"]:
         pngs.append("evaluate_capacity.png")
         plot_capacity(result["capacity"], ev.regimes, scratch / pngs[-1])
+    if result["routers"]:
+        pngs.append("evaluate_routers.png")
+        plot_routers(result["routers"], ev.regimes, ev.point_routers, result["slo_ms"], scratch / pngs[-1])
     traces = _ratio_traces(ev, results)
     if traces:
         pngs.append("evaluate_ratios.png")

@@ -1,5 +1,5 @@
-"""The evaluation's plots: P99 by configuration, capacity at SLO, and the controller's ratio
-against the phase oracle's r* and band."""
+"""The evaluation's plots: P99 by configuration, capacity at SLO, each router's P99 against the
+static split, and the controller's ratio against the phase oracle's r* and band."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,6 +51,26 @@ def plot_capacity(caps: list[dict], regimes, path: Path) -> None:
     ax.set_ylabel("capacity at SLO (req/s)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_routers(rows: list[dict], regimes, routers, slo_ms: float | None, path: Path) -> None:
+    """Per regime, each sweep router's P99 (the mean of the seeds) against the static split."""
+    fig, axes = plt.subplots(1, len(regimes), figsize=(4.2 * len(regimes), 3.8), squeeze=False)
+    for ax, regime in zip(axes[0], regimes):
+        got = [r for r in rows if r["regime"] == regime]
+        for k, rt in enumerate(routers):
+            ax.plot([r["ratio"] for r in got], [r[rt] for r in got], "o-", ms=3, color=f"C{k % 10}", label=rt)
+        if slo_ms:
+            ax.axhline(slo_ms, color="tab:red", ls="--", lw=1, label=f"SLO {slo_ms:g} ms")
+        ax.set_yscale("log")
+        ax.set_title(regime)
+        ax.set_xlabel("static EMB ratio")
+        ax.set_ylabel("P99 (ms)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
