@@ -243,7 +243,7 @@ def markdown(result: dict, pngs: list[str]) -> str:
                   + "; static-best is held "
                   "at the ratio best at the base rate.", ""]
         lines += _md_table(result["capacity"], CAP)
-    lines += _router_lines(result["routers"], c["seeds"])
+    lines += _router_lines(result["routers"])
     lines += ["## Scenario check (S1-S5)", "", "| regime | property | " + " | ".join(
         f"seed {s}" for s in c["seeds"]) + " | threshold | pass |", "|---|---|" + "---:|" * len(c["seeds"]) + "---:|---|"]
     for regime, r in result["scenario_check"].items():
@@ -256,7 +256,7 @@ def markdown(result: dict, pngs: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _router_lines(rows: list[dict], seeds) -> list[str]:
+def _router_lines(rows: list[dict]) -> list[str]:
     """The routers at each static split: the table, and how often the HELM router is below them all."""
     if not rows:
         return []

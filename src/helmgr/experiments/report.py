@@ -115,8 +115,8 @@ def router_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
     """Router against router at each static split (no controller in it): per regime and grid ratio,
     each sweep router's P99 (mean of the seeds) and, for the HELM router, its P99 against each
     other router's on the worst seed (`vs_<router>`, P99 / theirs - 1) and on how many seeds it is
-    strictly below every other router (`below_all`). Empty without a HELM sweep."""
-    if "helm" not in ev.point_routers:
+    strictly below every other router (`below_all`). Empty without a HELM sweep and another."""
+    if "helm" not in ev.point_routers or len(ev.point_routers) < 2:
         return []
     p99 = {(u.regime, u.seed, u.router, u.ratio): r.summary["p99_ms"] for u, r in results.items() if u.kind == "point"}
     others = [rt for rt in ev.point_routers if rt != "helm"]
