@@ -1,7 +1,8 @@
 """What does adapter v2 correct where the base policy is wrong? (SPEC 6, issue 22's adapter bar)
 
     python benchmarks/adapter_v2.py --workload steady --duration 240 --bias -0.15,0,0.15 \
-        [--policies helm-base,helm-base+adapter-v1,helm-base+adapter] [--hardware a100-80g] [--seed 1]
+        [--policies helm-base,helm-base+adapter-v1,helm-base+adapter] [--hardware a100-80g] [--seed 1] \
+        [--value mean|tail]
     python benchmarks/adapter_v2.py --trace ../shared/data/amazon-beauty.txt --clone-users 32 \
         --widen-catalogue --time-compression 100 --duration 180 --bias 0,-0.2
 
@@ -35,6 +36,8 @@ def main() -> None:
     ap.add_argument("--model", default="large")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bound", type=float, default=None, help="adapter v2's bound [default: MarginalAdapter's]")
+    ap.add_argument("--value", default=None, choices=("mean", "tail"),
+                    help="adapter v2's samples priced over every request or the tail [default: HelmPolicy's]")
     ap.add_argument("--trace", default=None, help="replay this log (sequences format) instead of --workload")
     ap.add_argument("--clone-users", type=int, default=1)
     ap.add_argument("--widen-catalogue", action="store_true")
@@ -51,13 +54,13 @@ def main() -> None:
             cls = POLICIES[name]
             if not issubclass(cls, HelmPolicy):
                 raise SystemExit(f"{name}: not a HELM policy (the bias is the controller's)")
-            policy = cls(bias=bias, adapter_kw=adapter_kw)
+            policy = cls(bias=bias, adapter_kw=adapter_kw, value=args.value)
             w = spec.build()
             res = simulate(replace(cluster, policy=name), w, policy=policy)
             s, n = res.summary, cluster.nodes
             r = window_ratios(res.series.timeline, n, w.duration_s)
             ctl = s["controller"]
-            row = {"bias": bias, "policy": name, "bound": args.bound, "p99_ms": round(s["p99_ms"], 3),
+            row = {"bias": bias, "policy": name, "bound": args.bound, "value": policy.value, "p99_ms": round(s["p99_ms"], 3),
                    "window_slo": round(s["window_slo_satisfaction"], 4), "mean_ratio": round(float(r.mean()), 3),
                    "last_quarter_ratio": round(float(r[int(0.75 * len(r)):].mean()), 3),
                    "samples": ctl["adapter_estimates"], "steps": ctl["adapter_steps"],

@@ -201,6 +201,43 @@ def test_helm_revision_names_the_tiers_default_settings():
     on three samples today); the base alone names neither tier's settings."""
     from helmgr.policy.policies import POLICIES, helm_revision
     full, base = helm_revision(POLICIES["helm"]), helm_revision(POLICIES["helm-base"])
-    assert "adapter=marginal(bound=0.25," in full and "grow=1.5" in full and "shadow=0.05,levels=cluster" in full
+    assert "adapter=marginal(bound=0.25," in full and "grow=1.5" in full and "shadow=0.05,levels=cluster,value=tail)" in full
     assert "/recovery=True(ratio=0.95,step=0.1,hold=60.0,miss=0.01,signal=0.05,samples=3,z=2.5)" in full
     assert base.endswith("/adapter=False/recovery=False") and base.split("/")[0] == full.split("/")[0]
+
+
+def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_seconds():
+    """Two windows make one sample (the EMB refresh comes before the second). Each: 100 requests,
+    the KV ghost k tokens, the EMB shadow 1,000 hits in the second only (prefix 200 tokens a
+    request, no EMB misses, so the same prices), k chosen so that the ghost's 2k tokens are worth
+    40 % of the shadow's 1,000 rows. Priced over every request the sample is
+    (1000 row_s - 2k token_s) / 0.05 / 200, positive (grow EMB); by the tail, the EMB side counts
+    (0.01 + 0.01) / (0.2 + 0.2) = 5 % of its seconds and the KV side 50 %: 50 - 200 rows' worth,
+    and the sign turns."""
+    from helmgr.core.window import NodeWindow
+    from helmgr.policy.policies import HelmPolicy, shadow_prices
+    from tests.test_node import warm_node
+    node = warm_node()
+    row_s, token_s = shadow_prices(node.cost, 200)
+    k = round(200 * row_s / token_s)
+
+    def window(t, emb_hits):
+        return NodeWindow(node=0, t=t, span_s=1.0, ratio=0.5, arrivals=100, completed=100, p99_s=0.01, queue_len=0,
+                          busy_s=0.5, emb_ids=1000, emb_misses=0, kv_prefix_tokens=20_000, kv_hit_tokens=10_000,
+                          cold_requests=5, emb_wait_s=0.2, recompute_s=0.1, h2d_busy_s=0.1, emb_shadow_hits=emb_hits,
+                          kv_shadow_tokens=k, tail_fetch_s=0.01, tail_recompute_s=0.05)
+
+    samples = {}
+    for value in ("mean", "tail"):
+        policy = HelmPolicy(value=value)
+        policy.shadows[0] = [0.0, 0.0, 0, node.emb.epoch, 0.0, 0.0, 0.0, 0.0]
+        assert policy._sample(0, window(1.0, 0), node) is None
+        node.emb.epoch += 1
+        samples[value] = policy._sample(0, window(2.0, 1000), node)
+    assert 2 * k * token_s == pytest.approx(400 * row_s, rel=1e-3)
+    assert samples["mean"] == pytest.approx((1000 * row_s - 2 * k * token_s) / 0.05 / 200)
+    assert samples["mean"] == pytest.approx(600 * row_s / 0.05 / 200, rel=1e-3)
+    assert samples["tail"] == pytest.approx((0.05 * 1000 * row_s - 0.5 * 2 * k * token_s) / 0.05 / 200)
+    assert samples["tail"] == pytest.approx(-150 * row_s / 0.05 / 200, rel=1e-2)
+    with pytest.raises(ValueError, match="value must be 'mean' or 'tail', got 'p99'"):
+        HelmPolicy(value="p99")

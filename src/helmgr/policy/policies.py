@@ -227,9 +227,10 @@ class HelmPolicy(MemoryPolicy):
     adapter, recovery = "marginal", True
     shadow_share = 0.05                     # adapter v2: each cache's shadow, of the pool
     level_load = "cluster"                  # adapter v2's load levels follow: "cluster" (mean rate) or "node" (its own)
+    value = "tail"                          # adapter v2's samples price: "tail" (the P99's requests) or "mean" (all)
 
     def __init__(self, path: str | None = None, seed: int = 0, bias: float = 0.0, adapter_kw: dict | None = None,
-                 controller_kw: dict | None = None, level_load: str | None = None):
+                 controller_kw: dict | None = None, level_load: str | None = None, value: str | None = None):
         """`bias`: set each node `bias` above the controller's decision (clamped): a base policy
         deliberately wrong by that much, for measuring what the adapter corrects (0: none).
         `adapter_kw`: adapter v2's settings (`MarginalAdapter`; default: its own);
@@ -239,9 +240,13 @@ class HelmPolicy(MemoryPolicy):
         cluster's: under the HELM router a node's own rate swings with the users homed on it
         (117-189 req/s on steady seed 1), each swing changed level and restarted from the base
         alone, and steady seed 1 lost 5.7 % of P99 (5.19 against 4.91 ms); the split that is
-        best follows the cluster's load (docs/results/2026-12-03-levels.md)."""
+        best follows the cluster's load (docs/results/2026-12-03-levels.md).
+        `value`: what adapter v2's samples price, "tail" (default: `_sample`) or "mean"."""
         if level_load is not None and level_load not in ("node", "cluster"):
             raise ValueError(f"level_load must be 'node' or 'cluster', got {level_load!r}")
+        if value is not None and value not in ("mean", "tail"):
+            raise ValueError(f"value must be 'mean' or 'tail', got {value!r}")
+        self.value = value or self.value
         self.path, self.seed, self.bias, self.adapter_kw = path, seed, bias, adapter_kw
         self.level_load = level_load or self.level_load
         self.controller_kw = controller_kw or {}
@@ -251,7 +256,7 @@ class HelmPolicy(MemoryPolicy):
         self.target: dict[int, float] = {}
         self.events: list[tuple[int, float, str]] = []     # (node, window end s, "start" | "end")
         self.retired: list = []                              # controllers of nodes that went down
-        self.shadows: dict[int, list] = {}                   # adapter v2: [EMB s, KV s, completed, refresh epoch]
+        self.shadows: dict[int, list] = {}                   # adapter v2: since the last sample, see _sample
         self.peers: list = []                                # adapter v2: the nodes sharing KV ghosts
 
     def attach(self, index, node):
@@ -267,7 +272,7 @@ class HelmPolicy(MemoryPolicy):
         self.slo[index] = node.profile.model.slo_ms * 1e-3
         if self.adapter == "marginal":
             track_shadows(node, self.shadow_share, self.peers)
-            self.shadows[index] = [0.0, 0.0, 0, node.emb.epoch]
+            self.shadows[index] = [0.0, 0.0, 0, node.emb.epoch, 0.0, 0.0, 0.0, 0.0]
 
     def observe(self, index, w, node):
         ctl = self.ctl[index]
@@ -294,7 +299,18 @@ class HelmPolicy(MemoryPolicy):
     def _sample(self, index, w, node) -> float | None:
         """Adapter v2's sample: the marginal value (`marginal_value`) summed since the last one,
         closed at the first window after an EMB refresh (which folds the EMB shadow's hits in);
-        None in between and without shadows."""
+        None in between and without shadows.
+
+        With `value` "tail" each side's seconds are weighed by the share of its cost that fell on
+        the requests at or above their window's P99 (the EMB side by their fetch seconds over
+        all requests', the KV side by their recompute seconds'), so the sample is what the
+        shadows would have saved the tail, on the assumption that a cache's hits land where its
+        cost does. Priced over every request ("mean") the signal's zero is the split with the
+        lowest mean latency, and on steady that is above the one with the lowest P99: the P99
+        is cold requests recomputing long prefixes, which only the KV side saves (steady seed 1:
+        the adapter held 0.63-0.64 where static 0.6 is best, docs/results/2026-12-04-tail-value.md).
+        acc: [EMB s, KV s, completed, refresh epoch, tail fetch s, fetch s, tail recompute s,
+        recompute s]."""
         acc = self.shadows.get(index)
         if acc is None:
             return None
@@ -303,10 +319,18 @@ class HelmPolicy(MemoryPolicy):
             acc[0] += value[1]
             acc[1] += value[2]
             acc[2] += w.completed
+        acc[4] += w.tail_fetch_s
+        acc[5] += w.emb_wait_s
+        acc[6] += w.tail_recompute_s
+        acc[7] += w.recompute_s
         if node.emb.epoch == acc[3] or not acc[2]:
             return None
-        sample = (acc[0] - acc[1]) / self.shadow_share / acc[2]
-        acc[:] = [0.0, 0.0, 0, node.emb.epoch]
+        emb_s, kv_s = acc[0], acc[1]
+        if self.value == "tail":
+            emb_s *= min(1.0, acc[4] / acc[5]) if acc[5] > 0 else 0.0
+            kv_s *= min(1.0, acc[6] / acc[7]) if acc[7] > 0 else 0.0
+        sample = (emb_s - kv_s) / self.shadow_share / acc[2]
+        acc[:] = [0.0, 0.0, 0, node.emb.epoch, 0.0, 0.0, 0.0, 0.0]
         return sample
 
     def report(self):
@@ -366,7 +390,8 @@ def helm_revision(policy: type = HelmPolicy) -> str:
     `3f02.../adapter=marginal(bound=0.15,...,shadow=0.05)/recovery=True(ratio=0.85,...)`."""
     from helmgr.controller.controller import default_policy_digest, tier_settings
     adapter, recovery = tier_settings()
-    a = (f"({adapter},shadow={policy.shadow_share},levels={policy.level_load})"
+    value = "" if policy.value == "mean" else f",value={policy.value}"     # (revisions before it had none)
+    a = (f"({adapter},shadow={policy.shadow_share},levels={policy.level_load}{value})"
          if policy.adapter == "marginal" else "")
     r = f"({recovery})" if policy.recovery else ""
     return f"{default_policy_digest()}/adapter={policy.adapter}{a}/recovery={policy.recovery}{r}"
