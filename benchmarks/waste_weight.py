@@ -75,8 +75,11 @@ def main() -> None:
     for c in configs:
         p = [r["p99_ms"] for r in rows if r["config"] == c]
         regimes = [r["p99_ms"] for r in rows if r["config"] == c and r["workload"] != "widened"]
-        gm = (lambda v: math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan"))
-        print(f"{c}: geomean P99 {gm(regimes):.3f} ms over the regimes, {gm(p):.3f} over all")
+        print(f"{c}: geomean P99 {geomean(regimes):.3f} ms over the regimes, {geomean(p):.3f} over all")
+
+
+def geomean(v: list[float]) -> float:
+    return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
 
 
 if __name__ == "__main__":
