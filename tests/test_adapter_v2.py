@@ -230,7 +230,7 @@ def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_second
     samples = {}
     for value in ("mean", "tail"):
         policy = HelmPolicy(value=value)
-        policy.shadows[0] = [0.0, 0.0, 0, node.emb.epoch, 0.0, 0.0, 0.0, 0.0]
+        policy.shadows[0] = policy._open_sample(node.emb.epoch)
         assert policy._sample(0, window(1.0, 0), node) is None
         node.emb.epoch += 1
         samples[value] = policy._sample(0, window(2.0, 1000), node)

@@ -272,7 +272,7 @@ class HelmPolicy(MemoryPolicy):
         self.slo[index] = node.profile.model.slo_ms * 1e-3
         if self.adapter == "marginal":
             track_shadows(node, self.shadow_share, self.peers)
-            self.shadows[index] = [0.0, 0.0, 0, node.emb.epoch, 0.0, 0.0, 0.0, 0.0]
+            self.shadows[index] = self._open_sample(node.emb.epoch)
 
     def observe(self, index, w, node):
         ctl = self.ctl[index]
@@ -330,8 +330,13 @@ class HelmPolicy(MemoryPolicy):
             emb_s *= min(1.0, acc[4] / acc[5]) if acc[5] > 0 else 0.0
             kv_s *= min(1.0, acc[6] / acc[7]) if acc[7] > 0 else 0.0
         sample = (emb_s - kv_s) / self.shadow_share / acc[2]
-        acc[:] = [0.0, 0.0, 0, node.emb.epoch, 0.0, 0.0, 0.0, 0.0]
+        self.shadows[index] = self._open_sample(node.emb.epoch)
         return sample
+
+    @staticmethod
+    def _open_sample(epoch: int) -> list:
+        """A sample's sums, empty, from EMB refresh `epoch` on (`_sample` reads its slots)."""
+        return [0.0, 0.0, 0, epoch, 0.0, 0.0, 0.0, 0.0]
 
     def report(self):
         """Burst start/end events per node, the controllers' decisions and their wall-clock
