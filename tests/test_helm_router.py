@@ -23,11 +23,11 @@ def warm_node(i=0):
     return n
 
 
-def helm(nodes, name="helm"):
+def helm(nodes, name="helm", **kw):
     """A HELM router (or ablation) over warm tiny nodes that knows them exactly: every node is a
     candidate, its summary published, every candidate id tested (sample >= candidates), and the
     test users' history rows all resident."""
-    r = ROUTERS[name](d=8, sample=1024)
+    r = ROUTERS[name](d=8, sample=1024, **kw)
     r.bind(len(nodes), [True] * len(nodes), np.random.default_rng(0))
     index = r.attach(nodes[0].cost, N_ITEMS)
     for i, node in enumerate(nodes):
@@ -65,17 +65,22 @@ def recompute_saving(node, prefix, new, cands):
     return cold - warm
 
 
-def test_prefix_holder_wins_unless_its_queue_is_longer_than_the_recompute_it_saves():
+@pytest.mark.parametrize("waste, queue", [(1.0, 2.0), (4.0, 5.0), (None, 1.0)])
+def test_prefix_holder_wins_unless_its_queue_outweighs_the_recompute_it_saves_and_wastes(waste, queue):
+    """An idle node recomputing the prefix finishes `saving` later than the holder would idle and
+    wastes `saving` of work, priced x the waste weight: the holder wins until its queue passes
+    (1 + weight) x saving. Weight 1 (the default): 2 x; 4: 5 x; the load-based weight (None) on
+    an idle cluster (rho = 0, the others' backlog 0): 0, so 1 x."""
     nodes = [warm_node(i) for i in range(3)]
-    r, index = helm(nodes)
+    r, index = helm(nodes, waste=waste)
     index.apply_kv(KVBatch(1, 1, [(5, 1000)]))                  # node 1 holds user 5's 1,000 tokens
     new = np.array([1000, 1001])
     saving = recompute_saving(nodes[0], 1000, new, CANDS)
     assert saving == pytest.approx(7.3024e-7)                    # 2 x 2,002,000 attention pairs + 1,000 tokens' rows
     assert r.route_request(1.0, 5, 1000, new, CANDS) == 1
-    r.mine[1, FREE] = 1.0 + 0.99 * saving                        # queued work just under the saving
+    r.mine[1, FREE] = 1.0 + (queue - 0.01) * saving              # queued work just under the bound
     assert r.route_request(1.0, 5, 1000, new, CANDS) == 1
-    r.mine[1, FREE] = 1.0 + 1.01 * saving                        # just over: recompute elsewhere
+    r.mine[1, FREE] = 1.0 + (queue + 0.01) * saving              # just over: recompute elsewhere
     assert r.route_request(1.0, 5, 1000, new, CANDS) in (0, 2)
 
 
@@ -94,7 +99,7 @@ def test_with_few_nodes_up_among_many_slots_the_holder_still_has_a_rival():
     index.node[:, HISTORY_MISS] = 0.0
     index.apply_kv(KVBatch(1, 1, [(5, 1000)]))                  # node 1 holds user 5's prefix
     new = np.array([1000, 1001])
-    r.mine[1, FREE] = 1.0 + 1.01 * recompute_saving(nodes[0], 1000, new, CANDS)
+    r.mine[1, FREE] = 1.0 + 2.01 * recompute_saving(nodes[0], 1000, new, CANDS)   # (1 + waste weight 1) x saving
 
     def route():                       # the last decision's least-wait node was the holder too
         r.consts[MEMO] = 1
