@@ -1,11 +1,11 @@
 """Forms of the HELM router's waste weight, side by side on tuning seeds (issue 22 item 1).
 
-    python benchmarks/waste_weight.py --configs ship,adaptive,cap5,cap2,fix5,fix20 \
+    python benchmarks/waste_weight.py --configs ship,cap5,cap2,fix1,fix5,fix20 \
         --workloads steady,burst,trend,widened --seeds 101,102 --jobs 2
-    python benchmarks/waste_weight.py --configs ship,adaptive,fix5,cap2 --workloads steady --scale 3 --seeds 101
+    python benchmarks/waste_weight.py --configs ship,fix1,fix5,cap2 --workloads steady --scale 3 --seeds 101
 
-Configs: `ship` (the router's defaults: a fixed weight of 1), `adaptive` (the load-based weight,
-(rho + rate x backlog) / (1 - rho): `Helm(waste=None)`), `capN` (the same, at most N:
+Configs: `ship` (the router's defaults: the load-based weight, (rho + rate x backlog) / (1 - rho)),
+`adaptive` (the same, named: `Helm(waste=None)`), `capN` (the load-based weight, at most N:
 `Helm.MAX_WASTE`), `fixN` (a fixed weight N: `Helm(waste=N)`). A regime is one
 full-HELM run on the v2 cluster under the HELM router (`tune_tiers.run_one`, its base rate times
 --scale); `widened` is amazon-beauty x 32 with its catalogue widened, static 0.2, 60 s (the
@@ -58,7 +58,7 @@ def run_one(job: tuple) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", default="ship,adaptive,cap5,cap2,fix5,fix20")
+    ap.add_argument("--configs", default="ship,cap5,cap2,fix1,fix5,fix20")
     ap.add_argument("--workloads", default="steady,burst,trend,widened")
     ap.add_argument("--seeds", default="101,102")
     ap.add_argument("--scale", type=float, default=1.0, help="each regime's base rate times this")

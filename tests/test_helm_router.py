@@ -69,7 +69,7 @@ def recompute_saving(node, prefix, new, cands):
 def test_prefix_holder_wins_unless_its_queue_outweighs_the_recompute_it_saves_and_wastes(waste, queue):
     """An idle node recomputing the prefix finishes `saving` later than the holder would idle and
     wastes `saving` of work, priced x the waste weight: the holder wins until its queue passes
-    (1 + weight) x saving. Weight 1 (the default): 2 x; 4: 5 x; the load-based weight (None) on
+    (1 + weight) x saving. Weight 1: 2 x; 4: 5 x; the load-based weight (the default, None) on
     an idle cluster (rho = 0, the others' backlog 0): 0, so 1 x."""
     nodes = [warm_node(i) for i in range(3)]
     r, index = helm(nodes, waste=waste)
@@ -99,7 +99,7 @@ def test_with_few_nodes_up_among_many_slots_the_holder_still_has_a_rival():
     index.node[:, HISTORY_MISS] = 0.0
     index.apply_kv(KVBatch(1, 1, [(5, 1000)]))                  # node 1 holds user 5's prefix
     new = np.array([1000, 1001])
-    r.mine[1, FREE] = 1.0 + 2.01 * recompute_saving(nodes[0], 1000, new, CANDS)   # (1 + waste weight 1) x saving
+    r.mine[1, FREE] = 1.0 + 1.01 * recompute_saving(nodes[0], 1000, new, CANDS)   # idle rivals: waste is free
 
     def route():                       # the last decision's least-wait node was the holder too
         r.consts[MEMO] = 1

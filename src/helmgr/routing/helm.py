@@ -38,9 +38,8 @@ class Helm(Router):
     evenly spaced sample of `sample`), the recomputed prefix rows miss at the node's reported
     history miss rate, and a node with background refill traffic adds one refill chunk to the
     misses' wait. To that comes the work the placement wastes (its service beyond the cheapest
-    candidate's) times the `waste` weight: 1 by default (the wasted seconds counted once), or with
-    `waste=None` the number of later requests it delays, (rho + rate x backlog) / (1 - rho) from
-    the router's own load estimate, capped at MAX_WASTE. On nodes whose link fetches a
+    candidate's) times the number of later requests it delays, (rho + rate x backlog) / (1 - rho)
+    from the router's own load estimate, or a fixed `waste` weight. On nodes whose link fetches a
     batch's rows while the previous batch computes (`attach(..., overlapped=True)`: the pipelined
     engine) the waste is the compute part alone: there a miss's link time delays no later request
     unless the link binds, and counting it made the least-missing node take every cold history
@@ -71,14 +70,14 @@ class Helm(Router):
     BLOCK = 4096
 
     RHO_SPAN_S = 0.5            # how often the load estimate behind the waste weight is renewed
-    MAX_WASTE = 1000.0          # waste=None: the most later requests one placement's waste is taken to delay
+    MAX_WASTE = 1000.0          # the most later requests one placement's waste is taken to delay
 
     HOME_SLACK = 1.0            # how much later a new session may finish at its home node and still go there,
                                 # as a share of its service there, on an idle cluster: x (1 - rho) at load rho
                                 # (docs/routing.md, Homes)
 
     def __init__(self, d: int = 2, kv_term: bool = True, emb_term: bool = True, sample: int = 32,
-                 waste: float | None = 1.0, link_waste: bool | None = None, home_slack: float | None = None,
+                 waste: float | None = None, link_waste: bool | None = None, home_slack: float | None = None,
                  home_slack_s: float | None = None, home_by_load: bool = True, overlap: bool = True):
         home_slack = self.HOME_SLACK if home_slack is None else home_slack
         slack = home_slack if home_slack_s is None else home_slack_s
