@@ -33,12 +33,10 @@ def run_one(job: tuple) -> dict:
     from helmgr.sim import SimConfig, simulate
     from helmgr.sim.config import scenario_cluster
     from helmgr.sim.metrics import window_ratios
-    from helmgr.workload import WorkloadSpec, default_config
 
     name, settings, preset, workload, seed, duration = job
     hardware, model, scale = preset
-    rps = None if scale == 1.0 else default_config(workload, "v2").rps * scale
-    w = WorkloadSpec(workload, duration, seed, rps).build()
+    w = regime_workload(workload, duration, seed, scale)
     cluster = SimConfig(**scenario_cluster("v2"), router="helm", seed=seed, policy="helm", hardware=hardware,
                         model=model)
     safety, detector = settings.get("safety") or {}, settings.get("detector") or {}
@@ -62,6 +60,12 @@ def run_one(job: tuple) -> dict:
             "burst_violation_share": s["burst_violation_share"], "mean_ratio": round(float(r.mean()), 3),
             "mean_ratio_by_phase": by_phase(r, w.phases), "steps": s["controller"]["adapter_steps"],
             "utilization": round(s["utilization"], 3), "wall_s": round(s["wall_s"], 1)}
+
+
+def regime_workload(workload: str, duration: float, seed: int, scale: float = 1.0):
+    """The v2 regime `workload` at `scale` x its base rate, built."""
+    from helmgr.workload import WorkloadSpec, default_config
+    return WorkloadSpec(workload, duration, seed, None if scale == 1.0 else default_config(workload, "v2").rps * scale).build()
 
 
 def by_phase(r: np.ndarray, phases) -> dict:

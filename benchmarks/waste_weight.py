@@ -47,18 +47,18 @@ def run_one(job: tuple) -> dict:
     kw, cap = router_settings(config)
     if cap is not None:
         Helm.MAX_WASTE = cap                        # this worker's runs only: one job per process
+    import tune_tiers
     regime, ratio = static_case(workload)
     if ratio is None:
-        import tune_tiers
         return tune_tiers.run_one((config, {"router": kw}, ("a100-80g", "large", scale), workload, seed, 360.0))
     from helmgr.sim import SimConfig, simulate
     from helmgr.sim.config import scenario_cluster
-    from helmgr.workload import WorkloadSpec, default_config
+    from helmgr.workload import WorkloadSpec
     if regime is None:
         w = WorkloadSpec(None, 60.0, seed, trace=str(LOG), trace_format="sequences", time_compression=100.0,
                          clone_users=32, overlays=("widen",)).build()
     else:
-        w = WorkloadSpec(regime, 360.0, seed, None if scale == 1.0 else default_config(regime, "v2").rps * scale).build()
+        w = tune_tiers.regime_workload(regime, 360.0, seed, scale)
     cfg = SimConfig(**scenario_cluster("v2"), policy="static", ratio=ratio, router="helm", seed=seed)
     s = simulate(cfg, w, router=Helm(**kw)).summary
     return {"config": config, "workload": workload, "seed": seed, "p99_ms": round(s["p99_ms"], 4),
