@@ -85,6 +85,19 @@ def test_each_task_ends_with_a_full_collection():
             gc.enable()
 
 
+def test_a_serial_batch_keeps_what_was_alive_before_it_out_of_its_collections():
+    """Each task's full collection walks what the tasks made, not the caller's state (an oracle's
+    cluster, millions of recorded items): frozen for the batch, thawed after it, also when a task
+    fails."""
+    assert gc.get_freeze_count() == 0
+    alive = [[] for _ in range(1000)]
+    assert all(n >= len(alive) for n in run_all(lambda _: gc.get_freeze_count(), range(2), jobs=1))
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError, match="task 0 failed"):
+        run_all(lambda _: 1 / 0, range(1), jobs=1)
+    assert gc.get_freeze_count() == 0
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_failed_task_is_named(jobs):
     names = [f"sweep ratio {r:g}" for r in (0.1, 0.35)]

@@ -74,18 +74,30 @@ def _collected(fn, *args):
 
 
 def _serial(fn, tasks, names, finished, shared) -> list:
-    out = []
-    for i, task in enumerate(tasks):
-        try:
-            out.append(_collected(fn, task) if shared is None else _collected(fn, shared, task))
-        except Exception as e:
-            raise failure(names[i], e) from e
-        finished(i, out[-1])
-    return out
+    """The tasks in this process. What was alive before the batch is frozen out of the collector
+    for its length (`gc.freeze`): each task's full collection then walks only what the tasks
+    made, not the caller's state. An oracle's cluster holds its recorder's lists, millions of
+    items that every replay's collection walked again: 42 of the 266 s of a 360-s steady oracle
+    (8 nodes, 11 ratios), 2 s once frozen."""
+    gc.freeze()
+    try:
+        out = []
+        for i, task in enumerate(tasks):
+            try:
+                out.append(_collected(fn, task) if shared is None else _collected(fn, shared, task))
+            except Exception as e:
+                raise failure(names[i], e) from e
+            finished(i, out[-1])
+        return out
+    finally:
+        gc.unfreeze()           # (also what an enclosing batch froze: later collections walk it again)
 
 
 def _init(shared) -> None:
+    """A local worker's start: the batch's `shared` value, and what the fork inherited frozen
+    out of the collector (as `_serial` does; nor do collections then touch the inherited pages)."""
     _SHARED[:] = [shared]
+    gc.freeze()
 
 
 def _call_shared(fn, task):
@@ -99,8 +111,7 @@ def _context():
 
 def _on_processes(fn, tasks, jobs, names, finished, shared) -> list:
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=_context(),
-                               initializer=_init if shared is not None else None,
-                               initargs=(shared,) if shared is not None else ())
+                               initializer=_init, initargs=(shared,))
     try:
         if shared is None:
             futures = {pool.submit(_collected, fn, t): i for i, t in enumerate(tasks)}
