@@ -196,3 +196,39 @@ def test_a_cluster_on_the_compiled_path_forks_and_pickles_mid_run():
     assert copy.engine is not c.engine and copy.engine.c is copy
     assert replay_p99(copy, chunks[4:6], 0.7, 4.0) == first == replay_p99(c, chunks[4:6], 0.7, 4.0)
     assert np.isfinite(first)
+
+
+FRESH_PROCESS_RUN = """
+from numba.core.registry import CPUDispatcher
+from numba.typed import typedlist
+from helmgr.sim import SimConfig
+from helmgr.sim.config import scenario_cluster
+from helmgr.sim.cluster import Cluster
+from helmgr.core.profiles import node_profile
+from helmgr.experiments.phase_oracle import Start
+from helmgr.workload import default_config, synthetic_workload
+w = synthetic_workload(default_config("burst", rps=300, duration_s=3, n_items=50_000, n_clusters=8), 1)
+cfg = SimConfig(**(scenario_cluster("v2") | dict(nodes=2, router="helm", seed=1))).validate(3)
+c = Start(cfg, w, node_profile(cfg.hardware, cfg.model)).build(0.5)
+chunks = list(w.chunks(1.0))
+c.feed(chunks[0])
+copy = c.fork()
+for chunk in chunks[1:]:
+    c.feed(chunk)
+    copy.feed(chunk)
+c.finish()
+assert c.path == "compiled" and c.rec.requests > 100
+print(sum(len(d.overloads) for d in vars(typedlist).values() if isinstance(d, CPUDispatcher)))
+"""
+
+
+def test_a_compiled_run_compiles_none_of_the_typed_lists_methods():
+    """numba compiles numba.typed.List's own methods again in every process (about 3 s of a run's
+    start); the engine builds, reads and copies its lists through cached kernels
+    (engine_layout.typed_list, at, put, plain_list) instead. A fresh process runs, forks and
+    finishes a HELM run on the compiled path and has compiled none of them."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", FRESH_PROCESS_RUN], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "0"

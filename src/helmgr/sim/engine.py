@@ -29,6 +29,7 @@ from helmgr.memory.refill import BackgroundRefill
 from helmgr.routing.residency import KVBatch
 from helmgr.sim.engine_books import apply_events, books_in, books_out, next_draws
 from helmgr.sim.engine_layout import *  # noqa: F403
+from helmgr.sim.engine_layout import at, length, plain_list, put, typed_list
 from helmgr.sim.engine_loop import rebase, step
 from helmgr.sim.engine_node import build_bits
 from helmgr.sim.engine_routes import PA_SHIFT
@@ -119,19 +120,19 @@ class CompiledRun:
             G[TURN] = c.router.next
         elif self.mode in (LEAST_LOADED, PREFIX_AWARE):
             G[TURN] = c.router._turn
-        self.Q = List([np.zeros(64, np.int64) for _ in range(n)])
+        self.Q = typed_list([np.zeros(64, np.int64) for _ in range(n)])
         self.INF = np.zeros((n, INFLIGHT, cfg.max_batch + 1), np.int64)
         self.INFF = np.zeros((n, INFLIGHT), np.int64)
         cap = 1024
-        self.RI = List([np.zeros((cap, NRI), np.int64)])
-        self.RF = List([np.zeros((cap, NRF))])
-        self.FREE = List([np.arange(cap - 1, -1, -1, dtype=np.int64)])
+        self.RI = typed_list([np.zeros((cap, NRI), np.int64)])
+        self.RF = typed_list([np.zeros((cap, NRF))])
+        self.FREE = typed_list([np.arange(cap - 1, -1, -1, dtype=np.int64)])
         G[NFREE] = cap
-        self.CLI = List([np.zeros((4096, NCLI), np.int64)])
-        self.CLF = List([np.zeros((4096, NCLF))])
-        self.HT = List([np.zeros(256)])
-        self.HK = List([np.zeros((256, 3), np.int64)])
-        self.DL = List([np.zeros((256, 2), np.int64)])
+        self.CLI = typed_list([np.zeros((4096, NCLI), np.int64)])
+        self.CLF = typed_list([np.zeros((4096, NCLF))])
+        self.HT = typed_list([np.zeros(256)])
+        self.HK = typed_list([np.zeros((256, 3), np.int64)])
+        self.DL = typed_list([np.zeros((256, 2), np.int64)])
         cost = nodes[0].cost
         self.C = np.zeros(NC)
         self.C[[HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF]] = (
@@ -139,15 +140,15 @@ class CompiledRun:
             cost.batch_flops, cost.batch_half_rows)
         self.CI = np.array([cost.row_bytes, cost.layers, cost.linear_flops, cost.attention_flops,
                             nodes[0].emb.sample_shift, ghost_mode(nodes)], np.int64)
-        self.STATES = List([node.emb.state for node in nodes])
+        self.STATES = typed_list([node.emb.state for node in nodes])
         words = (nodes[0].emb.n_items + 63) // 64
         self.RB, self.UB = np.zeros((n, words), np.uint64), np.zeros((n, words), np.uint64)
-        self.ACC = List([np.zeros(1 << 16, np.int32) for _ in range(n)])   # ids < 2**31: half the bytes
-        self.KVM = List([node.kv.meta for node in nodes] + [node.kv.gmeta for node in nodes])
-        self.KVT = List([node.kv.tab for node in nodes] + [node.kv.gtab for node in nodes])
-        self.KVL = List([node.kv.log for node in nodes])
-        self.IDSI = List([np.zeros(0, np.int64), np.zeros(0, np.int64)])   # stores 0 and 1 (rebase)
-        self.IDSC = List([np.zeros(0, np.int64), np.zeros(0, np.int64)])
+        self.ACC = typed_list([np.zeros(1 << 16, np.int32) for _ in range(n)])   # ids < 2**31: half the bytes
+        self.KVM = typed_list([node.kv.meta for node in nodes] + [node.kv.gmeta for node in nodes])
+        self.KVT = typed_list([node.kv.tab for node in nodes] + [node.kv.gtab for node in nodes])
+        self.KVL = typed_list([node.kv.log for node in nodes])
+        self.IDSI = typed_list([np.zeros(0, np.int64), np.zeros(0, np.int64)])   # stores 0 and 1 (rebase)
+        self.IDSC = typed_list([np.zeros(0, np.int64), np.zeros(0, np.int64)])
         self.HP = np.ascontiguousarray(c.workload.history.compiled_pool, np.int64)
         self.AT = np.zeros(0)
         self.AI = np.zeros((0, NRI), np.int64)
@@ -194,7 +195,7 @@ class CompiledRun:
     def __setstate__(self, state: dict) -> None:
         shared = state.pop("_shared")
         vars(self).update({k: _typed(v) for k, v in state.items()})
-        self.STATES, self.KVM, self.KVT, self.KVL = (List(x) for x in shared)
+        self.STATES, self.KVM, self.KVT, self.KVL = (typed_list(x) for x in shared)
         self.HP = np.ascontiguousarray(self.workload.history.compiled_pool, np.int64)
 
     def step(self, until: float, routed: int, args: tuple) -> int:
@@ -257,7 +258,7 @@ class CompiledRun:
 
     def _served(self) -> bool:
         k = int(self.G[NCOMP])
-        fresh = int(np.count_nonzero(self.CLI[0][:k, C_RID] >= self.watch_from))
+        fresh = int(np.count_nonzero(at(self.CLI, 0)[:k, C_RID] >= self.watch_from))
         return self.watch_done + fresh >= int(self.G[RID]) - self.watch_from
 
     def run_until_served(self) -> None:
@@ -326,7 +327,7 @@ class CompiledRun:
                 for i, node in enumerate(c.nodes):
                     k = int(self.I[i, ACCN])
                     if k:                    # (a view: the refresh below consumes it)
-                        node.emb.record(self.ACC[i][:k])
+                        node.emb.record(at(self.ACC, i)[:k])
                     self.I[i, ACCN] = 0
         c._handle(ev)
         if kind == REFRESH:
@@ -358,17 +359,20 @@ class CompiledRun:
         if I[ELOOK]:
             node.emb.add_counts(int(I[ELOOK]), int(I[EHIT]), int(I[EUNF]))
             I[ELOOK] = I[EHIT] = I[EUNF] = 0
-        node.kv.attach(self.KVT[i], self.KVL[i], self.KVT[len(self.KVL) + i])   # (its log was replayed by report_kv)
+        node.kv.attach(at(self.KVT, i), at(self.KVL, i), at(self.KVT, length(self.KVL) + i))   # (its log was replayed by report_kv)
 
     def sync_in(self, i: int) -> None:
         """Node i's objects into the engine (after Python code changed them)."""
         node, F, I = self.c.slots[i].node, self.F[i], self.I[i]
         F[LBU], F[LBS], F[BLK] = node.link.busy_until, node.link.busy_s, node.blocked_until
         I[LBYTES] = node.link.bytes_by_cause[EMB_MISS]
-        kv, n = node.kv, len(self.KVL)
-        self.KVT[i], self.KVL[i], self.KVM[n + i], self.KVT[n + i] = kv.tab, kv.log, kv.gmeta, kv.gtab
-        if self.STATES[i] is not node.emb.state:
-            self.STATES[i] = node.emb.state
+        kv, n = node.kv, length(self.KVL)
+        put(self.KVT, i, kv.tab)
+        put(self.KVL, i, kv.log)
+        put(self.KVM, n + i, kv.gmeta)
+        put(self.KVT, n + i, kv.gtab)
+        if at(self.STATES, i) is not node.emb.state:
+            put(self.STATES, i, node.emb.state)
         build_bits(node.emb.state, self.RB[i], self.UB[i])
 
     def drain(self) -> None:
@@ -380,7 +384,7 @@ class CompiledRun:
         G[NCOMP] = G[RCUR] = 0
         if not k:
             return
-        cli, clf = self.CLI[0][:k], self.CLF[0][:k]
+        cli, clf = at(self.CLI, 0)[:k], at(self.CLF, 0)[:k]
         self.watch_done += int(np.count_nonzero(cli[:, C_RID] >= self.watch_from))
         rec = c.rec
         t, end = clf[:, C_T], clf[:, C_END]
@@ -413,7 +417,7 @@ class CompiledRun:
         a, b = int(G[RCUR]), int(G[NCOMP])
         if b > a:
             done = self.c.router.completed
-            for n, t in zip(self.CLI[0][a:b, C_NODE].tolist(), self.CLF[0][a:b, C_END].tolist()):
+            for n, t in zip(at(self.CLI, 0)[a:b, C_NODE].tolist(), at(self.CLF, 0)[a:b, C_END].tolist()):
                 done(n, t)
             G[RCUR] = b
 
@@ -437,8 +441,8 @@ class CompiledRun:
             return
         c = self.c
         taken = [0] * c.cfg.nodes
-        for n, k in self.DL[0][:d].tolist():
-            log, a = self.KVL[n], taken[n]
+        for n, k in at(self.DL, 0)[:d].tolist():
+            log, a = at(self.KVL, n), taken[n]
             rows = log[:, a:a + k]                  # (kind, user, a, b): an insert's event, an eviction's
             now = np.where(rows[0] == kvmod.EVENT, rows[2], rows[3])
             events = list(zip(rows[1].tolist(), now.tolist()))
@@ -448,7 +452,7 @@ class CompiledRun:
             taken[n] = a + k
         for n, a in enumerate(taken):
             if a:
-                self.KVM[n][kvmod.LOG_N] = 0
+                at(self.KVM, n)[kvmod.LOG_N] = 0
         self.G[NDL] = 0
 
 
@@ -458,7 +462,7 @@ class _Plain(list):
 
 def _plain(v):
     if isinstance(v, List):
-        return _Plain(v)
+        return _Plain(plain_list(v))
     if isinstance(v, tuple):
         return tuple(_plain(x) for x in v)
     return v
@@ -466,7 +470,7 @@ def _plain(v):
 
 def _typed(v):
     if isinstance(v, _Plain):
-        return List(v)
+        return typed_list(v)
     if isinstance(v, tuple):
         return tuple(_typed(x) for x in v)
     return v

@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 import numpy as np
-from numba.typed import List
 
 from helmgr.memory import kv_table as kvmod
 from helmgr.routing import kernel as route_kernel
 from helmgr.sim.engine_helm import _expect
 from helmgr.sim.engine_helm import apply_events as _apply_events
 from helmgr.sim.engine_layout import *  # noqa: F403
-from helmgr.sim.engine_layout import _grow1, _grow_rows
+from helmgr.sim.engine_layout import _grow1, _grow_rows, at, put, typed_list
 from helmgr.sim.engine_routes import PA_SHIFT, _prefix_dispatched
 
 
@@ -21,10 +20,11 @@ def books_in(c, mode: int, G: np.ndarray, I: np.ndarray) -> tuple:
     """H: the HELM router's books and its index's holders, or the prefix-aware router's map, as
     arrays (dummies of the same types for the others); the routers' counters into G and I."""
     n = c.cfg.nodes
-    pend = List([np.zeros(16) for _ in range(n)])
-    ft, fi = List([np.zeros(64)]), List([np.zeros((64, 2), np.int64)])
-    hmap, ent = List([np.full((3, 1024), -1, np.int64)]), List([np.full((3, 1024), -1, np.int64)])
-    ent[0][E_NEXT, :-1] = np.arange(1, 1024)
+    pend = typed_list([np.zeros(16) for _ in range(n)])
+    ft, fi = typed_list([np.zeros(64)]), typed_list([np.zeros((64, 2), np.int64)])
+    entries = np.full((3, 1024), -1, np.int64)
+    entries[E_NEXT, :-1] = np.arange(1, 1024)
+    hmap, ent = typed_list([np.full((3, 1024), -1, np.int64)]), typed_list([entries])
     f = np.zeros(NHF)
     r = c.router
     pmeta, ptab, _ = kvmod.kv_arrays(1, 1, slots=1024)
@@ -33,10 +33,10 @@ def books_in(c, mode: int, G: np.ndarray, I: np.ndarray) -> tuple:
         pf[:] = r.abs_threshold, r.rel_threshold, r.cache_threshold
         G[PMEMORY] = r.MEMORY
         I[:, LOAD] = r.load
-    prefix = (pmeta, List([ptab]), pf)
+    prefix = (pmeta, typed_list([ptab]), pf)
     if mode != HELM:
         H = (np.zeros((n, 2)), np.zeros(route_kernel.N_CONSTS), np.zeros((n, 1), np.uint8), np.zeros((n, 4)), f,
-             np.zeros(n), pend, ft, fi, hmap, ent, List([np.zeros(1)])) + prefix
+             np.zeros(n), pend, ft, fi, hmap, ent, typed_list([np.zeros(1)])) + prefix
         if mode == PREFIX_AWARE:
             for user, (node, tokens) in r.where.items():
                 _prefix_dispatched(G, H, node, user, tokens)
@@ -46,16 +46,19 @@ def books_in(c, mode: int, G: np.ndarray, I: np.ndarray) -> tuple:
     G[SENT], G[LEFT], G[KVTERM], G[BLOCK], G[LASTNODE] = r._sent, r._left, r.kv_term, r.BLOCK, r._last[0]
     I[:, LOAD], I[:, VER] = r.load, r._version
     for i, q in enumerate(r.pending):
-        pend[i] = _grow1(pend[i], len(q) + 1)
-        pend[i][:len(q)] = list(q)
+        ring = _grow1(at(pend, i), len(q) + 1)
+        ring[:len(q)] = list(q)
+        put(pend, i, ring)
         I[i, PH], I[i, PT] = 0, len(q)
     heap = r._freeing
-    ft[0], fi[0] = _grow1(ft[0], len(heap) + 1), _grow_rows(fi[0], len(heap) + 1)
+    times, keys = _grow1(at(ft, 0), len(heap) + 1), _grow_rows(at(fi, 0), len(heap) + 1)
     for k, (t, node, version) in enumerate(heap):
-        ft[0][k], fi[0][k] = t, (node, version)
+        times[k], keys[k] = t, (node, version)
+    put(ft, 0, times)
+    put(fi, 0, keys)
     G[FHN] = len(heap)
     H = (r.mine, r.consts, c.index.bits, c.index.node, f, np.array(r.work, float), pend, ft, fi, hmap, ent,
-         List([np.asarray(r._draws, float) if len(r._draws) else np.zeros(1)])) + prefix
+         typed_list([np.asarray(r._draws, float) if len(r._draws) else np.zeros(1)])) + prefix
     for user, where in c.index.holders.items():
         for node, tokens in where.items():
             _expect(H, G, node, user, tokens)
@@ -64,7 +67,7 @@ def books_in(c, mode: int, G: np.ndarray, I: np.ndarray) -> tuple:
 
 def next_draws(router, H: tuple, G: np.ndarray) -> None:
     """Helm.route_request's next block of random draws (from the router's own generator)."""
-    H[H_DRAWS][0] = router.rng.random(router.BLOCK * (router.d + route_kernel.DRAWS))
+    put(H[H_DRAWS], 0, router.rng.random(router.BLOCK * (router.d + route_kernel.DRAWS)))
     router.consts[route_kernel.POS] = 0
     G[LEFT] = router.BLOCK
 
@@ -85,7 +88,7 @@ def books_out(c, mode: int, H: tuple, G: np.ndarray, I: np.ndarray) -> None:
     elif mode == ROUND_ROBIN:
         r.load, r.next = I[:, LOAD].tolist(), int(G[TURN])
     if mode == PREFIX_AWARE:
-        meta, tab = H[H_PMETA], H[H_PTAB][0]
+        meta, tab = H[H_PMETA], at(H[H_PTAB], 0)
         order = kvmod.kv_order(meta, tab)
         v = tab[kvmod.TOK, order]
         r.where = OrderedDict(zip(tab[kvmod.KEY, order].tolist(),
@@ -94,17 +97,18 @@ def books_out(c, mode: int, H: tuple, G: np.ndarray, I: np.ndarray) -> None:
         return
     f = H[H_F]
     r.load, r._version, r.work = I[:, LOAD].tolist(), I[:, VER].tolist(), H[H_WORK].tolist()
-    r.pending = [deque(H[H_PEND][i][np.arange(I[i, PH], I[i, PT]) % len(H[H_PEND][i])].tolist())
-                 for i in range(c.cfg.nodes)]
+    rings = [at(H[H_PEND], i) for i in range(c.cfg.nodes)]
+    r.pending = [deque(q[np.arange(I[i, PH], I[i, PT]) % len(q)].tolist()) for i, q in enumerate(rings)]
     k = int(G[FHN])
-    r._freeing = list(zip(H[H_FT][0][:k].tolist(), H[H_FI][0][:k, 0].tolist(), H[H_FI][0][:k, 1].tolist()))
+    times, keys = at(H[H_FT], 0), at(H[H_FI], 0)
+    r._freeing = list(zip(times[:k].tolist(), keys[:k, 0].tolist(), keys[:k, 1].tolist()))
     r._work_sent, r._rho_t, r.rho, r.rate = (float(f[x]) for x in (HF_WSENT, HF_RHO_T, HF_RHO, HF_RATE))
-    r._sent, r._left, r._draws = int(G[SENT]), int(G[LEFT]), H[H_DRAWS][0]
+    r._sent, r._left, r._draws = int(G[SENT]), int(G[LEFT]), at(H[H_DRAWS], 0)
     r._last = (int(G[LASTNODE]), float(f[HF_LAST]))
     index = c.index
     index.__dict__.pop("apply_events", None)
     holders = {}
-    m, ent = H[H_MAP][0], H[H_ENT][0]
+    m, ent = at(H[H_MAP], 0), at(H[H_ENT], 0)
     for i in np.flatnonzero(m[M_KEY] >= 0).tolist():
         where, e = {}, int(m[M_HEAD, i])
         while e >= 0:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.typed import List
 
 # routing modes
 LEAST_LOADED, ROUND_ROBIN, EXTERNAL, HELM, PREFIX_AWARE = 0, 1, 2, 3, 4
@@ -55,6 +56,52 @@ H_MINE, H_C, H_BITS, H_NODE, H_F, H_WORK, H_PEND, H_FT, H_FI, H_MAP, H_ENT, H_DR
 HF_WSENT, HF_RHO_T, HF_RHO, HF_RATE, HF_LAST, HF_SPAN, NHF = range(7)
 M_KEY, M_HEAD, M_TAIL = range(3)
 E_NODE, E_TOK, E_NEXT = range(3)
+
+
+# -- typed lists, from Python: built and read through these cached kernels. numba.typed.List's own
+# methods are compiled again in every process (~0.5 s for each element type, ~4.5 s of a run's
+# start) -----------------------------------------------------------------------------------------
+@njit(cache=True)
+def _list_of(a):
+    out = List()
+    out.append(a)
+    return out
+
+
+@njit(cache=True)
+def _list_push(lst, a):
+    lst.append(a)
+
+
+@njit(cache=True)
+def at(lst, i):
+    """lst[i]."""
+    return lst[i]
+
+
+@njit(cache=True)
+def put(lst, i, a):
+    """lst[i] = a."""
+    lst[i] = a
+
+
+@njit(cache=True)
+def length(lst):
+    return len(lst)
+
+
+def typed_list(arrays) -> List:
+    """A typed List of `arrays` (at least one, all of one type)."""
+    it = iter(arrays)
+    out = _list_of(next(it))
+    for a in it:
+        _list_push(out, a)
+    return out
+
+
+def plain_list(lst: List) -> list:
+    """A typed List's items, as a Python list."""
+    return [at(lst, i) for i in range(length(lst))]
 
 
 # -- growable arrays (kept as element 0 of a typed List so that compiled code can replace them) -----
