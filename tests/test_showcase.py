@@ -44,16 +44,18 @@ def test_the_stored_figures_apply_to_the_default_scenario_only():
 
 
 def test_the_stored_figures_are_the_committed_evaluations():
-    """REFERENCE is what the committed evaluation measured, on the cluster `helmgr simulate`
-    builds: per regime, the prefix-aware static ratio with the lowest P99 averaged over its
-    seeds, and the capacities at SLO where measured."""
+    """REFERENCE is what the committed records measured, on the cluster `helmgr simulate` builds:
+    per regime, the evaluation's prefix-aware static ratio with the lowest P99 averaged over its
+    seeds and the HELM it ran, and the capacities at SLO that `helmgr capacity` measured."""
     record = json.loads((ROOT / sc.RECORD / "evaluate.json").read_text())
     config = record["config"]
     assert config["scenario"] == "v2" and config["duration_s"] is None and config["seeds"] == [1, 2, 3]
     _, cfg = cli_default()
-    recorded = {"emb_sample": 1} | config["cluster"]      # (the record predates sampling: it tracked every id)
-    assert recorded == json.loads(json.dumps(config_dict(EvalConfig(cluster=cfg))["cluster"]))
-    assert sc.reference_from_record(record) == sc.REFERENCE
+    assert config["cluster"] == json.loads(json.dumps(config_dict(EvalConfig(cluster=cfg))["cluster"]))
+    runs = [json.loads(p.read_text()) for p in sorted((ROOT / sc.CAPACITY_RECORD).glob("*.json"))]
+    assert len(runs) == 6 and all(sorted(r["seeds"]) == ["1", "2", "3"] and r["tol"] == 0.02 for r in runs)
+    assert sc.reference_from_record(record, runs) == sc.REFERENCE
+    assert {ref.helm_revision for ref in sc.REFERENCE.values()} == {config["helm_revision"]}
 
 
 def test_reference_from_record_by_hand():
@@ -69,6 +71,17 @@ def test_reference_from_record_by_hand():
         ("v2", "burst"): sc.Reference(0.4, None)}
     with pytest.raises(ValueError, match="least-loaded"):
         sc.reference_from_record(record | {"config": {"check_router": "least-loaded", "scenario": "v2"}})
+    # capacity runs: full HELM's and static-best's (at the regime's best split, 0.4) fill burst in
+    record["config"] |= {"cluster": {"nodes": 8}, "helm_revision": "r"}
+    run = {"scenario": "v2", "workload": "burst", "nodes": 8, "policy": "helm", "router": "helm", "ratio": 0.5,
+           "capacity_rps": 2100.0}
+    base = run | {"policy": "static", "router": "prefix-aware", "ratio": 0.4, "capacity_rps": 1500.0}
+    got = sc.reference_from_record(record, [run, base])
+    assert got[("v2", "burst")] == sc.Reference(0.4, {"helm@helm": 2100.0, "static-best@prefix-aware": 1500.0})
+    assert got[("v2", "burst")].helm_revision == "r"
+    for bad in (base | {"ratio": 0.8}, run | {"nodes": 4}, run | {"router": "prefix-aware"}):
+        with pytest.raises(ValueError, match="capacity run"):
+            sc.reference_from_record(record, [bad])
 
 
 def tiny():

@@ -4,13 +4,14 @@ deployment would run, with each one's capacity headroom where the evaluation mea
 
 Static-best is a hindsight sweep; a sweep of the default scenario costs nine runs, so for the
 runs the evaluation measured (a v2 regime at its default rate and duration on the scenario's
-cluster, any seed) the split and the capacities are the evaluation's, kept in `REFERENCE` and
-checked against the committed record by `tests/test_showcase.py`. Any other configuration sweeps
-`SWEEP` here and has no stored capacity."""
+cluster, any seed) the split is the evaluation's (`RECORD`) and the capacities are those its
+record measured or `helmgr capacity` measured for the same HELM (`CAPACITY_RECORD`), kept in
+`REFERENCE` and checked against the committed records by `tests/test_showcase.py`. Any other
+configuration sweeps `SWEEP` here and has no stored capacity."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 from helmgr.experiments.capacity import base_rate
 from helmgr.experiments.compare import run_series
@@ -26,7 +27,8 @@ from helmgr.workload import WorkloadSpec, default_config
 HELM = ("helm", "helm")
 BASELINE_ROUTER = "prefix-aware"
 SWEEP = (0.1, 0.3, 0.5, 0.7, 0.9)     # static ratios tried where no split is stored
-RECORD = "docs/results/2026-12-01-evaluate-full"
+RECORD = "docs/results/2026-12-04-tail-value"          # evaluate.json: static-best per regime, the HELM run
+CAPACITY_RECORD = "docs/results/2026-12-05-capacity"   # `helmgr capacity --json` of both, per regime
 
 
 @dataclass(frozen=True)
@@ -40,12 +42,21 @@ class Reference:
 
 
 # (scenario, regime) -> Reference: `reference_from_record` of RECORD's evaluate.json (seeds 1-3,
-# 360-s runs; capacity measured on steady only), checked by tests/test_showcase.py
+# 360-s runs) and CAPACITY_RECORD's capacity runs (seeds 1-3, 360-s probes), checked by
+# tests/test_showcase.py
+_MEASURED = ("3f024ede94ea3e49/adapter=marginal(bound=0.25,step=0.02,block=5,z=2.5,grow=1.5,max_step=0.06,"
+             "load_width=0.2,load_alpha=0.3,load_hysteresis=0.75,shadow=0.05,levels=cluster,value=tail)/"
+             "recovery=True(ratio=0.95,step=0.1,hold=60.0,miss=0.01,signal=0.05,samples=3,z=2.5)/"
+             "router=helm(d=2,kv_term=True,emb_term=True,sample=32,waste=None,link_waste=None,home_slack=None,"
+             "home_slack_s=None,home_by_load=True,overlap=True,HOME_SLACK=1.0,RHO_SPAN_S=0.5,MAX_WASTE=1000.0,"
+             "BLOCK=4096)")
 REFERENCE: dict[tuple[str, str], Reference] = {
-    ("v2", "steady"): Reference(0.6, {"helm@helm": 3335.462041804824, "static-best@prefix-aware": 3025.6846328217016},
-                                "849752cc1afe59d5/adapter=True/recovery=True"),
-    ("v2", "burst"): Reference(0.8),
-    ("v2", "trend"): Reference(0.8),
+    ("v2", "steady"): Reference(0.6, {"helm@helm": 4325.559108849516, "static-best@prefix-aware": 3025.6846328217016},
+                                _MEASURED),
+    ("v2", "burst"): Reference(0.8, {"helm@helm": 1529.3160891453658, "static-best@prefix-aware": 1372.3387318687242},
+                               _MEASURED),
+    ("v2", "trend"): Reference(0.8, {"helm@helm": 3145.1493444623343, "static-best@prefix-aware": 2732.087186561665},
+                               _MEASURED),
 }
 
 
@@ -55,23 +66,39 @@ def stack_revision() -> str:
     return f"{helm_revision()}/router={Helm.revision()}"
 
 
-def reference_from_record(record: dict) -> dict[tuple[str, str], Reference]:
+def reference_from_record(record: dict, capacity_runs: Sequence[dict] = ()) -> dict[tuple[str, str], Reference]:
     """REFERENCE as an evaluation's `evaluate.json` gives it (how REFERENCE is refreshed): per
     regime, the scenario check's prefix-aware ratio with the lowest P99 averaged over seeds, and
-    the capacities of full HELM and static-best + prefix-aware where they were measured."""
+    the capacities of full HELM and static-best + prefix-aware where they were measured: by the
+    evaluation, or by `helmgr capacity --json` runs (`capacity_runs`, of the same HELM: full
+    HELM's with policy and router helm, static-best's at the regime's static-best split)."""
     import numpy as np
     config = record["config"]
     if config["check_router"] != BASELINE_ROUTER:
         raise ValueError(f"the record's static sweeps are under {config['check_router']}, not {BASELINE_ROUTER}")
     pairs = ("@".join(HELM), f"static-best@{BASELINE_ROUTER}")
     caps = {(c["regime"], c["config"]): c["capacity_rps"] for c in record["capacity"]}
-    out = {}
+    best = {}
     for regime, check in record["scenario_check"].items():
         seeds = list(check["seeds"].values())
         mean = np.mean([s["p99_ms"] for s in seeds], axis=0)
+        best[regime] = float(seeds[0]["ratios"][int(np.argmin(mean))])
+    for run in capacity_runs:
+        regime, nodes = run["workload"], config["cluster"]["nodes"]
+        if run["scenario"] != config["scenario"] or run["nodes"] != nodes or regime not in best:
+            raise ValueError(f"a capacity run of {run['scenario']} {regime} on {run['nodes']} nodes is not of "
+                             f"the record's scenario ({config['scenario']}, {nodes} nodes)")
+        if (run["policy"], run["router"]) == HELM:
+            caps[(regime, pairs[0])] = run["capacity_rps"]
+        elif (run["policy"], run["router"]) == ("static", BASELINE_ROUTER) and run["ratio"] == best[regime]:
+            caps[(regime, pairs[1])] = run["capacity_rps"]
+        else:
+            raise ValueError(f"a capacity run of {run['policy']} {run['ratio']:g} + {run['router']} on {regime} is "
+                             f"neither full HELM nor static-best ({best[regime]:g}) + {BASELINE_ROUTER}")
+    out = {}
+    for regime, ratio in best.items():
         measured = {k: caps[(regime, k)] for k in pairs if (regime, k) in caps}
-        out[(config["scenario"], regime)] = Reference(float(seeds[0]["ratios"][int(np.argmin(mean))]),
-                                                      measured if len(measured) == len(pairs) else None,
+        out[(config["scenario"], regime)] = Reference(ratio, measured if len(measured) == len(pairs) else None,
                                                       config.get("helm_revision"))
     return out
 

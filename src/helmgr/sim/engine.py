@@ -359,7 +359,8 @@ class CompiledRun:
         if I[ELOOK]:
             node.emb.add_counts(int(I[ELOOK]), int(I[EHIT]), int(I[EUNF]))
             I[ELOOK] = I[EHIT] = I[EUNF] = 0
-        node.kv.attach(at(self.KVT, i), at(self.KVL, i), at(self.KVT, length(self.KVL) + i))   # (its log was replayed by report_kv)
+        n = length(self.KVL)
+        node.kv.attach(at(self.KVT, i), at(self.KVL, i), at(self.KVT, n + i))   # (its log was replayed by report_kv)
 
     def sync_in(self, i: int) -> None:
         """Node i's objects into the engine (after Python code changed them)."""
