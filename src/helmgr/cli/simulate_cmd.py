@@ -94,8 +94,8 @@ def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, tim
     """Simulate a cluster serving a workload; report latency, SLO, hit rates and H2D traffic.
 
     With neither --policy nor --router: full HELM (the controller and the HELM router) beside
-    static-best + prefix-aware, with each one's capacity headroom where the evaluation measured
-    this configuration. With no options at all: the default scenario v2 (8 x A100-80G, large
+    static-best + prefix-aware, with each one's capacity headroom where capacity at SLO is stored
+    for this configuration. With no options at all: the default scenario v2 (8 x A100-80G, large
     HSTU, batches of up to 8 on two engines, steady traffic, 360 s); `--scenario v1` the first
     version's. Name a policy or a router for one run (the other defaults to static / prefix-aware).
 
@@ -184,10 +184,10 @@ def _side_by_side(spec, cfg, jobs, as_json, out_dir) -> None:
     stdout.print(table(title, rows, (helm_label, base_label)))
     stdout.print(verdict)
     if sc.capacity_rps is None:
-        where = f"measured by the evaluation for {spec.regime}" if sc.stored else "stored for this configuration"
+        where = f"stored for {spec.regime}" if sc.stored else "stored for this configuration"
         stdout.print(f"capacity at SLO: not {where} (helmgr capacity measures it)")
     elif "helm" not in sc.capacity_rps:
         stdout.print("HELM's capacity at SLO: not stored for this HELM (its base policy, adapter, recovery or "
-                     "router changed since the evaluation measured it; helmgr capacity measures it)")
+                     "router changed since it was measured; helmgr capacity measures it)")
     if out_dir is not None:
         stderr.print(f"wrote {out_dir}/summary.json, summary.md, showcase.png and HELM's plots")

@@ -1,6 +1,6 @@
 """What `helmgr simulate` shows when no policy or router is named: full HELM (the controller and
 the HELM router) beside static-best + prefix-aware, the strongest static baseline a cache-aware
-deployment would run, with each one's capacity headroom where the evaluation measured it.
+deployment would run, with each one's capacity headroom where it was measured for this HELM.
 
 Static-best is a hindsight sweep; a sweep of the default scenario costs nine runs, so for the
 runs the evaluation measured (a v2 regime at its default rate and duration on the scenario's
@@ -33,7 +33,7 @@ CAPACITY_RECORD = "docs/results/2026-12-05-capacity"   # `helmgr capacity --json
 
 @dataclass(frozen=True)
 class Reference:
-    """What the evaluation measured for one regime: the static split under prefix-aware with the
+    """What was measured for one regime: the static split under prefix-aware with the
     lowest P99 averaged over its seeds, and capacity at SLO (lowest seed) per POLICY@ROUTER."""
 
     static_best: float
@@ -104,7 +104,7 @@ def reference_from_record(record: dict, capacity_runs: Sequence[dict] = ()) -> d
 
 
 def reference(spec: WorkloadSpec, cfg: SimConfig) -> Reference | None:
-    """The stored figures for this run, if the evaluation measured it: a synthetic regime of the
+    """The stored figures for this run, if they were measured for it: a synthetic regime of the
     scenario at its default rate and duration, on the scenario's cluster (seed, initial ratio,
     policy, router and simulation path aside)."""
     ref = REFERENCE.get((spec.scenario, spec.regime))

@@ -59,8 +59,8 @@ E_NODE, E_TOK, E_NEXT = range(3)
 
 
 # -- typed lists, from Python: built and read through these cached kernels. numba.typed.List's own
-# methods are compiled again in every process (~0.5 s for each element type, ~4.5 s of a run's
-# start) -----------------------------------------------------------------------------------------
+# methods are compiled again in every process, once per element type: ~3.3 s of a run's start
+# (docs/results/2026-12-05-study-overheads.md) ----------------------------------------------------
 @njit(cache=True)
 def _list_of(a):
     out = List()
