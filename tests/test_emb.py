@@ -159,6 +159,36 @@ def test_compiled_rank_selection_matches_a_partition(values):
     assert value_at_rank(b, len(b) - 1) == -1.0
 
 
+@pytest.mark.parametrize("values", [
+    np.array([3.0, 1.0, 2.0, 2.0, 2.0, 0.5]),             # ties at a rank
+    np.random.default_rng(2).integers(0, 7, 3000),        # few distinct values, one high bin
+    np.random.default_rng(3).random(20_000) * 1e6,        # ranks in different high bins
+])
+def test_two_ranks_share_their_passes_and_cut_as_a_sort_does(values):
+    """`values_at_ranks` gives the partition's value at both ranks (the same high bin or not),
+    and `_cut` (its counts read from the histograms) the k-th key of a full sort by (score desc,
+    row id asc): its score and the last row kept among the rows of that score."""
+    from helmgr.memory.emb_kernels import _cut, values_at_ranks
+    from helmgr.memory.eviction import value_at_rank as reference
+    a = np.asarray(values, np.float32)
+    rows = np.random.default_rng(4).permutation(len(a)).astype(np.int64) * 3
+    ranks = sorted({0, 1, 2, len(a) // 3, len(a) // 2, len(a) - 2, len(a) - 1})
+    for ra in ranks:
+        for rb in ranks:
+            assert tuple(values_at_ranks(a, ra, rb)) == (reference(a, ra), reference(a, rb))
+    order = np.lexsort((rows, -a))
+    for k in ranks[1:] + [len(a)]:
+        p, last = _cut(a, rows, k)
+        kept = order[:k]
+        assert p == a[order[k - 1]]
+        tied = np.flatnonzero(a == p)
+        if np.isin(tied, kept).all():
+            assert last == 1 << 62                  # every row of that score is kept
+        else:
+            assert last == rows[order[k - 1]]
+    assert _cut(a, rows, 0) == (np.inf, -1)
+
+
 # -- sampling (sample_shift: one item id in 2**shift tracked) ------------------------------------------
 def test_a_sampled_lookup_scales_its_sampled_misses_up():
     """k = 4: ids 0..15 and 0 again; the sampled ones are 0, 4, 8, 12, 0 (rows 0, 1, 2, 3, 0). Row 0

@@ -33,7 +33,7 @@ import numpy as np
 
 from helmgr.memory.emb_kernels import (  # noqa: F401  (ABSENT, RESIDENT, UNFILLED, _check: re-exported)
     ABSENT, RESIDENT, UNFILLED, _NO_ROWS, _absent_from, _add, _check, _check_sampled, _cut, _settle, _split,
-    sampled_counts, value_at_rank)
+    sampled_counts, value_at_rank, values_at_ranks)
 from helmgr.memory.eviction import make_eviction
 from helmgr.memory.pool import SizeInfo
 
@@ -328,8 +328,9 @@ class EmbCache:
         """Wanted <- the top c rows by (score desc, row id asc); evict the rest; rows newly
         wanted are unfilled. Rebuilds the window around the capacity edge: the ranks from
         `_reach_up(c)` above it to `band_rows` (and the shadow) below it, rows tied at either edge
-        included. Five passes over the rows, then the window's; before any score, one pass over
-        the states (the window is built at the first selection with scores)."""
+        included. Three passes over the rows (the two ranks share theirs), then the window's;
+        before any score, one pass over the states (the window is built at the first selection
+        with scores)."""
         n = self.n_items
         c = min(c, n)
         if self._flat:
@@ -342,8 +343,10 @@ class EmbCache:
             self._above = 0
             return
         top, bottom = c - self._reach_up(c), min(c + self.band_rows + self.shadow_rows, n) - 1
-        hi = value_at_rank(self.scores, top) if top > 0 else np.float32(np.inf)
-        lo = value_at_rank(self.scores, bottom)
+        if top > 0:
+            hi, lo = values_at_ranks(self.scores, top, bottom)
+        else:
+            hi, lo = np.float32(np.inf), value_at_rank(self.scores, bottom)
         self._above, window, dropped = _split(self.scores, self.state, lo, hi)
         self._window, _, dropped_in, _, self._settled = _settle(self.scores, self.state, window, _NO_ROWS, hi,
                                                                 c - self._above, self._shadow_rank(c))

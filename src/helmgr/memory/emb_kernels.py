@@ -19,29 +19,57 @@ _NO_ROWS = np.zeros(0, np.int64)
 _AHEAD = 64                      # accesses a random pass prefetches ahead
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _descend(hist, b, need):
+    """From bin b down, the bin where `need` more values are reached: (that bin, what is still
+    needed in it)."""
+    while hist[b] < need:
+        need -= hist[b]
+        b -= 1
+    return b, need
+
+
 @njit(cache=True, nogil=True)
-def _radix_rank(bits, r):
-    """The bit pattern of the value at rank r (0 = highest) of float32 scores seen as uint32, by
-    two 16-bit radix passes; -1 if a score has its sign bit set (the patterns' order is the
-    floats' order only for x >= +0)."""
-    hist = np.zeros(65536, np.int64)
+def _radix_ranks(bits, ra, rb):
+    """The values at ranks ra and rb (0 = highest; rb < 0: ra's only) of float32 scores seen as
+    uint32, by two 16-bit radix passes that serve both ranks: [pattern, rows above it, rows tied
+    with it] for ra, then for rb (-1s for rb < 0). Every pattern is -1 if a score has its sign bit
+    set (the patterns' order is the floats' order only for x >= +0). The counts come from the
+    histograms, so no third pass: a rank's value and how many rows are above it are the
+    selection's whole answer (`_cut`)."""
+    out = np.full(6, -1, np.int64)
+    hist = np.zeros(65536, np.int32)
     for b in bits:
         hist[b >> 16] += 1
     if hist[32768:].sum():
-        return -1
-    need, hi = r + 1, 32767
-    while hist[hi] < need:
-        need -= hist[hi]
-        hi -= 1
-    hist[:] = 0
+        return out
+    ha, na = _descend(hist, 32767, ra + 1)
+    hb, nb = _descend(hist, 32767, rb + 1) if rb >= 0 else (-1, 0)
+    low_a = np.zeros(65536, np.int32)
+    low_b = low_a if hb == ha or hb < 0 else np.zeros(65536, np.int32)
     for b in bits:
-        if b >> 16 == hi:
-            hist[b & 0xFFFF] += 1
-    lo = 65535
-    while hist[lo] < need:
-        need -= hist[lo]
-        lo -= 1
-    return (hi << 16) | lo
+        h = b >> 16
+        if h == ha:
+            low_a[b & 0xFFFF] += 1
+        elif h == hb:
+            low_b[b & 0xFFFF] += 1
+    la, na = _descend(low_a, 65535, na)
+    out[0], out[1], out[2] = (ha << 16) | la, ra + 1 - na, low_a[la]
+    if rb >= 0:
+        lb, nb = _descend(low_b, 65535, nb)
+        out[3], out[4], out[5] = (hb << 16) | lb, rb + 1 - nb, low_b[lb]
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _radix_rank(bits, r):
+    """The bit pattern of the value at rank r (`_radix_ranks`'s first); -1 with a sign bit set."""
+    return _radix_ranks(bits, r, -1)[0]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _as_float(pattern):
+    return np.array([pattern], np.uint32).view(np.float32)[0]
 
 
 def value_at_rank(scores: np.ndarray, r: int):
@@ -52,6 +80,15 @@ def value_at_rank(scores: np.ndarray, r: int):
         if pattern >= 0:
             return np.array([pattern], np.uint32).view(np.float32)[0]
     return eviction_value_at_rank(scores, r)
+
+
+def values_at_ranks(scores: np.ndarray, ra: int, rb: int):
+    """`value_at_rank` at two ranks, with the passes over `scores` shared."""
+    if scores.dtype == np.float32 and 0 <= ra < len(scores) and 0 <= rb < len(scores):
+        out = _radix_ranks(scores.view(np.uint32), ra, rb)
+        if out[0] >= 0:
+            return np.array([out[0], out[3]], np.uint32).view(np.float32)
+    return eviction_value_at_rank(scores, ra), eviction_value_at_rank(scores, rb)
 
 
 @njit(cache=True, nogil=True)
@@ -152,15 +189,17 @@ def _add(acc, scores, state, shadow, weight, lo, hi):
 def _cut(vals, rows, k):
     """The key of the k-th best of `rows` (scores `vals`) by (score desc, row id asc): (score,
     the highest row id kept among rows of that score); nothing is kept for k = 0."""
+    return _cut_at(vals, rows, k, _radix_ranks(vals.view(np.uint32), k - 1, -1)[:3])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cut_at(vals, rows, k, sel):
+    """`_cut` from the selection `sel` of rank k - 1 (`_radix_ranks`: pattern, above, tied)."""
     if k <= 0:
         return np.float32(np.inf), np.int64(-1)
-    p = np.array([_radix_rank(vals.view(np.uint32), k - 1)], np.uint32).view(np.float32)[0]
-    above = tied = 0
-    for v in vals:
-        above += v > p
-        tied += v == p
-    need = k - above
-    if need == tied:
+    p = _as_float(sel[0])
+    need = k - sel[1]
+    if need == sel[2]:
         return p, np.int64(1) << 62
     ties = rows[vals == p]
     ties.sort()
@@ -184,9 +223,10 @@ def _settle(scores, state, window, joined, hi, k, m):
             rows[j], vals[j] = r, scores[r]
             j += np.int64(scores[r] <= hi)
     rows, vals = rows[:j], vals[:j]
-    p, last = _cut(vals, rows, k)
     shade = 0 < m <= j
-    floor = _cut(vals, rows, m)[0] if shade else np.float32(np.inf)
+    sel = _radix_ranks(vals.view(np.uint32), k - 1, m - 1 if shade else -1)
+    p, last = _cut_at(vals, rows, k, sel[:3])
+    floor = _cut_at(vals, rows, m, sel[3:])[0] if shade else np.float32(np.inf)
     added = np.empty(j, np.int64)
     shadow = np.empty(j if shade else 0, np.int64)
     a = dropped = n_shadow = 0
