@@ -189,6 +189,8 @@ def _add(acc, scores, state, shadow, weight, lo, hi):
 def _cut(vals, rows, k):
     """The key of the k-th best of `rows` (scores `vals`) by (score desc, row id asc): (score,
     the highest row id kept among rows of that score); nothing is kept for k = 0."""
+    if k <= 0:
+        return np.float32(np.inf), np.int64(-1)
     return _cut_at(vals, rows, k, _radix_ranks(vals.view(np.uint32), k - 1, -1)[:3])
 
 
