@@ -61,12 +61,6 @@ def _radix_ranks(bits, ra, rb):
     return out
 
 
-@njit(cache=True, nogil=True)
-def _radix_rank(bits, r):
-    """The bit pattern of the value at rank r (`_radix_ranks`'s first); -1 with a sign bit set."""
-    return _radix_ranks(bits, r, -1)[0]
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _as_float(pattern):
     return np.array([pattern], np.uint32).view(np.float32)[0]
@@ -76,7 +70,7 @@ def value_at_rank(scores: np.ndarray, r: int):
     """`eviction.value_at_rank` for the float32 scores of this cache, compiled: two linear passes
     instead of a partition (the same value: the rank's value is unique)."""
     if scores.dtype == np.float32 and 0 <= r < len(scores):
-        pattern = _radix_rank(scores.view(np.uint32), r)
+        pattern = _radix_ranks(scores.view(np.uint32), r, -1)[0]
         if pattern >= 0:
             return np.array([pattern], np.uint32).view(np.float32)[0]
     return eviction_value_at_rank(scores, r)
