@@ -167,21 +167,48 @@ def test_poisson_times_when_the_grid_rounds_onto_its_end():
 
 
 def test_a_workload_pickles_its_candidate_pools_not_their_windows():
-    """A cluster is sent to Ray workers whole (the oracle's replays); the candidates' window
-    views must not pickle as every window copied (8.6 GB for the v2 default)."""
-    import pickle
-
-    import numpy as np
+    """A cluster is sent to Ray workers whole (the oracle's replays): its candidate pools and
+    trend's pool of trending ranks pickle as the pools (a view of every window would pickle as
+    every window copied: 8.6 GB for the v2 default), and draw the same afterwards."""
+    cloudpickle = pytest.importorskip("cloudpickle")        # (what Ray sends: a workload has closures)
 
     from helmgr.workload import WorkloadSpec
-    w = WorkloadSpec("steady", 5.0, 1).build()
-    cands = w.candidates
-    blob = pickle.dumps(cands, protocol=5)
-    assert len(blob) < 64e6                                  # the two 2M-id pools, ~34 MB
-    back = pickle.loads(blob)
+    w = WorkloadSpec("trend", 5.0, 1).build()
+    blob = cloudpickle.dumps(w, protocol=5)
+    assert len(blob) < 128e6      # 85 MB; 619 MB when trend's pool of trending ranks was a view of its windows
+    back = cloudpickle.loads(blob)
     clusters = np.arange(64) % 8
-    assert np.array_equal(back.draw(np.random.default_rng(3), clusters), cands.draw(np.random.default_rng(3), clusters))
-    assert np.shares_memory(back.head, back.head_pool)     # a view again, not a copy
+    assert np.array_equal(back.candidates.draw(np.random.default_rng(3), clusters),
+                          w.candidates.draw(np.random.default_rng(3), clusters))
+    assert all(np.array_equal(a.cand_ids, b.cand_ids) for a, b in zip(back.chunks(1.0), w.chunks(1.0)))
+
+
+@pytest.mark.parametrize("head_share", [0.0, 0.25, 1.0])
+def test_candidate_draws_are_runs_of_the_pools(head_share):
+    """Each request's candidates are `n_head` consecutive head-pool entries and `n_tail`
+    consecutive tail-pool entries shifted into its cluster's segment, from offsets drawn
+    uniformly over the pool's windows (numpy's sliding windows, gathered: the reference)."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from helmgr.workload.candidates import PoolCandidates, SyntheticCandidates
+
+    def ref_rows(rng, pool, width, n):
+        view = sliding_window_view(pool, width) if width else np.zeros((len(pool), 0), pool.dtype)
+        return view[rng.integers(0, len(view), n)]
+
+    space = ItemSpace(12_000, 6)
+    c = SyntheticCandidates(np.random.default_rng(1), space, 20, head_share, 0.9, 1.1, pool_size=500)
+    clusters = np.array([0, 5, 2, 2, 3, 1, 4])
+    got = c.draw(np.random.default_rng(9), clusters)
+    rng = np.random.default_rng(9)
+    want = np.hstack([ref_rows(rng, c.head_pool, c.n_head, 7),
+                      ref_rows(rng, c.tail_pool, c.n_tail, 7) + (clusters * space.segment)[:, None]])
+    assert got.dtype == np.int64 and got.shape == (7, 20) and np.array_equal(got, want)
+    assert c.n_head == round(20 * head_share)
+    p = PoolCandidates(np.random.default_rng(1), np.arange(1.0, 51.0), 8, pool_size=300, segment=50)
+    got = p.draw(np.random.default_rng(4), clusters)
+    rng = np.random.default_rng(4)
+    assert np.array_equal(got, ref_rows(rng, p.ids, 8, 7) + (clusters * 50)[:, None])
 
 
 @pytest.mark.parametrize("ramp_s, first_half", [(0.0, 20_000), (10.0, 10_000)])

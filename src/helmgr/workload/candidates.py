@@ -1,43 +1,42 @@
 """Candidate sets: the items a request scores (their rows are looked up, never KV-cached).
 
 Drawing 512 Zipf samples per request would dominate generation, so candidates are cut from
-pools of pre-drawn ids: each request copies a window of the pool at a random offset (a row of a
-sliding-window view, so a chunk's candidates are one gather of contiguous rows).
+pools of pre-drawn ids: each request copies a run of consecutive pool entries from a random
+offset. A chunk's candidates are written in one compiled pass (`cut_runs`), the interest
+cluster's offset added as they are copied, so the chunk's array is written once and read by
+nothing else on the way.
 """
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numba import njit
 
 from helmgr.workload.popularity import ItemSpace, zipf_ranks
 
 
-def windows(pool: np.ndarray, width: int) -> np.ndarray:
-    """Every window of `width` consecutive pool entries, as rows of a view (no copy)."""
-    return sliding_window_view(pool, width) if width > 0 else np.zeros((len(pool), 0), pool.dtype)
+@njit(cache=True, nogil=True)
+def cut_runs(out, lo, hi, pool, starts, add):
+    """out[i, lo:hi] = pool[starts[i]:starts[i] + hi - lo] + add[i] for every row i (`add` empty:
+    nothing added)."""
+    for i in range(out.shape[0]):
+        a = starts[i] - lo
+        d = add[i] if len(add) else 0
+        for j in range(lo, hi):
+            out[i, j] = pool[a + j] + d
 
 
-class _Windowed:
-    """Pickles its pools, not their window views: a view pickles as every window copied (2 M
-    windows of 512 ids: 8.6 GB, what sending a cluster to a Ray worker cost), and is rebuilt from
-    its pool on the other side. `_views` maps each view attribute to (pool attribute, width)."""
-
-    _views: dict[str, tuple[str, str]] = {}
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in vars(self).items() if k not in self._views}
-
-    def __setstate__(self, state: dict) -> None:
-        vars(self).update(state)
-        for view, (pool, width) in self._views.items():
-            setattr(self, view, windows(state[pool], getattr(self, width)))
+def run_starts(rng: np.random.Generator, pool: np.ndarray, width: int, n: int) -> np.ndarray:
+    """Where each of n runs of `width` consecutive entries of `pool` starts (uniform; any row of
+    the pool's windows of that width, or of its len(pool) empty ones)."""
+    return rng.integers(0, len(pool) - width + 1 if width > 0 else len(pool), n)
 
 
-class SyntheticCandidates(_Windowed):
+NO_ADD = np.zeros(0, np.int64)
+
+
+class SyntheticCandidates:
     """`count` candidates per request: a share `head_share` from the global head, the rest from
     the user's cluster tail (retrieval mixes popular and personalized items)."""
-
-    _views = {"head": ("head_pool", "n_head"), "tail": ("tail_pool", "n_tail")}
 
     def __init__(self, rng: np.random.Generator, space: ItemSpace, count: int, head_share: float,
                  head_exponent: float, tail_exponent: float, pool_size: int = 1 << 21):
@@ -46,34 +45,34 @@ class SyntheticCandidates(_Windowed):
         self.n_tail = count - self.n_head
         self.head_pool = space.head_ids(zipf_ranks(rng, space.n_items, head_exponent, pool_size))
         self.tail_pool = (-zipf_ranks(rng, space.segment, tail_exponent, pool_size)) % space.segment
-        self.head, self.tail = windows(self.head_pool, self.n_head), windows(self.tail_pool, self.n_tail)
 
     def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
         """An (n, count) int64 array of candidates for requests of users in `clusters`."""
         n = len(clusters)
         out = np.empty((n, self.count), np.int64)
-        out[:, :self.n_head] = self.head[rng.integers(0, len(self.head), n)]
-        out[:, self.n_head:] = self.tail[rng.integers(0, len(self.tail), n)]
-        out[:, self.n_head:] += (clusters * self.space.segment)[:, None]
+        head = run_starts(rng, self.head_pool, self.n_head, n)
+        tail = run_starts(rng, self.tail_pool, self.n_tail, n)
+        cut_runs(out, 0, self.n_head, self.head_pool, head, NO_ADD)
+        cut_runs(out, self.n_head, self.count, self.tail_pool, tail,
+                  np.asarray(clusters, np.int64) * self.space.segment)
         return out
 
 
-class PoolCandidates(_Windowed):
+class PoolCandidates:
     """`count` candidates per request drawn from an empirical item distribution (trace replay).
     A request of cluster c gets its candidates offset by c x `segment` (a widened catalogue's
     clone ranges; clusters are all 0 otherwise)."""
-
-    _views = {"pool": ("ids", "count")}
 
     def __init__(self, rng: np.random.Generator, item_counts: np.ndarray, count: int, pool_size: int = 1 << 21,
                  segment: int = 0):
         p = item_counts / item_counts.sum()
         self.count, self.segment = count, segment
         self.ids = rng.choice(len(p), size=pool_size, p=p)
-        self.pool = windows(self.ids, count)
 
     def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
-        out = self.pool[rng.integers(0, len(self.pool), len(clusters))]     # a gather: a copy
-        if self.segment:
-            out += (clusters * self.segment)[:, None]
+        n = len(clusters)
+        out = np.empty((n, self.count), np.int64)
+        starts = run_starts(rng, self.ids, self.count, n)
+        cut_runs(out, 0, self.count, self.ids, starts,
+                  np.asarray(clusters, np.int64) * self.segment if self.segment else NO_ADD)
         return out
