@@ -104,6 +104,37 @@ def test_tables_by_hand(done):
          int(p99[("helm", x)] < p99[("least-loaded", x)])) for x in TINY.grid]
 
 
+def test_the_oracle_blocks_table_by_hand():
+    """Blocks of a 60-s burst run (warm-up 15 s): the first ends inside it and is left out; per
+    kind, r*'s spread, the bands' intersection and how many bands hold static-best's split (the
+    helm router's best point, 0.6 here)."""
+    from types import SimpleNamespace
+
+    from helmgr.experiments.evaluate import Unit
+    from helmgr.experiments.report import oracle_table
+
+    def block(start, kind, r, lo, hi):
+        return {"start": start, "end": start + 10.0, "kind": kind, "r_star": r, "band": [lo, hi]}
+    blocks = [block(0, "steady", 0.9, 0.8, 0.95),                 # ends at 10 s, inside the warm-up
+              block(10, "steady", 0.55, 0.50, 0.65), block(20, "burst", 0.95, 0.85, 0.95),
+              block(30, "burst", 0.90, 0.80, 0.95), block(40, "steady", 0.60, 0.58, 0.70),
+              block(50, "steady", 0.50, 0.40, 0.57)]
+    point = lambda ratio, p99: SimpleNamespace(summary={"p99_ms": p99}, ratio=ratio)
+    results = {Unit("oracle", "burst", 1, "oracle", "helm"): {"blocks": blocks},
+               Unit("point", "burst", 1, "static", "helm", 0.3): point(0.3, 9.0),
+               Unit("point", "burst", 1, "static", "helm", 0.6): point(0.6, 7.0),
+               Unit("point", "burst", 1, "static", "least-loaded", 0.9): point(0.9, 5.0)}
+    ev = EvalConfig(cluster=SimConfig(warmup_s=15.0), regimes=("burst",), seeds=(1,))
+    rows = {r["kind"]: r for r in oracle_table(ev, results)}
+    steady, burst = rows["steady"], rows["burst"]
+    assert (steady["blocks"], steady["r_star_min"], steady["r_star_max"]) == (3, 0.50, 0.60)
+    assert steady["spread"] == pytest.approx(0.10)
+    assert steady["common_lo"] is None and steady["common_hi"] is None      # 0.58 > 0.57: no ratio in all three
+    assert steady["static_best"] == 0.6 and steady["static_best_in_band"] == pytest.approx(2 / 3)
+    assert (burst["blocks"], burst["spread"]) == (2, pytest.approx(0.05))
+    assert (burst["common_lo"], burst["common_hi"]) == (0.85, 0.95) and burst["static_best_in_band"] == 0.0
+
+
 def test_the_report_links_every_plot_it_writes(done, tmp_path):
     from helmgr.cli.evaluate_cmd import _write
     _, out = done

@@ -134,7 +134,7 @@ def assemble(ev: EvalConfig, results: dict, s5: str) -> dict:
            "controller": report.headline(table, ev, *report.CONTROLLER) if "helm" in ev.routers else [],
            "capacity": report.capacity_table(ev, results),
            "scenario_check": report.check_table(ev, results, s5), "routers": report.router_table(ev, results),
-           "rows": table}
+           "oracle_blocks": report.oracle_table(ev, results), "rows": table}
     out["commands"] = _commands(ev, results)
     return out
 
@@ -184,6 +184,8 @@ HEAD = ("regime", "config", "baseline", "p99_ms", "baseline_p99_ms", "p99_reduct
         "baseline_window_slo", "throughput_ratio", "utilization", "baseline_utilization")
 CTRL = HEAD[:5] + ("p99_reduction", "window_slo", "regret", "band_distance", "oracle_distance")
 CAP = ("regime", "config", "capacity_rps", "vs_static_best_prefix_aware", "static_ratio")
+BLOCKS = ("regime", "seed", "router", "kind", "blocks", "r_star_min", "r_star_max", "spread", "common_lo", "common_hi",
+          "static_best", "static_best_in_band")
 ROWS = ("regime", "seed", "policy", "router", "ratio", "p99_ms", "tail_wait_ms", "tail_service_ms", "tail_cold_share",
         "window_slo_satisfaction", "utilization", "overloaded", "mean_ratio", "burst_violation_share",
         "oracle_distance", "band_distance", "regret")
@@ -244,6 +246,12 @@ def markdown(result: dict, pngs: list[str]) -> str:
                   "at the ratio best at the base rate.", ""]
         lines += _md_table(result["capacity"], CAP)
     lines += _router_lines(result["routers"])
+    if result.get("oracle_blocks"):
+        lines += ["## The phase oracle's blocks after the warm-up", "",
+                  "Per phase kind: r* across the blocks (`spread`: max - min), the ratios inside every block's "
+                  "band (within 2 % of its fitted minimum; `common_lo`-`common_hi`, — where no ratio is), and "
+                  "the share of blocks whose band holds static-best's split under that router.", ""]
+        lines += _md_table(result["oracle_blocks"], BLOCKS)
     lines += ["## Scenario check (S1-S5)", "", "| regime | property | " + " | ".join(
         f"seed {s}" for s in c["seeds"]) + " | threshold | pass |", "|---|---|" + "---:|" * len(c["seeds"]) + "---:|---|"]
     for regime, r in result["scenario_check"].items():

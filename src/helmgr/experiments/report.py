@@ -136,6 +136,42 @@ def router_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
     return out
 
 
+def oracle_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
+    """The phase oracle's blocks after the warm-up (those that end after it: the metrics' warm-up,
+    `warmup_s` capped at half the run, as `sim.run` caps it), per regime,
+    seed, router and phase kind: how far r* moves between them (`spread`, max - min), the ratios
+    inside every block's band (`common_lo`..`common_hi`, the bands' intersection; None where
+    empty), and the share of the blocks whose band holds static-best's split under that router
+    (`static_best_in_band`). On a stationary regime the first says how far the argmin wanders on
+    a flat curve, the last two whether one split is within the band of every block."""
+    best = {}
+    for u, r in results.items():
+        if u.kind == "point":
+            key = (u.regime, u.seed, u.router)
+            if key not in best or r.summary["p99_ms"] < best[key][0]:
+                best[key] = (r.summary["p99_ms"], r.ratio)
+    out = []
+    for u, r in results.items():
+        if u.kind != "oracle":
+            continue
+        warm = min(ev.cluster.warmup_s, 0.5 * r["blocks"][-1]["end"])
+        after = [b for b in r["blocks"] if b["end"] > warm]
+        split = best.get((u.regime, u.seed, u.router), (None, None))[1]
+        for kind in dict.fromkeys(b["kind"] for b in after):
+            blocks = [b for b in after if b["kind"] == kind]
+            stars = [b["r_star"] for b in blocks]
+            lo, hi = max(b["band"][0] for b in blocks), min(b["band"][1] for b in blocks)
+            held = (None if split is None else
+                    sum(b["band"][0] <= split <= b["band"][1] for b in blocks) / len(blocks))
+            out.append({"regime": u.regime, "seed": u.seed, "router": u.router, "kind": kind,
+                        "blocks": len(blocks), "r_star_min": min(stars), "r_star_max": max(stars),
+                        "spread": max(stars) - min(stars), "common_lo": lo if lo <= hi else None,
+                        "common_hi": hi if lo <= hi else None, "static_best": split,
+                        "static_best_in_band": held})
+    out.sort(key=lambda row: (row["regime"], row["seed"], row["router"]))
+    return out
+
+
 def check_table(ev: EvalConfig, results: dict[Unit, object], s5: str = "whole") -> dict:
     """The scenario check (S1-S5) per regime, from the static points under the check's router."""
     points = {(u.regime, u.seed, u.ratio): r for u, r in results.items()
