@@ -2,36 +2,30 @@
 
 Drawing 512 Zipf samples per request would dominate generation, so candidates are cut from
 pools of pre-drawn ids: each request copies a run of consecutive pool entries from a random
-offset. A chunk's candidates are written in one compiled pass (`cut_runs`), the interest
-cluster's offset added as they are copied, so the chunk's array is written once and read by
-nothing else on the way.
+offset (`cut_runs`: a row of a sliding-window view of the pool, so a chunk's candidates are one
+gather of contiguous rows). Only the pools are kept: a view kept as an attribute would pickle as
+every window copied (what shipping a workload to a Ray worker does).
+
+numpy only: the real path's bench imports this module on a device that has no numba.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numpy.lib.stride_tricks import sliding_window_view
 
 from helmgr.workload.popularity import ItemSpace, zipf_ranks
 
 
-@njit(cache=True, nogil=True)
-def cut_runs(out, lo, hi, pool, starts, add):
-    """out[i, lo:hi] = pool[starts[i]:starts[i] + hi - lo] + add[i] for every row i (`add` empty:
-    nothing added)."""
-    for i in range(out.shape[0]):
-        a = starts[i] - lo
-        d = add[i] if len(add) else 0
-        for j in range(lo, hi):
-            out[i, j] = pool[a + j] + d
-
-
 def run_starts(rng: np.random.Generator, pool: np.ndarray, width: int, n: int) -> np.ndarray:
-    """Where each of n runs of `width` consecutive entries of `pool` starts (uniform; any row of
-    the pool's windows of that width, or of its len(pool) empty ones)."""
+    """Where each of n runs of `width` consecutive entries of `pool` starts (uniform over the
+    pool's windows of that width, or over its len(pool) empty ones)."""
     return rng.integers(0, len(pool) - width + 1 if width > 0 else len(pool), n)
 
 
-NO_ADD = np.zeros(0, np.int64)
+def cut_runs(pool: np.ndarray, width: int, starts: np.ndarray) -> np.ndarray:
+    """An (n, width) array: row i is pool[starts[i]:starts[i] + width] (a copy)."""
+    view = sliding_window_view(pool, width) if width > 0 else np.zeros((len(pool), 0), pool.dtype)
+    return view[starts]
 
 
 class SyntheticCandidates:
@@ -50,11 +44,9 @@ class SyntheticCandidates:
         """An (n, count) int64 array of candidates for requests of users in `clusters`."""
         n = len(clusters)
         out = np.empty((n, self.count), np.int64)
-        head = run_starts(rng, self.head_pool, self.n_head, n)
-        tail = run_starts(rng, self.tail_pool, self.n_tail, n)
-        cut_runs(out, 0, self.n_head, self.head_pool, head, NO_ADD)
-        cut_runs(out, self.n_head, self.count, self.tail_pool, tail,
-                  np.asarray(clusters, np.int64) * self.space.segment)
+        out[:, :self.n_head] = cut_runs(self.head_pool, self.n_head, run_starts(rng, self.head_pool, self.n_head, n))
+        out[:, self.n_head:] = cut_runs(self.tail_pool, self.n_tail, run_starts(rng, self.tail_pool, self.n_tail, n))
+        out[:, self.n_head:] += (clusters * self.space.segment)[:, None]
         return out
 
 
@@ -70,9 +62,7 @@ class PoolCandidates:
         self.ids = rng.choice(len(p), size=pool_size, p=p)
 
     def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
-        n = len(clusters)
-        out = np.empty((n, self.count), np.int64)
-        starts = run_starts(rng, self.ids, self.count, n)
-        cut_runs(out, 0, self.count, self.ids, starts,
-                  np.asarray(clusters, np.int64) * self.segment if self.segment else NO_ADD)
+        out = cut_runs(self.ids, self.count, run_starts(rng, self.ids, self.count, len(clusters)))
+        if self.segment:
+            out += (clusters * self.segment)[:, None]
         return out
