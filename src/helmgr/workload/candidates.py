@@ -16,16 +16,11 @@ from numpy.lib.stride_tricks import sliding_window_view
 from helmgr.workload.popularity import ItemSpace, zipf_ranks
 
 
-def run_starts(rng: np.random.Generator, pool: np.ndarray, width: int, n: int) -> np.ndarray:
-    """Where each of n runs of `width` consecutive entries of `pool` starts (uniform over the
-    pool's windows of that width, or over its len(pool) empty ones)."""
-    return rng.integers(0, len(pool) - width + 1 if width > 0 else len(pool), n)
-
-
-def cut_runs(pool: np.ndarray, width: int, starts: np.ndarray) -> np.ndarray:
-    """An (n, width) array: row i is pool[starts[i]:starts[i] + width] (a copy)."""
+def cut_runs(rng: np.random.Generator, pool: np.ndarray, width: int, n: int) -> np.ndarray:
+    """An (n, width) array of runs of `width` consecutive `pool` entries, each from an offset drawn
+    uniformly over the pool's windows of that width (or its len(pool) empty ones); a copy."""
     view = sliding_window_view(pool, width) if width > 0 else np.zeros((len(pool), 0), pool.dtype)
-    return view[starts]
+    return view[rng.integers(0, len(view), n)]
 
 
 class SyntheticCandidates:
@@ -44,8 +39,8 @@ class SyntheticCandidates:
         """An (n, count) int64 array of candidates for requests of users in `clusters`."""
         n = len(clusters)
         out = np.empty((n, self.count), np.int64)
-        out[:, :self.n_head] = cut_runs(self.head_pool, self.n_head, run_starts(rng, self.head_pool, self.n_head, n))
-        out[:, self.n_head:] = cut_runs(self.tail_pool, self.n_tail, run_starts(rng, self.tail_pool, self.n_tail, n))
+        out[:, :self.n_head] = cut_runs(rng, self.head_pool, self.n_head, n)
+        out[:, self.n_head:] = cut_runs(rng, self.tail_pool, self.n_tail, n)
         out[:, self.n_head:] += (clusters * self.space.segment)[:, None]
         return out
 
@@ -62,7 +57,7 @@ class PoolCandidates:
         self.ids = rng.choice(len(p), size=pool_size, p=p)
 
     def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
-        out = cut_runs(self.ids, self.count, run_starts(rng, self.ids, self.count, len(clusters)))
+        out = cut_runs(rng, self.ids, self.count, len(clusters))
         if self.segment:
             out += (clusters * self.segment)[:, None]
         return out

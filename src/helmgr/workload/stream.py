@@ -15,7 +15,7 @@ from typing import Iterator, Protocol, Sequence
 import numpy as np
 
 from helmgr.workload.arrivals import Burst
-from helmgr.workload.candidates import cut_runs, run_starts
+from helmgr.workload.candidates import cut_runs
 from helmgr.workload.chunk import RequestChunk, RequestTable, offsets_from_counts
 from helmgr.workload.phases import Phase, carve, whole
 from helmgr.workload.popularity import ItemSpace, zipf_ranks
@@ -178,7 +178,7 @@ class Workload:
                 at = which == j
                 share[at] = events[j].share_at(tk[at])
             width[mine] = np.rint(share * self.candidates.count).astype(np.int64)
-        ranks = cut_runs(self._trend_pool, self._n_trend, run_starts(rng, self._trend_pool, self._n_trend, len(rows)))
+        ranks = cut_runs(rng, self._trend_pool, self._n_trend, len(rows))
         trend = (first_id[:, None] + ranks) % self.space.n_items
         lead = cands[rows, :self._n_trend]
         cands[rows, :self._n_trend] = np.where(np.arange(self._n_trend) < width[:, None], trend, lead)
