@@ -75,7 +75,8 @@ def main() -> None:
             s, n = res.summary, cluster.nodes
             r = window_ratios(res.series.timeline, n, w.duration_s)
             ctl = s["controller"]
-            row = {"bias": bias, "policy": name, "warmup_s": cluster.warmup_s, "bound": args.bound, "value": policy.value, "p99_ms": round(s["p99_ms"], 3),
+            row = {"bias": bias, "policy": name, "warmup_s": cluster.warmup_s, "bound": args.bound,
+                   "value": policy.value, "p99_ms": round(s["p99_ms"], 3),
                    "window_slo": round(s["window_slo_satisfaction"], 4), "mean_ratio": round(float(r.mean()), 3),
                    "last_quarter_ratio": round(float(r[int(0.75 * len(r)):].mean()), 3),
                    "samples": ctl["adapter_estimates"], "steps": ctl["adapter_steps"],

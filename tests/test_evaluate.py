@@ -124,7 +124,7 @@ def test_the_oracle_blocks_table_by_hand():
                Unit("point", "burst", 1, "static", "helm", 0.3): point(0.3, 9.0),
                Unit("point", "burst", 1, "static", "helm", 0.6): point(0.6, 7.0),
                Unit("point", "burst", 1, "static", "least-loaded", 0.9): point(0.9, 5.0)}
-    ev = EvalConfig(cluster=SimConfig(warmup_s=15.0), regimes=("burst",), seeds=(1,))
+    ev = EvalConfig(cluster=SimConfig(warmup_s=15.0), regimes=("burst",), seeds=(1,), grid=(0.3, 0.6))
     rows = {r["kind"]: r for r in oracle_table(ev, results)}
     steady, burst = rows["steady"], rows["burst"]
     assert (steady["blocks"], steady["r_star_min"], steady["r_star_max"]) == (3, 0.50, 0.60)

@@ -212,7 +212,7 @@ def _phase_run(cfg, make_workload) -> dict:
         CompiledRun.step = step
     t3 = time.perf_counter()
     summarize(cluster.rec, cluster.nodes, w.duration_s, profile.model.slo_ms * 1e-3, cfg.window_s, w.bursts,
-              t3 - t2, cluster.rerouted, min(cfg.warmup_s, 0.5 * w.duration_s))
+              t3 - t2, cluster.rerouted, cfg.metrics_warmup_s(w.duration_s))
     t4 = time.perf_counter()
     spent = clock.spent
     spent["event_loop"] = (t3 - t2) - sum(spent.values())          # the run less its timed phases

@@ -107,7 +107,7 @@ def backlogged(cfg: SimConfig, duration_s: float, rate: float, target: float = T
     queued. By Little's law a queue holding L requests at arrival rate `rate` means a mean wait of
     L / rate, so through such a streak requests wait about a second on average — 50 x the 20-ms
     SLO — and every window in it has its P99 past any SLO under a second."""
-    warmup = min(cfg.warmup_s, 0.5 * duration_s)
+    warmup = cfg.metrics_warmup_s(duration_s)
     allowed = math.floor((1 - target) * max(0.0, duration_s - warmup) / cfg.window_s + 1e-9)
 
     def check(cluster) -> str | None:

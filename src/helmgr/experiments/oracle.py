@@ -96,7 +96,7 @@ def run_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs: int 
     wall = time.perf_counter() - wall
     summary, series = summarize(cluster.rec, cluster.nodes + cluster.retired, workload.duration_s, slo_s,
                                 cfg.window_s, workload.bursts, wall, cluster.rerouted,
-                                min(cfg.warmup_s, 0.5 * workload.duration_s))
+                                cfg.metrics_warmup_s(workload.duration_s))
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": "oracle-greedy", "router": cfg.router,
             "ratio": cfg.ratio, "seed": cfg.seed, "hardware": cfg.hardware, "model": cfg.model,
             "duration_s": workload.duration_s, "oracle_grid": [float(r) for r in grid], "greedy_oracle_distance": 0.0}

@@ -197,7 +197,7 @@ def _result(start: Start, cluster: Cluster, blocks, fits, grid, table, wall: flo
     slo_s = (cfg.slo_ms if cfg.slo_ms is not None else profile.model.slo_ms) * 1e-3
     summary, series = summarize(cluster.rec, cluster.nodes + cluster.retired, workload.duration_s, slo_s,
                                 cfg.window_s, workload.bursts, wall, cluster.rerouted,
-                                min(cfg.warmup_s, 0.5 * workload.duration_s))
+                                cfg.metrics_warmup_s(workload.duration_s))
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": "oracle", "router": cfg.router,
             "ratio": fits[0].r_star, "seed": cfg.seed, "hardware": cfg.hardware, "model": cfg.model,
             "duration_s": workload.duration_s, "oracle_grid": [float(r) for r in grid], "oracle_block_s": block_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from helmgr.experiments.evaluate import EvalConfig, Unit
+from helmgr.experiments.evaluate import EvalConfig, Unit, static_best_ratio
 from helmgr.experiments.phase_oracle import regret, window_figures
 from helmgr.experiments.scenario import properties, summarize_check
 
@@ -137,26 +137,21 @@ def router_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
 
 
 def oracle_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
-    """The phase oracle's blocks after the warm-up (those that end after it: the metrics' warm-up,
-    `warmup_s` capped at half the run, as `sim.run` caps it), per regime,
-    seed, router and phase kind: how far r* moves between them (`spread`, max - min), the ratios
-    inside every block's band (`common_lo`..`common_hi`, the bands' intersection; None where
-    empty), and the share of the blocks whose band holds static-best's split under that router
-    (`static_best_in_band`). On a stationary regime the first says how far the argmin wanders on
-    a flat curve, the last two whether one split is within the band of every block."""
-    best = {}
-    for u, r in results.items():
-        if u.kind == "point":
-            key = (u.regime, u.seed, u.router)
-            if key not in best or r.summary["p99_ms"] < best[key][0]:
-                best[key] = (r.summary["p99_ms"], r.ratio)
+    """The phase oracle's blocks after the warm-up (those that end after the metrics' warm-up,
+    `SimConfig.metrics_warmup_s`), per regime, seed, router and phase kind: how far r* moves
+    between them (`spread`, max - min), the ratios inside every block's band (`common_lo`..
+    `common_hi`, the bands' intersection; None where empty), and the share of the blocks whose
+    band holds static-best's split under that router (`static_best_in_band`; None without that
+    router's sweep). On a stationary regime the first says how far the argmin wanders on a flat
+    curve, the last two whether one split is within the band of every block."""
+    points = {(u.regime, u.seed, u.router, u.ratio): r for u, r in results.items() if u.kind == "point"}
     out = []
     for u, r in results.items():
         if u.kind != "oracle":
             continue
-        warm = min(ev.cluster.warmup_s, 0.5 * r["blocks"][-1]["end"])
-        after = [b for b in r["blocks"] if b["end"] > warm]
-        split = best.get((u.regime, u.seed, u.router), (None, None))[1]
+        after = [b for b in r["blocks"] if b["end"] > ev.cluster.metrics_warmup_s(r["blocks"][-1]["end"])]
+        swept = all((u.regime, u.seed, u.router, x) in points for x in ev.grid)
+        split = static_best_ratio(points, u.regime, u.seed, u.router, ev.grid) if swept else None
         for kind in dict.fromkeys(b["kind"] for b in after):
             blocks = [b for b in after if b["kind"] == kind]
             stars = [b["r_star"] for b in blocks]

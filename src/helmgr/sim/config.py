@@ -104,6 +104,11 @@ class SimConfig:
     path: str = "auto"                 # the per-request path: auto | compiled | python (sim/engine.py)
     emb_sample: int = 1                 # EMB caches track one item id in this many (memory/emb.py)
 
+    def metrics_warmup_s(self, duration_s: float) -> float:
+        """The warm-up the latency metrics skip in a run of `duration_s`: `warmup_s`, at most half
+        the run (so a short run still measures something)."""
+        return min(self.warmup_s, 0.5 * duration_s)
+
     def validate(self, duration_s: float | None = None) -> "SimConfig":
         """Every field finite, in range and of its type; faults inside a run of `duration_s`."""
         number("nodes", self.nodes, Range(1), integer=True)

@@ -51,7 +51,8 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
     cluster.run()
     wall = time.perf_counter() - wall
     summary, series = summarize(cluster.rec, cluster.nodes + cluster.retired, workload.duration_s, slo_s,
-                                cfg.window_s, workload.bursts, wall, cluster.rerouted, min(cfg.warmup_s, 0.5 * workload.duration_s))
+                                cfg.window_s, workload.bursts, wall, cluster.rerouted,
+                                cfg.metrics_warmup_s(workload.duration_s))
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": cfg.policy if policy is None else policy.name,
             "router": cfg.router if router is None else router.name, "ratio": cfg.ratio, "seed": cfg.seed,
             "hardware": cfg.hardware, "model": model, "duration_s": workload.duration_s,
