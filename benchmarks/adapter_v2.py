@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--model", default="large")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bound", type=float, default=None, help="adapter v2's bound [default: MarginalAdapter's]")
+    ap.add_argument("--adapter", default="{}", help="more of adapter v2's settings, as JSON (e.g. '{\"hold_base\": true}')")
     ap.add_argument("--value", default=None, choices=("mean", "tail"),
                     help="adapter v2's samples priced over every request or the tail [default: HelmPolicy's]")
     ap.add_argument("--trace", default=None, help="replay this log (sequences format) instead of --workload")
@@ -51,7 +52,7 @@ def main() -> None:
                     help="measure requests arriving after this many seconds [default: the simulator's]")
     ap.add_argument("--static", default="", help="also run these static splits (comma-separated), as references")
     args = ap.parse_args()
-    adapter_kw = None if args.bound is None else {"bound": args.bound}
+    adapter_kw = json.loads(args.adapter) | ({} if args.bound is None else {"bound": args.bound})
     spec = WorkloadSpec(args.workload, args.duration, args.seed, trace=args.trace, trace_format="sequences",
                         time_compression=args.time_compression, clone_users=args.clone_users,
                         overlays=("widen",) if args.widen_catalogue else ())
@@ -69,13 +70,13 @@ def main() -> None:
             cls = POLICIES[name]
             if not issubclass(cls, HelmPolicy):
                 raise SystemExit(f"{name}: not a HELM policy (the bias is the controller's)")
-            policy = cls(bias=bias, adapter_kw=adapter_kw, value=args.value)
+            policy = cls(bias=bias, adapter_kw=adapter_kw or None, value=args.value)
             w = spec.build()
             res = simulate(replace(cluster, policy=name), w, policy=policy)
             s, n = res.summary, cluster.nodes
             r = window_ratios(res.series.timeline, n, w.duration_s)
             ctl = s["controller"]
-            row = {"bias": bias, "policy": name, "warmup_s": cluster.warmup_s, "bound": args.bound,
+            row = {"bias": bias, "policy": name, "warmup_s": cluster.warmup_s, "adapter": adapter_kw,
                    "value": policy.value, "p99_ms": round(s["p99_ms"], 3),
                    "window_slo": round(s["window_slo_satisfaction"], 4), "mean_ratio": round(float(r.mean()), 3),
                    "last_quarter_ratio": round(float(r[int(0.75 * len(r)):].mean()), 3),

@@ -138,6 +138,24 @@ def test_the_controller_adds_the_learned_offset_after_the_decision_that_closed_t
     assert ctl.adapter.updates == 7 and ctl.adapter.applied == 1 and ctl.plan == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("offset, hold, moved", [(-0.125, True, 0.01), (-0.125, False, 0.02), (0.125, True, 0.02),
+                                                  (-0.25 * math.tanh(10.0), True, 0.0)])
+def test_a_base_step_against_the_offset_shrinks_with_the_share_of_the_bound_it_takes(offset, hold, moved):
+    """A base that steps up by 0.02 a window, an offset held by the adapter (no samples): against
+    an offset of -0.125 (half the 0.25 bound) the plan climbs 0.01 a window with the hold and
+    0.02 without; with the offset (+0.125) it climbs 0.02; at the bound it holds still."""
+    adapter = MarginalAdapter(N_FEATURES, hold_base=hold)
+    params = adapter.params.copy()
+    params[-1] = math.atanh(offset / adapter.bound)
+    adapter.params = params
+    ctl = Controller(constant_policy(1.0), adapter=adapter, safety=Safety(max_slew=1.0))
+    ratio = 0.5
+    for k in range(1, 4):
+        ratio = ctl.step(stats(ratio))
+        assert ctl.plan == pytest.approx(0.5 + moved * k, abs=1e-9)
+        assert ratio == pytest.approx(ctl.plan + offset, abs=1e-9)
+
+
 def test_the_shipped_controller_takes_adapter_v2_by_name():
     ctl = Controller.default(adapter="marginal")
     assert isinstance(ctl.adapter, MarginalAdapter) and ctl.adapter.bound == 0.25
@@ -201,7 +219,7 @@ def test_helm_revision_names_the_tiers_default_settings():
     on three samples today); the base alone names neither tier's settings."""
     from helmgr.policy.policies import POLICIES, helm_revision
     full, base = helm_revision(POLICIES["helm"]), helm_revision(POLICIES["helm-base"])
-    assert "adapter=marginal(bound=0.25," in full and "grow=1.5" in full and "shadow=0.05,levels=cluster,value=tail)" in full
+    assert "adapter=marginal(bound=0.25," in full and "grow=1.5" in full and "hold_base=True" in full and "shadow=0.05,levels=cluster,value=tail)" in full
     assert "/recovery=True(ratio=0.95,step=0.1,hold=60.0,miss=0.01,signal=0.05,samples=3,z=2.5)" in full
     assert base.endswith("/adapter=False/recovery=False") and base.split("/")[0] == full.split("/")[0]
 

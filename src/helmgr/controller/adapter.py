@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from helmgr.controller.layout import (BASELINE, BLOCKS_APPLIED, C_BOUND, C_EXPLORE, C_HAS_AD, DZ, EPS, G_K, G_SQ,
-                                      G_SUM, HAS_BASELINE, L_BASELINE_ALPHA, L_BLOCK, L_LR, L_MISS_PENALTY,
+from helmgr.controller.layout import (BASELINE, BLOCKS_APPLIED, C_BOUND, C_EXPLORE, C_HAS_AD, C_HOLD_BASE, DZ, EPS,
+                                      G_K, G_SQ, G_SUM, HAS_BASELINE, L_BASELINE_ALPHA, L_BLOCK, L_LR, L_MISS_PENALTY,
                                       L_MOVE_COST, L_SIGMA2, L_Z, N_FEATURES, NOISE_I, OBS, RECOVERING, T_DZ, T_EPS,
                                       T_HAS, T_OBS, UPDATES)
 
@@ -191,7 +191,16 @@ class MarginalAdapter:
     0.2 wide) were chosen on the tuning seeds 101-102 by `benchmarks/tune_tiers.py`
     (docs/results/2026-12-02-tiers.md, 2026-12-02-trend-peak.md).
     `params` is swapped whole (`[0..., atanh(offset / bound)]`, what the kernel's `offset`
-    reads), never edited."""
+    reads), never edited.
+
+    `hold_base` (anti-windup): a base step against the offset (of the other sign) is scaled by
+    1 - |offset| / bound, so nothing is left of it at the bound. The base is a relative policy,
+    an integrator of its own steps; it sees its plan as the ratio feature, but the hit rates,
+    the P99 and the link load it sees are those of plan + offset, so it reads the offset as its
+    own error and steps against it. Two integrators with different rests wind up: on 720-s
+    steady runs without the hold, every offset sat at the bound while the plan climbed past
+    0.9, and the split drifted to 0.66 where static-best is 0.55-0.6
+    (docs/results/2026-12-05-anti-windup.md)."""
 
     n_features: int
     bound: float = 0.25
@@ -203,6 +212,7 @@ class MarginalAdapter:
     load_width: float | None = 0.2                   # one offset per load level this wide (log scale); None: one
     load_alpha: float = 0.3                          # the level's rate: EWMA weight per sample (one EMB refresh, 2 s)
     load_hysteresis: float = 0.75                    # a level is left this many widths from its centre
+    hold_base: bool = True                           # the base's steps against the offset shrink with it
     explore: bool = field(init=False, default=False)
     params: np.ndarray = field(init=False)
     offset: float = field(init=False, default=0.0)
@@ -234,7 +244,7 @@ class MarginalAdapter:
 
     def configure(self, cfg, lc, miss_penalty: float, move_cost: float) -> None:
         """Write the constants the decision reads into the kernel's `cfg` (it learns in Python)."""
-        cfg[[C_HAS_AD, C_BOUND, C_EXPLORE]] = True, self.bound, False
+        cfg[[C_HAS_AD, C_BOUND, C_EXPLORE, C_HOLD_BASE]] = True, self.bound, False, self.hold_base
 
     def learn(self, sample: float | None, load: float | None = None) -> bool:
         """Take one sample (None or non-finite: none; frozen: ignored). True when a block moved

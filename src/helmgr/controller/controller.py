@@ -33,7 +33,9 @@ the next window's reward, the window it sets. Start/end events are kept.
 
 The learned tiers see the *plan* as the ratio feature, not the node's ratio: the base policy
 closes its loop on its own trajectory, as in training (where the two were the same); fed the
-node's ratio, it would read the adapter's offset as its own error and cancel it.
+node's ratio, it would read the adapter's offset as its own error and cancel it. Its other
+features still come from the node's split, so adapter v2 also scales down the base's steps
+against its offset (`MarginalAdapter.hold_base`: anti-windup).
 
 The decision is one compiled call (`helmgr.controller.kernel.decide`) and the learning after it
 another (`kernel.learn`), on one array of running state built at the first step. The tier

@@ -22,8 +22,8 @@ from numba import njit
 from helmgr.controller.adapter import learn as adapter_learn
 from helmgr.controller.adapter import offset as adapter_offset
 from helmgr.controller.detect import detect
-from helmgr.controller.layout import (ACTIVE, APPLIED, C_HAS_AD, C_HAS_BASE, C_HAS_DET, C_HOLD_STEP, C_MAX_STEP,
-                                      C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_SIG_N, C_REC_SIG_Z,
+from helmgr.controller.layout import (ACTIVE, APPLIED, C_BOUND, C_HAS_AD, C_HAS_BASE, C_HAS_DET, C_HOLD_BASE, C_HOLD_STEP,
+                                      C_MAX_STEP, C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_SIG_N, C_REC_SIG_Z,
                                       C_REC_SIGNAL, C_REC_STEP, DZ, EPS, EVENT, HOLD, L_MISS_PENALTY,
                                       L_MOVE_COST, N_FEATURES, OBS, PLAN, RECOVERING, SIG, SIG_N, SIG_SQ,
                                       SIG_STEPPED, SIG_SUM, TARGET,
@@ -86,10 +86,15 @@ def _recover(plan, x, cfg, st, signal):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _base(plan, obs, flat, dims, h, st, cfg):
-    """Outside recovery: the base policy's step, then the post-burst floor, decaying."""
+def _base(plan, offset, obs, flat, dims, h, st, cfg):
+    """Outside recovery: the base policy's step, then the post-burst floor, decaying. With
+    C_HOLD_BASE a step against the adapter's `offset` (of the other sign) is scaled down by the
+    share of the bound the offset takes, to nothing at the bound (MarginalAdapter.hold_base)."""
     if cfg[C_HAS_BASE] != 0.0:
-        plan += forward(obs, flat, dims, h) * cfg[C_MAX_STEP]
+        step = forward(obs, flat, dims, h) * cfg[C_MAX_STEP]
+        if cfg[C_HOLD_BASE] != 0.0 and step * offset < 0.0:
+            step *= max(0.0, 1.0 - abs(offset) / cfg[C_BOUND])
+        plan += step
     if not math.isnan(st[HOLD]):
         st[HOLD] -= cfg[C_HOLD_STEP]
         if st[HOLD] <= cfg[C_R_MIN]:
@@ -137,9 +142,9 @@ def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_u
     if st[RECOVERING] != 0.0:
         plan = _recover(plan, x, cfg, st, signal)
     else:
-        plan = _base(plan, obs, flat, dims, h, st, cfg)
         if cfg[C_HAS_AD] != 0.0:
             offset = adapter_offset(obs, ad, st, cfg, noise)
+        plan = _base(plan, offset, obs, flat, dims, h, st, cfg)
     return _set(plan, offset, current, st, cfg)
 
 

@@ -47,8 +47,8 @@ LC_SIZE = 7
 (C_OB_ALPHA, C_ALPHA, C_CLIP, C_K, C_H, C_Z_SPIKE, C_Z_EXIT, C_EXIT_TICKS, C_WARMUP, C_HAS_DET,
  C_HAS_BASE, C_MAX_STEP, C_HAS_AD, C_BOUND, C_EXPLORE, C_R_MIN, C_R_MAX, C_SLEW, C_REC_RATIO, C_REC_STEP,
  C_REL_FLOOR, C_HOLD_STEP, C_MIN_MOVE, C_REC_MISS, C_START, C_RING, C_SCRATCH, C_NOISE, C_REC_SIGNAL, C_REC_SIG_N,
- C_REC_SIG_Z) = range(31)
-CFG_SIZE = 31                                       # C_RING, C_SCRATCH, C_NOISE: those views' lengths
+ C_REC_SIG_Z, C_HOLD_BASE) = range(32)
+CFG_SIZE = 32                                       # C_RING, C_SCRATCH, C_NOISE: those views' lengths
 
 # -- x: this window's stats -----------------------------------------------------------------
 (X_RATIO, X_RPS, X_P99, X_SLO, X_EMB, X_KV, X_QUEUE, X_H2D, X_NEW, X_EMB_TIME) = range(10)
