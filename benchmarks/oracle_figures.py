@@ -1,0 +1,76 @@
+"""A run's phase-oracle figures against an oracle already computed: no replay of the grid.
+
+    python benchmarks/oracle_figures.py --compare results/X/compare-seed1.json [--policy helm]
+                                        [--adapter '{"hold_base": false}']
+
+Takes a `helmgr compare --json` result that holds the phase oracle (its `oracle_blocks`, `r*` and
+bands per block, and the oracle's own run), runs POLICY under the same router, workload, seed,
+duration and starting ratio on the v2 cluster, and prints its P99, mean ratio, regret (P99 / the oracle's P99 - 1),
+band distance and oracle distance (`experiments.phase_oracle.window_figures`, the code `compare`
+and `evaluate` use), with the stored rows of the compare beside it. One 720-s steady oracle costs
+about half an hour on one core; a change of the controller does not change it, so this measures
+the change against the same oracle in a minute. Asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+
+from helmgr.experiments.phase_oracle import regret, window_figures
+from helmgr.policy.policies import POLICIES, HelmPolicy
+from helmgr.sim import SimConfig, simulate
+from helmgr.sim.config import scenario_cluster
+from helmgr.sim.metrics import window_ratios
+from helmgr.workload import WorkloadSpec
+
+
+def per_window(blocks: list[dict], duration: float) -> tuple[list, list, list]:
+    """(r*, band low, band high) of each 1-s window: those of the block holding its middle."""
+    star, lo, hi = [], [], []
+    for w in range(int(round(duration))):
+        b = next(b for b in blocks if b["start"] <= w + 0.5 < b["end"])
+        star.append(b["r_star"])
+        lo.append(b["band"][0])
+        hi.append(b["band"][1])
+    return star, lo, hi
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--compare", required=True, help="a `helmgr compare --json` result with the phase oracle")
+    ap.add_argument("--policy", default="helm")
+    ap.add_argument("--adapter", default=None, help="adapter v2's settings, as JSON (a HELM policy's adapter_kw)")
+    args = ap.parse_args()
+    with open(args.compare) as f:
+        rec = json.load(f)
+    rows = {r["policy"]: r for r in rec["results"]}
+    oracle = rows["oracle"]
+    router = oracle["router"]
+    duration = oracle["duration_s"]
+    start = next(r["ratio"] for r in rec["results"] if r["policy"] != "oracle")   # compare's --ratio: where runs start
+    cluster = SimConfig(**scenario_cluster("v2"), router=router, seed=rec["seed"], hardware=oracle["hardware"],
+                        model=oracle["model"], policy=args.policy, ratio=start, warmup_s=oracle["warmup_s"])
+    if cluster.nodes != rec["nodes"]:
+        cluster = replace(cluster, nodes=rec["nodes"])
+    cls = POLICIES[args.policy]
+    kw = {} if args.adapter is None else {"adapter_kw": json.loads(args.adapter)}
+    policy = cls(**kw) if issubclass(cls, HelmPolicy) else None
+    w = WorkloadSpec(rec["workload"], duration, rec["seed"]).build()
+    res = simulate(cluster, w, policy=policy)
+    s = res.summary
+    r = window_ratios(res.series.timeline, cluster.nodes, duration)
+    dist, band = window_figures(r, *per_window(rec["oracle_blocks"][router], duration))
+    out = {"policy": args.policy, "adapter": kw.get("adapter_kw"), "router": router, "seed": rec["seed"],
+           "duration_s": duration, "p99_ms": round(s["p99_ms"], 3), "mean_ratio": round(float(r.mean()), 3),
+           "last_quarter_ratio": round(float(r[int(0.75 * len(r)):].mean()), 3),
+           "regret": round(regret(s["p99_ms"], oracle["p99_ms"]), 4), "band_distance": round(band, 4),
+           "oracle_distance": round(dist, 4), "wall_s": round(s["wall_s"], 1),
+           "stored": {p: {"p99_ms": round(x["p99_ms"], 3), "regret": x["regret"] and round(x["regret"], 4),
+                          "band_distance": x["band_distance"] and round(x["band_distance"], 4)}
+                      for p, x in rows.items()}}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
