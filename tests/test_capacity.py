@@ -131,3 +131,16 @@ def test_a_probe_far_above_capacity_is_stopped_early():
     p = run_probe(WorkloadSpec("steady", duration_s=60.0, seed=1), cfg, 2000.0)
     assert not p.passed and p.overloaded and p.satisfaction is None
     assert p.stopped.startswith("stopped at 18 s: 3 windows in a row")
+
+
+def test_capacity_json_names_the_helm_it_measured(capsys):
+    """`helmgr capacity --json` of full HELM carries `showcase.stack_revision()` (which HELM the
+    figure is of, what the main job's stored headroom is checked against); of anything else, None."""
+    import json
+
+    from helmgr.cli import main
+    from helmgr.experiments.showcase import stack_revision
+    small = ["capacity", "--duration", "2", "--nodes", "2", "--seeds", "1", "--tol", "0.5", "--jobs", "1", "--json"]
+    for policy, router, revision in (("helm", "helm", stack_revision()), ("static", "helm", None)):
+        assert main(small + ["--policy", policy, "--router", router]) == 0
+        assert json.loads(capsys.readouterr().out)["helm_revision"] == revision

@@ -46,7 +46,7 @@ def test_the_stored_figures_apply_to_the_default_scenario_only():
 def test_the_stored_figures_are_the_committed_evaluations():
     """REFERENCE is what the committed records measured, on the cluster `helmgr simulate` builds:
     per regime, the evaluation's prefix-aware static ratio with the lowest P99 averaged over its
-    seeds and the HELM it ran, and the capacities at SLO that `helmgr capacity` measured."""
+    seeds, and the capacities at SLO that `helmgr capacity` measured, with the HELM they measured."""
     record = json.loads((ROOT / sc.RECORD / "evaluate.json").read_text())
     config = record["config"]
     assert config["scenario"] == "v2" and config["duration_s"] is None and config["seeds"] == [1, 2, 3]
@@ -55,7 +55,8 @@ def test_the_stored_figures_are_the_committed_evaluations():
     runs = [json.loads(p.read_text()) for p in sorted((ROOT / sc.CAPACITY_RECORD).glob("*.json"))]
     assert len(runs) == 6 and all(sorted(r["seeds"]) == ["1", "2", "3"] and r["tol"] == 0.02 for r in runs)
     assert sc.reference_from_record(record, runs) == sc.REFERENCE
-    assert {ref.helm_revision for ref in sc.REFERENCE.values()} == {config["helm_revision"]}
+    helm = {r.get("helm_revision") or config["helm_revision"] for r in runs if r["policy"] == "helm"}
+    assert {ref.helm_revision for ref in sc.REFERENCE.values()} == helm and len(helm) == 1
 
 
 def test_reference_from_record_by_hand():
@@ -79,6 +80,8 @@ def test_reference_from_record_by_hand():
     got = sc.reference_from_record(record, [run, base])
     assert got[("v2", "burst")] == sc.Reference(0.4, {"helm@helm": 2100.0, "static-best@prefix-aware": 1500.0})
     assert got[("v2", "burst")].helm_revision == "r"
+    got = sc.reference_from_record(record, [run | {"helm_revision": "q"}, base])     # the run's HELM, if it names it
+    assert got[("v2", "burst")].helm_revision == "q" and got[("v2", "steady")].helm_revision == "r"
     for bad in (base | {"ratio": 0.8}, run | {"nodes": 4}, run | {"router": "prefix-aware"}):
         with pytest.raises(ValueError, match="capacity run"):
             sc.reference_from_record(record, [bad])

@@ -12,6 +12,7 @@ from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.types import POSITIVE, Finite, parallel_options, seed_list
 from helmgr.cli.workload_cmd import scenario_defaults
 from helmgr.experiments.capacity import TARGET, TOL, capacity
+from helmgr.experiments.showcase import HELM, stack_revision
 from helmgr.workload import SCENARIOS, WorkloadSpec
 
 
@@ -53,7 +54,8 @@ def capacity_cmd(scenario, regime, duration, seeds, rps, nodes, policy, ratio, r
         out = capacity(spec, cfg, seed_values, jobs or os.cpu_count() or 1, ray_address, tol, target, rps,
                        lambda: bar.advance(task))
     result = {"workload": regime, "scenario": scenario, "nodes": nodes, "policy": policy, "router": router,
-              "ratio": ratio, "tol": tol, "target": target, "wall_s": time.perf_counter() - wall} | out
+              "ratio": ratio, "tol": tol, "target": target, "wall_s": time.perf_counter() - wall,
+              "helm_revision": stack_revision() if (policy, router) == HELM else None} | out
     with result_dir(out_dir) as scratch:
         if scratch is not None:
             (scratch / "capacity.json").write_text(json_text(result))

@@ -27,7 +27,7 @@ from helmgr.workload import WorkloadSpec, default_config
 HELM = ("helm", "helm")
 BASELINE_ROUTER = "prefix-aware"
 SWEEP = (0.1, 0.3, 0.5, 0.7, 0.9)     # static ratios tried where no split is stored
-RECORD = "docs/results/2026-12-04-tail-value"          # evaluate.json: static-best per regime, the HELM run
+RECORD = "docs/results/2026-12-04-tail-value"          # evaluate.json: static-best per regime
 CAPACITY_RECORD = "docs/results/2026-12-05-capacity"   # `helmgr capacity --json` of both, per regime
 
 
@@ -70,14 +70,16 @@ def reference_from_record(record: dict, capacity_runs: Sequence[dict] = ()) -> d
     """REFERENCE as an evaluation's `evaluate.json` gives it (how REFERENCE is refreshed): per
     regime, the scenario check's prefix-aware ratio with the lowest P99 averaged over seeds, and
     the capacities of full HELM and static-best + prefix-aware where they were measured: by the
-    evaluation, or by `helmgr capacity --json` runs (`capacity_runs`, of the same HELM: full
-    HELM's with policy and router helm, static-best's at the regime's static-best split)."""
+    evaluation, or by `helmgr capacity --json` runs (`capacity_runs`: full HELM's with policy and
+    router helm, static-best's at the regime's static-best split). The HELM measured is the
+    capacity run's `helm_revision` where it names one, else the evaluation's."""
     import numpy as np
     config = record["config"]
     if config["check_router"] != BASELINE_ROUTER:
         raise ValueError(f"the record's static sweeps are under {config['check_router']}, not {BASELINE_ROUTER}")
     pairs = ("@".join(HELM), f"static-best@{BASELINE_ROUTER}")
     caps = {(c["regime"], c["config"]): c["capacity_rps"] for c in record["capacity"]}
+    revision = {}                          # regime -> the HELM of a capacity run that names it
     best = {}
     for regime, check in record["scenario_check"].items():
         seeds = list(check["seeds"].values())
@@ -90,6 +92,8 @@ def reference_from_record(record: dict, capacity_runs: Sequence[dict] = ()) -> d
                              f"the record's scenario ({config['scenario']}, {nodes} nodes)")
         if (run["policy"], run["router"]) == HELM:
             caps[(regime, pairs[0])] = run["capacity_rps"]
+            if run.get("helm_revision"):
+                revision[regime] = run["helm_revision"]
         elif (run["policy"], run["router"]) == ("static", BASELINE_ROUTER) and run["ratio"] == best[regime]:
             caps[(regime, pairs[1])] = run["capacity_rps"]
         else:
@@ -99,7 +103,7 @@ def reference_from_record(record: dict, capacity_runs: Sequence[dict] = ()) -> d
     for regime, ratio in best.items():
         measured = {k: caps[(regime, k)] for k in pairs if (regime, k) in caps}
         out[(config["scenario"], regime)] = Reference(ratio, measured if len(measured) == len(pairs) else None,
-                                                      config.get("helm_revision"))
+                                                      revision.get(regime, config.get("helm_revision")))
     return out
 
 
