@@ -28,7 +28,7 @@ HELM = ("helm", "helm")
 BASELINE_ROUTER = "prefix-aware"
 SWEEP = (0.1, 0.3, 0.5, 0.7, 0.9)     # static ratios tried where no split is stored
 RECORD = "docs/results/2026-12-04-tail-value"          # evaluate.json: static-best per regime
-CAPACITY_RECORD = "docs/results/2026-12-05-capacity"   # `helmgr capacity --json` of both, per regime
+CAPACITY_RECORD = "docs/results/2026-12-05-anti-windup/capacity"   # `helmgr capacity --json` of both, per regime
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ class Reference:
 # 360-s runs) and CAPACITY_RECORD's capacity runs (seeds 1-3, 360-s probes), checked by
 # tests/test_showcase.py
 _MEASURED = ("3f024ede94ea3e49/adapter=marginal(bound=0.25,step=0.02,block=5,z=2.5,grow=1.5,max_step=0.06,"
-             "load_width=0.2,load_alpha=0.3,load_hysteresis=0.75,shadow=0.05,levels=cluster,value=tail)/"
+             "load_width=0.2,load_alpha=0.3,load_hysteresis=0.75,hold_base=True,shadow=0.05,levels=cluster,"
+             "value=tail)/"
              "recovery=True(ratio=0.95,step=0.1,hold=60.0,miss=0.01,signal=0.05,samples=3,z=2.5)/"
              "router=helm(d=2,kv_term=True,emb_term=True,sample=32,waste=None,link_waste=None,home_slack=None,"
              "home_slack_s=None,home_by_load=True,overlap=True,HOME_SLACK=1.0,RHO_SPAN_S=0.5,MAX_WASTE=1000.0,"
