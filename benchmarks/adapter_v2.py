@@ -41,7 +41,8 @@ def main() -> None:
     ap.add_argument("--model", default="large")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bound", type=float, default=None, help="adapter v2's bound [default: MarginalAdapter's]")
-    ap.add_argument("--adapter", default="{}", help="more of adapter v2's settings, as JSON (e.g. '{\"hold_base\": true}')")
+    ap.add_argument("--adapter", default="{}",
+                    help="more of adapter v2's settings, as JSON (e.g. '{\"hold_base\": false}')")
     ap.add_argument("--value", default=None, choices=("mean", "tail"),
                     help="adapter v2's samples priced over every request or the tail [default: HelmPolicy's]")
     ap.add_argument("--trace", default=None, help="replay this log (sequences format) instead of --workload")

@@ -22,9 +22,9 @@ from numba import njit
 from helmgr.controller.adapter import learn as adapter_learn
 from helmgr.controller.adapter import offset as adapter_offset
 from helmgr.controller.detect import detect
-from helmgr.controller.layout import (ACTIVE, APPLIED, C_BOUND, C_HAS_AD, C_HAS_BASE, C_HAS_DET, C_HOLD_BASE, C_HOLD_STEP,
-                                      C_MAX_STEP, C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_SIG_N, C_REC_SIG_Z,
-                                      C_REC_SIGNAL, C_REC_STEP, DZ, EPS, EVENT, HOLD, L_MISS_PENALTY,
+from helmgr.controller.layout import (ACTIVE, APPLIED, C_BOUND, C_HAS_AD, C_HAS_BASE, C_HAS_DET, C_HOLD_BASE,
+                                      C_HOLD_STEP, C_MAX_STEP, C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_SIG_N,
+                                      C_REC_SIG_Z, C_REC_SIGNAL, C_REC_STEP, DZ, EPS, EVENT, HOLD, L_MISS_PENALTY,
                                       L_MOVE_COST, N_FEATURES, OBS, PLAN, RECOVERING, SIG, SIG_N, SIG_SQ,
                                       SIG_STEPPED, SIG_SUM, TARGET,
                                       STATS_SIGNATURE,
