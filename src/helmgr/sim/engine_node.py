@@ -58,24 +58,27 @@ def build_bits(state, res, unf):
 
 
 @njit(cache=True, nogil=True)
-def _check_bits(res, unf, state, ids, lo, hi):
-    """emb._check over ids[lo:hi] on the bitmaps: (hits, unfilled); unfilled rows become
-    resident (in the bitmaps and in `state`, which the Python side reads)."""
+def _check_bits(RB, UB, STATES, n, ids, lo, hi):
+    """emb._check over ids[lo:hi] on node n's bitmaps (rows n of RB, UB): (hits, unfilled);
+    unfilled rows become resident (in the bitmaps and in STATES[n], which the Python side reads).
+    The bitmaps are indexed in place, not through row views: a view, like a typed list's item,
+    takes and drops a reference on its array each time (engine-profile record)."""
     h = u = np.uint64(0)
     one = np.uint64(1)
     for k in range(lo, hi):                 # branch-free: a row's two bits are never both set
         x = ids[k]
         w, b = x >> 6, np.uint64(x & 63)
-        h += (res[w] >> b) & one
-        u += (unf[w] >> b) & one
+        h += (RB[n, w] >> b) & one
+        u += (UB[n, w] >> b) & one
     hits, unfilled = int(h), int(u)
     if unfilled:
+        state = STATES[n]
         for k in range(lo, hi):
             x = ids[k]
             b = one << np.uint64(x & 63)
-            if unf[x >> 6] & b:
-                unf[x >> 6] &= ~b
-                res[x >> 6] |= b
+            if UB[n, x >> 6] & b:
+                UB[n, x >> 6] &= ~b
+                RB[n, x >> 6] |= b
                 state[x] = RESIDENT
     return hits, unfilled
 
@@ -122,10 +125,9 @@ def _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
             j += 1
             if j == hmod:
                 j = 0
-    state, res, unf = STATES[n], RB[n], UB[n]
-    h, uf = _check_bits(res, unf, state, acc, a0, a1)
+    h, uf = _check_bits(RB, UB, STATES, n, acc, a0, a1)
     hits, unfilled = sampled_counts(nc, a1 - a0, h, uf, sh)
-    h, uf = _check_bits(res, unf, state, acc, a1, w)
+    h, uf = _check_bits(RB, UB, STATES, n, acc, a1, w)
     token_hits, u = sampled_counts(tokens, w - a1, h, uf, sh)
     I[n, ACCN] = w
     ids = nc + tokens
