@@ -17,23 +17,12 @@ import argparse
 import json
 from dataclasses import replace
 
-from helmgr.experiments.phase_oracle import regret, window_figures
+from helmgr.experiments.phase_oracle import block_windows, regret, window_figures
 from helmgr.policy.policies import POLICIES, HelmPolicy
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.config import scenario_cluster
 from helmgr.sim.metrics import window_ratios
 from helmgr.workload import WorkloadSpec
-
-
-def per_window(blocks: list[dict], duration: float) -> tuple[list, list, list]:
-    """(r*, band low, band high) of each 1-s window: those of the block holding its middle."""
-    star, lo, hi = [], [], []
-    for w in range(int(round(duration))):
-        b = next(b for b in blocks if b["start"] <= w + 0.5 < b["end"])
-        star.append(b["r_star"])
-        lo.append(b["band"][0])
-        hi.append(b["band"][1])
-    return star, lo, hi
 
 
 def main() -> None:
@@ -60,7 +49,10 @@ def main() -> None:
     res = simulate(cluster, w, policy=policy)
     s = res.summary
     r = window_ratios(res.series.timeline, cluster.nodes, duration)
-    dist, band = window_figures(r, *per_window(rec["oracle_blocks"][router], duration))
+    blocks = rec["oracle_blocks"][router]
+    dist, band = window_figures(r, *block_windows([b["start"] for b in blocks], blocks[-1]["end"],
+                                                  [b["r_star"] for b in blocks], [b["band"][0] for b in blocks],
+                                                  [b["band"][1] for b in blocks]))
     out = {"policy": args.policy, "adapter": kw.get("adapter_kw"), "router": router, "seed": rec["seed"],
            "duration_s": duration, "p99_ms": round(s["p99_ms"], 3), "mean_ratio": round(float(r.mean()), 3),
            "last_quarter_ratio": round(float(r[int(0.75 * len(r)):].mean()), 3),

@@ -57,19 +57,23 @@ class PhaseOracleResult:
 
     def per_window(self, window_s: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(r*, band low, band high) of each window: those of the block holding its middle."""
-        duration = self.blocks[-1].end
-        n_win = max(1, int(np.ceil(duration / window_s - 1e-9)))
-        mid = (np.arange(n_win) + 0.5) * window_s
-        starts = np.array([b.start for b in self.blocks])
-        k = np.clip(np.searchsorted(starts, mid, side="right") - 1, 0, len(self.blocks) - 1)
-        lo = np.array([f.band_lo for f in self.fits])
-        hi = np.array([f.band_hi for f in self.fits])
-        return self.r_star[k], lo[k], hi[k]
+        return block_windows([b.start for b in self.blocks], self.blocks[-1].end, self.r_star,
+                             [f.band_lo for f in self.fits], [f.band_hi for f in self.fits], window_s)
 
     def block_table(self) -> list[dict]:
         """Per block, JSON-safe: its span and kind, r*, band and fit, each ratio's P99 (ms)."""
         return [{"start": b.start, "end": b.end, "kind": b.kind, **f.to_dict(), "p99_ms": (p * 1e3).tolist()}
                 for b, f, p in zip(self.blocks, self.fits, self.grid_p99)]
+
+
+def block_windows(starts, end: float, r_star, lo, hi,
+                  window_s: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-block r*, band low and band high (blocks starting at `starts`, the last ending at
+    `end`) spread over windows of `window_s`: each window takes the block holding its middle."""
+    n_win = max(1, int(np.ceil(end / window_s - 1e-9)))
+    mid = (np.arange(n_win) + 0.5) * window_s
+    k = np.clip(np.searchsorted(np.asarray(starts, float), mid, side="right") - 1, 0, len(starts) - 1)
+    return np.asarray(r_star, float)[k], np.asarray(lo, float)[k], np.asarray(hi, float)[k]
 
 
 def oracle_blocks(phases: Sequence[Phase], block_s: float | None = BLOCK_S) -> tuple[Phase, ...]:
