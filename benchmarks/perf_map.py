@@ -5,7 +5,8 @@
     perf record -F 4000 -p PID -o sim.data     # stop it (Ctrl-C) when the script prints "done"
     perf report -i sim.data --no-children --sort sym
 
-perf cannot name JIT code: it reads `/tmp/perf-PID.map` (start, size, name per line) for it. This
+perf cannot name JIT code: it reads a map file, `perf-PID.map` (start, size, name per line), from
+the fixed folder `PERF_MAP_DIR` (perf's convention, whatever TMPDIR says). This
 script runs one `simulate` of the default steady scenario (static 0.5, 162.5 req/s per node, as
 `bench_sim.py`) to compile every kernel on the path, then the same run again while perf records,
 then writes that map from the LLVM modules of every numba dispatcher loaded (so callees linked
@@ -21,6 +22,8 @@ import os
 import sys
 import tempfile
 import time
+
+PERF_MAP_DIR = "/tmp"                               # where perf looks for a process's JIT map: fixed by perf
 
 if "NUMBA_CACHE_DIR" not in os.environ:             # before numba is imported: compile, don't load
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="helm-perf-")
@@ -71,11 +74,12 @@ def main() -> None:
     s = run()
     print(f"done: {s['requests'] / s['wall_s']:,.0f} simulated req/s ({s['wall_s']:.1f} s)", flush=True)
     syms = symbols()
-    with open(f"/tmp/perf-{os.getpid()}.map", "w") as f:
+    path = f"{PERF_MAP_DIR}/perf-{os.getpid()}.map"
+    with open(path, "w") as f:
         for i, (addr, name) in enumerate(syms):
             size = (syms[i + 1][0] if i + 1 < len(syms) else addr + 65536) - addr
             f.write(f"{addr:x} {min(size, 1 << 20):x} {name}\n")
-    print(f"{len(syms)} symbols in /tmp/perf-{os.getpid()}.map", file=sys.stderr)
+    print(f"{len(syms)} symbols in {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
