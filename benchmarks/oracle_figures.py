@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 
 from helmgr.experiments.phase_oracle import block_windows, regret, window_figures
 from helmgr.policy.policies import POLICIES, HelmPolicy
@@ -38,10 +37,9 @@ def main() -> None:
     router = oracle["router"]
     duration = oracle["duration_s"]
     start = next(r["ratio"] for r in rec["results"] if r["policy"] != "oracle")   # compare's --ratio: where runs start
-    cluster = SimConfig(**scenario_cluster("v2"), router=router, seed=rec["seed"], hardware=oracle["hardware"],
-                        model=oracle["model"], policy=args.policy, ratio=start, warmup_s=oracle["warmup_s"])
-    if cluster.nodes != rec["nodes"]:
-        cluster = replace(cluster, nodes=rec["nodes"])
+    cluster = SimConfig(**(scenario_cluster("v2") | dict(nodes=rec["nodes"])), router=router, seed=rec["seed"],
+                        hardware=oracle["hardware"], model=oracle["model"], policy=args.policy, ratio=start,
+                        warmup_s=oracle["warmup_s"])
     cls = POLICIES[args.policy]
     kw = {} if args.adapter is None else {"adapter_kw": json.loads(args.adapter)}
     policy = cls(**kw) if issubclass(cls, HelmPolicy) else None
