@@ -8,7 +8,8 @@
 perf cannot name JIT code: it reads a map file, `perf-PID.map` (start, size, name per line), from
 the fixed folder `PERF_MAP_DIR` (perf's convention, whatever TMPDIR says). This
 script runs one `simulate` of the default steady scenario (static 0.5, 162.5 req/s per node, as
-`bench_sim.py`) to compile every kernel on the path, then the same run again while perf records,
+`bench_sim.py`) to compile every kernel on the path, then builds the workload's tables again and,
+while perf records, the same run (what `bench_sim.py` times: its chunks' generation included),
 then writes that map from the LLVM modules of every numba dispatcher loaded (so callees linked
 into a caller get their own names). Numba's on-disk cache keeps object code only, so run it with
 an empty cache (the script points NUMBA_CACHE_DIR at a fresh folder unless one is set); a
@@ -65,13 +66,13 @@ def main() -> None:
     cfg = SimConfig(**(scenario_cluster("v2") | dict(nodes=args.nodes, router=args.router, seed=1,
                                                      emb_sample=args.emb_sample, policy="static")))
 
-    def run():
-        w = synthetic_workload(default_config("steady", rps=RPS_PER_NODE * args.nodes, duration_s=args.duration), 1)
-        return simulate(cfg, w).summary
-    run()                                            # compiles every kernel this configuration reaches
+    def workload():
+        return synthetic_workload(default_config("steady", rps=RPS_PER_NODE * args.nodes, duration_s=args.duration), 1)
+    simulate(cfg, workload())                        # compiles every kernel this configuration reaches
+    w = workload()                                   # its tables built outside the profile, as bench_sim times it
     print(f"profiling {os.getpid()}", flush=True)
     time.sleep(args.wait)
-    s = run()
+    s = simulate(cfg, w).summary
     print(f"done: {s['requests'] / s['wall_s']:,.0f} simulated req/s ({s['wall_s']:.1f} s)", flush=True)
     syms = symbols()
     path = f"{PERF_MAP_DIR}/perf-{os.getpid()}.map"

@@ -190,7 +190,7 @@ def test_window_ratios_and_oracle_distance_by_hand():
 def test_a_node_window_carries_every_counter_by_name():
     from helmgr.core.window import NodeCounters, NodeWindow, node_window
     delta = NodeCounters(*range(1, len(NodeCounters._fields) + 1))
-    w = node_window(3, 2.0, 1.0, 0.4, 7, [0.01, 0.02, 0.09], 2, delta, [(0.001, 0.0), (0.0, 0.01), (0.05, 0.02)])
+    w = node_window(3, 2.0, 1.0, 0.4, 7, [0.01, 0.02, 0.09], 2, delta, ([0.001, 0.0, 0.05], [0.0, 0.01, 0.02]))
     assert all(getattr(w, f) == getattr(delta, f) for f in NodeCounters._fields)
     assert (w.node, w.arrivals, w.completed, w.queue_len) == (3, 7, 3, 2)
     assert w.p99_s == pytest.approx(np.percentile([0.01, 0.02, 0.09], 99))
@@ -237,3 +237,25 @@ def test_a_bursts_worst_window_counts_only_busy_windows_it_overlaps():
     busy = np.array([True, True, True, False, True])
     worst = burst_worst(p99, busy, [Burst(0.5, 2.0, 2.0, 0), Burst(3.0, 4.0, 2.0, 0), Burst(2.0, 4.5, 2.0, 0)], 1.0)
     assert worst[0] == 25.0 and math.isnan(worst[1]) and worst[2] == 8.0
+
+
+def test_a_column_keeps_values_appended_and_extended_in_order():
+    import pickle
+    from helmgr.sim.metrics import Column
+    c = Column(np.int64)
+    buf = np.array([[5, 50], [6, 60]])
+    c.append(1)
+    c.append(2)
+    c.extend(buf[:, 0])                 # a strided view of a buffer the engine reuses
+    buf[:] = -1
+    c.append(3)
+    assert len(c) == 5 and list(c) == [1, 2, 5, 6, 3]
+    a = np.asarray(c)
+    assert a.dtype == np.int64 and a.tolist() == [1, 2, 5, 6, 3] and not a.flags.writeable
+    assert np.asarray(c, float).dtype == np.float64 and np.sum(c) == 17
+    c.extend(np.array([7.0]))            # cast to the column's type
+    assert np.asarray(c).tolist() == [1, 2, 5, 6, 3, 7]
+    back = pickle.loads(pickle.dumps(c))
+    back.append(8)
+    assert list(back) == [1, 2, 5, 6, 3, 7, 8] and len(c) == 6
+    assert len(Column(float)) == 0 and np.asarray(Column(float)).shape == (0,)

@@ -69,16 +69,21 @@ def p99(latencies: Sequence[float]) -> float | None:
 
 def node_window(node: int, t: float, span_s: float, ratio: float, arrivals: int, latencies: Sequence[float],
                 queue_len: int, delta: NodeCounters,
-                parts: Sequence[tuple[float, float]] | None = None) -> NodeWindow:
+                parts: tuple[Sequence[float], Sequence[float]] | None = None) -> NodeWindow:
     """The window of `node` ending at `t`: `delta` its counters' change, `latencies` those of the
-    requests that completed in it, `parts` their (EMB fetch, prefix recompute) seconds."""
-    tail = p99(latencies)
+    requests that completed in it, `parts` their EMB fetch and prefix recompute seconds (two
+    sequences in the order of `latencies`)."""
+    lat = np.asarray(latencies, np.float64)
+    tail = p99(lat)
     tail_fetch = tail_recompute = 0.0
-    if tail is not None and parts:
-        split = np.asarray(parts)
-        top = np.asarray(latencies) >= tail
-        tail_fetch, tail_recompute = (float(x) for x in split[top].sum(axis=0))
-    return NodeWindow(node=node, t=t, span_s=span_s, ratio=ratio, arrivals=arrivals, completed=len(latencies),
+    if tail is not None and parts is not None and len(parts[0]):
+        fetch, recompute = np.asarray(parts[0], np.float64), np.asarray(parts[1], np.float64)
+        if not len(fetch) == len(recompute) == len(lat):
+            raise ValueError(f"node_window: {len(lat)} latencies but {len(fetch)} fetch and {len(recompute)} recompute times")
+        for i in np.flatnonzero(lat >= tail).tolist():      # few (the top 1 %): summed in order
+            tail_fetch += float(fetch[i])
+            tail_recompute += float(recompute[i])
+    return NodeWindow(node=node, t=t, span_s=span_s, ratio=ratio, arrivals=arrivals, completed=len(lat),
                       p99_s=tail, queue_len=queue_len, tail_fetch_s=tail_fetch, tail_recompute_s=tail_recompute,
                       **delta._asdict())
 

@@ -389,28 +389,29 @@ class CompiledRun:
         self.watch_done += int(np.count_nonzero(cli[:, C_RID] >= self.watch_from))
         rec = c.rec
         t, end = clf[:, C_T], clf[:, C_END]
-        rec.arrival.extend(t.tolist())
-        rec.end.extend(end.tolist())
+        rec.arrival.extend(t)
+        rec.end.extend(end)
         node = cli[:, C_NODE]
-        rec.node.extend(node.tolist())
-        rec.burst.extend(cli[:, C_BURST].astype(bool).tolist())
-        rec.rerouted.extend([0] * k)
-        rec.prefix.extend(cli[:, C_PREFIX].tolist())
-        rec.start.extend(clf[:, C_START].tolist())
-        rec.fetch.extend(clf[:, C_FETCH].tolist())
-        rec.launch.extend(clf[:, C_LAUNCH].tolist())
-        rec.ids.extend(cli[:, C_IDS].tolist())
-        rec.misses.extend(cli[:, C_MISSES].tolist())
-        rec.kv_tokens.extend(cli[:, C_KV].tolist())
-        rec.unfilled.extend(cli[:, C_UNF].tolist())
+        rec.node.extend(node)
+        rec.burst.extend(cli[:, C_BURST].astype(bool))
+        rec.rerouted.extend(np.zeros(k, np.int64))
+        rec.prefix.extend(cli[:, C_PREFIX])
+        rec.start.extend(clf[:, C_START])
+        rec.fetch.extend(clf[:, C_FETCH])
+        rec.launch.extend(clf[:, C_LAUNCH])
+        rec.ids.extend(cli[:, C_IDS])
+        rec.misses.extend(cli[:, C_MISSES])
+        rec.kv_tokens.extend(cli[:, C_KV])
+        rec.unfilled.extend(cli[:, C_UNF])
         order = np.argsort(node, kind="stable")              # each node's completions, in order
         bounds = np.searchsorted(node[order], np.arange(c.cfg.nodes + 1))
         lat, fetch, recomp = (end - t)[order], clf[order, C_FETCH], clf[order, C_RECOMP]
         w = c.windows
         for n in np.flatnonzero(np.diff(bounds)).tolist():
             a, b = bounds[n], bounds[n + 1]
-            w.latency[n].extend(lat[a:b].tolist())
-            w.parts[n].extend(zip(fetch[a:b].tolist(), recomp[a:b].tolist()))
+            w.latency[n].extend(lat[a:b])
+            w.fetch[n].extend(fetch[a:b])
+            w.recompute[n].extend(recomp[a:b])
 
     # -- routing from Python --------------------------------------------------------------------
     def _completed_to_router(self) -> None:

@@ -10,15 +10,68 @@ from helmgr.core.window import p99 as window_p99
 from helmgr.memory.link import CAUSES
 
 
+class Column:
+    """One per-request field of a run: values appended one at a time (the Python path) or as
+    arrays (the compiled path's completions), in order; read as one numpy array of `dtype`
+    (np.asarray, len, iteration), built when first read. No Python object per value on the
+    compiled path, and no list to convert at the end."""
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        self._blocks: list[np.ndarray] = []
+        self._tail: list = []                    # values appended since the last block
+        self.append = self._tail.append          # (the list's own method: the Python path's per-request cost)
+
+    def extend(self, values: np.ndarray) -> None:
+        """Append `values` (copied: the caller may reuse its buffer)."""
+        self._flush()
+        self._blocks.append(np.array(values, self.dtype))
+
+    def _flush(self) -> None:
+        if self._tail:
+            self._blocks.append(np.asarray(self._tail, self.dtype))
+            self._tail.clear()
+
+    def array(self) -> np.ndarray:
+        """The values so far, read-only (one array, kept until more come)."""
+        self._flush()
+        if len(self._blocks) != 1:
+            whole = np.concatenate(self._blocks) if self._blocks else np.zeros(0, self.dtype)
+            whole.flags.writeable = False
+            self._blocks = [whole]
+        return self._blocks[0]
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.array()
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            return a.astype(dtype)
+        return a.copy() if copy else a
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self._blocks) + len(self._tail)
+
+    def __iter__(self):
+        return iter(self.array().tolist())
+
+    def __getstate__(self):
+        return {"dtype": self.dtype, "values": self.array()}
+
+    def __setstate__(self, state):
+        self.__init__(state["dtype"])
+        self._blocks.append(state["values"])
+
+
 class Recorder:
-    """Appends one entry per completed request (plain lists; arrays are built once at the end)."""
+    """One entry per completed request, in `Column`s (arrays are built once, when read)."""
 
     def __init__(self, n_nodes: int):
         self.n_nodes = n_nodes
         self.requests = 0
-        self.arrival, self.start, self.end, self.node, self.burst, self.rerouted = [], [], [], [], [], []
-        self.ids, self.misses, self.prefix, self.kv_tokens, self.unfilled = [], [], [], [], []
-        self.fetch, self.launch = [], []            # its own rows' fetch (s); when its compute began
+        f, i = np.float64, np.int64
+        self.arrival, self.start, self.end, self.node = Column(f), Column(f), Column(f), Column(i)
+        self.burst, self.rerouted = Column(bool), Column(i)
+        self.ids, self.misses, self.prefix, self.kv_tokens, self.unfilled = (Column(i) for _ in range(5))
+        self.fetch, self.launch = Column(f), Column(f)   # its own rows' fetch (s); when its compute began
         self.timeline: list[tuple[float, int, float | None]] = []   # (t, node, ratio or None = down)
         self.window_t: list[float] = []
         self.window_queues: list[list[int]] = []

@@ -3,15 +3,19 @@ its counters when the window opened. Closing a window builds the node's `NodeWin
 `core.window.node_window`, the computation serving uses too."""
 from __future__ import annotations
 
+import numpy as np
+
 from helmgr.core.window import NodeCounters, NodeWindow, node_window
+from helmgr.sim.metrics import Column
 
 
 class WindowBook:
     def __init__(self, nodes: list):
         n = len(nodes)
         self.arrivals = [0] * n
-        self.latency: list[list[float]] = [[] for _ in range(n)]
-        self.parts: list[list[tuple[float, float]]] = [[] for _ in range(n)]    # (EMB fetch, recompute) s
+        self.latency = [Column(np.float64) for _ in range(n)]       # s, per completed request
+        self.fetch = [Column(np.float64) for _ in range(n)]         # its EMB fetch s
+        self.recompute = [Column(np.float64) for _ in range(n)]     # its prefix recompute s
         self.opened: list[NodeCounters] = [node.counters() for node in nodes]
 
     def arrived(self, n: int) -> None:
@@ -19,7 +23,8 @@ class WindowBook:
 
     def completed(self, n: int, latency: float, fetch_s: float, recompute_s: float) -> None:
         self.latency[n].append(latency)
-        self.parts[n].append((fetch_s, recompute_s))
+        self.fetch[n].append(fetch_s)
+        self.recompute[n].append(recompute_s)
 
     def restart(self, n: int, node) -> None:
         """Node n came back as a fresh node: its window counts from the new node's counters."""
@@ -29,7 +34,8 @@ class WindowBook:
         """Node n's window ending at `now`; the next one opens."""
         counters = node.counters()
         w = node_window(n, now, span_s, node.ratio, self.arrivals[n], self.latency[n], queue_len,
-                        counters.since(self.opened[n]), self.parts[n])
+                        counters.since(self.opened[n]), (self.fetch[n], self.recompute[n]))
         self.opened[n] = counters
-        self.arrivals[n], self.latency[n], self.parts[n] = 0, [], []
+        self.arrivals[n] = 0
+        self.latency[n], self.fetch[n], self.recompute[n] = (Column(np.float64) for _ in range(3))
         return w
