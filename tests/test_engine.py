@@ -122,7 +122,10 @@ def test_unsupported_configurations_take_the_python_path_and_say_why():
         simulate(SimConfig(nodes=2, path="fast"), w)
 
 
-def test_compiled_path_equals_python_path_on_a_widened_trace(tmp_path):
+@pytest.mark.parametrize("sample", [1, 4])
+def test_compiled_path_equals_python_path_on_a_widened_trace(tmp_path, sample):
+    """At 1 id in 4 the clones' item ranges start at 0, 90, 180 and 270: clones 0 and 2 read the
+    history's index of tracked ids (`history_index`), clones 1 and 3 walk every id."""
     from tests.test_trace_widen import write_log
     from helmgr.workload import trace_workload
     path = tmp_path / "log.inter"
@@ -131,9 +134,22 @@ def test_compiled_path_equals_python_path_on_a_widened_trace(tmp_path):
     for p in ("python", "compiled"):
         w = trace_workload(str(path), "inter", duration_s=30.0, seed=2, candidates=64, clone_users=4,
                            overlays=("widen",))
-        runs[p] = simulate(SimConfig(**(V2 | dict(nodes=3, router="helm", seed=2, warmup_s=2.0, ratio=0.2, path=p))), w)
+        runs[p] = simulate(SimConfig(**(V2 | dict(nodes=3, router="helm", seed=2, warmup_s=2.0, ratio=0.2, path=p,
+                                                  emb_sample=sample))), w)
+    assert w.history.n_items == 90 and w.history.clones == 4
     assert runs["python"].summary["requests"] > 100
     assert_same(runs["python"], runs["compiled"])
+
+
+def test_the_history_index_lists_each_runs_tracked_rows():
+    from helmgr.sim.engine_node import history_index
+    pool = np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 13])
+    same, counts, rows = history_index(pool, 2)                  # tracked: 0, 4, 8, 12 (rows 0, 1, 2, 3)
+    assert same is pool and rows.tolist() == [0, 1, 2, 3]
+    assert counts.tolist() == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 4, 4]
+    assert rows[counts[3]:counts[10]].tolist() == [1, 2, 3]     # positions 3..9 hold 4, 8 and 12
+    _, counts, rows = history_index(pool, 0)                     # whole caches walk the pool itself
+    assert len(rows) == 0
 
 
 def test_a_policy_that_repeats_its_ratio_costs_no_sync(monkeypatch):

@@ -31,7 +31,7 @@ from helmgr.sim.engine_books import apply_events, books_in, books_out, next_draw
 from helmgr.sim.engine_layout import *  # noqa: F403
 from helmgr.sim.engine_layout import at, length, plain_list, put, typed_list
 from helmgr.sim.engine_loop import rebase, step
-from helmgr.sim.engine_node import build_bits
+from helmgr.sim.engine_node import build_bits, history_index
 from helmgr.sim.engine_routes import PA_SHIFT
 from helmgr.sim.events import REFRESH, WINDOW
 
@@ -149,7 +149,8 @@ class CompiledRun:
         self.KVL = typed_list([node.kv.log for node in nodes])
         self.IDSI = typed_list([np.zeros(0, np.int64), np.zeros(0, np.int64)])   # stores 0 and 1 (rebase)
         self.IDSC = typed_list([np.zeros(0, np.int64), np.zeros(0, np.int64)])
-        self.HP = np.ascontiguousarray(c.workload.history.compiled_pool, np.int64)
+        self.HIST = history_index(np.ascontiguousarray(c.workload.history.compiled_pool, np.int64),
+                                  nodes[0].emb.sample_shift)
         self.AT = np.zeros(0)
         self.AI = np.zeros((0, NRI), np.int64)
         self.chunk = None
@@ -184,7 +185,7 @@ class CompiledRun:
         for i in range(len(self.c.nodes)):
             self.sync_out(i)
         self.drain()
-        state = {k: _plain(v) for k, v in vars(self).items() if k not in self._SHARED and k not in ("HP", "_step")}
+        state = {k: _plain(v) for k, v in vars(self).items() if k not in self._SHARED and k not in ("HIST", "_step")}
         state["_step"] = None
         nodes = self.c.nodes
         state["_shared"] = ([nd.emb.state for nd in nodes], [nd.kv.meta for nd in nodes] + [nd.kv.gmeta for nd in nodes],
@@ -196,7 +197,7 @@ class CompiledRun:
         shared = state.pop("_shared")
         vars(self).update({k: _typed(v) for k, v in state.items()})
         self.STATES, self.KVM, self.KVT, self.KVL = (typed_list(x) for x in shared)
-        self.HP = np.ascontiguousarray(self.workload.history.compiled_pool, np.int64)
+        self.HIST = history_index(np.ascontiguousarray(self.workload.history.compiled_pool, np.int64), int(self.CI[ESHIFT]))
 
     def step(self, until: float, routed: int, args: tuple) -> int:
         """engine_loop.step on this run's arrays. Called once per event of the cluster's (a
@@ -213,7 +214,7 @@ class CompiledRun:
     def _args(self):
         return (self.F, self.I, self.G, self.Q, self.INF, self.INFF, self.RI, self.RF, self.FREE, self.CLI, self.CLF,
                 self.HT, self.HK, self.C, self.CI, self.STATES, self.RB, self.UB, self.ACC, self.KVM, self.KVT,
-                self.KVL, self.IDSI, self.IDSC, self.HP, self.DL, self.H)
+                self.KVL, self.IDSI, self.IDSC, self.HIST, self.DL, self.H)
 
     # -- the loop: Cluster.feed / advance / finish / run_until_served on this path -------------
     def feed(self, chunk) -> None:

@@ -23,7 +23,7 @@ def _batch_tokens(RI, s):
 
 @njit(cache=True, nogil=True)
 def _start(n, first, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC,
-           HP, DL, H):
+           HIST, DL, H):
     """Cluster.start: node n takes `first` and, FCFS up to the batch size and the token budget,
     the head of its queue."""
     k = (I[n, INFH] + I[n, INFN]) % INFLIGHT      # the batch is built in the next free in-flight slot
@@ -48,7 +48,7 @@ def _start(n, first, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, 
             I[n, QH] += 1
     batch[INF.shape[2] - 1] = nb
     before = KVM[n][kvmod.LOG_N]
-    end, free_at = _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HP)
+    end, free_at = _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HIST)
     logged = KVM[n][kvmod.LOG_N] - before
     if logged > 0 and G[MODE] == HELM:                   # the start's KV events, to the index now
         _helm_kv_events(H, G, I, n, KVL[n], before, before + logged)
@@ -68,17 +68,17 @@ def _start(n, first, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, 
 
 
 @njit(cache=True, nogil=True)
-def _take_next(n, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HP,
+def _take_next(n, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HIST,
                DL, H):
     I[n, BUSY] = 0
     if I[n, QT] > I[n, QH]:
         _start(n, _ring_take(Q, n, I, QH), now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC,
-               KVM, KVT, KVL, IDSI, IDSC, HP, DL, H)
+               KVM, KVT, KVL, IDSI, IDSC, HIST, DL, H)
 
 
 @njit(cache=True, nogil=True)
 def _depart(n, now, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL,
-            IDSI, IDSC, HP, DL, H):
+            IDSI, IDSC, HIST, DL, H):
     k = I[n, INFH]
     I[n, INFH] = (k + 1) % INFLIGHT
     I[n, INFN] -= 1
@@ -106,7 +106,7 @@ def _depart(n, now, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI
     G[NCOMP] = c
     if INFF[n, k]:
         _take_next(n, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI,
-                   IDSC, HP, DL, H)
+                   IDSC, HIST, DL, H)
 
 
 @njit(cache=True, nogil=True)
@@ -126,7 +126,7 @@ def _new_slot(RI, RF, FREE, G):
 
 @njit(cache=True, nogil=True)
 def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM,
-         KVT, KVL, IDSI, IDSC, HP, DL, H, AT, AI):
+         KVT, KVL, IDSI, IDSC, HIST, DL, H, AT, AI):
     """Run arrivals before `until` (the next Python event) and node events due at or before each
     arrival, or, when the arrivals of the chunk run out first, stop (CHUNK_DONE). With FINISH set
     there are no more arrivals: run node events up to `until`. In EXTERNAL mode return NEED_ROUTE
@@ -143,10 +143,10 @@ def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK,
                 RI, RF = RIL[0], RFL[0]
                 if kind == DEPART:
                     _depart(n, t, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC,
-                            KVM, KVT, KVL, IDSI, IDSC, HP, DL, H)
+                            KVM, KVT, KVL, IDSI, IDSC, HIST, DL, H)
                 else:
                     _take_next(n, t, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL,
-                               IDSI, IDSC, HP, DL, H)
+                               IDSI, IDSC, HIST, DL, H)
             if not has_arr:
                 return BOUNDARY
             if G[MODE] == EXTERNAL:
@@ -178,7 +178,7 @@ def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK,
             _ring_put(Q, n, I, QH, QT, s)
         else:
             _start(n, s, ta, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI,
-                   IDSC, HP, DL, H)
+                   IDSC, HIST, DL, H)
 
 
 @njit(cache=True, nogil=True)

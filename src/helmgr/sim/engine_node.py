@@ -83,12 +83,26 @@ def _check_bits(RB, UB, STATES, n, ids, lo, hi):
     return hits, unfilled
 
 
+def history_index(pool: np.ndarray, sh: int) -> tuple:
+    """The history pool as `_lookup` reads it: (pool, counts, rows). A cache that tracks one id in
+    2**sh (sh > 0) reads a run of positions [a, b) as rows[counts[a]:counts[b]], the run's
+    tracked ids (low sh bits 0) as rows (id >> sh), in order: work in tracked ids, not in ids.
+    (With sh = 0, or a clone shift that moves the low bits, `_lookup` walks the pool itself.)"""
+    if not sh:
+        return pool, np.zeros(1, np.int32), np.zeros(0, np.int64)
+    tracked = (pool & ((1 << sh) - 1)) == 0
+    counts = np.zeros(len(pool) + 1, np.int32)
+    np.cumsum(tracked, out=counts[1:])
+    return pool, counts, pool[tracked] >> sh
+
+
 @njit(cache=True, nogil=True)
-def _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
+def _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HIST):
     """Node._lookup for request slot s on node n: its KV prefix, then its candidates' rows, then
     its computed tokens' rows (recorded for the next refresh, in that order). A sampled cache
     (ESHIFT > 0) checks and records its tracked ids only and scales their counts up
-    (emb_kernels.sampled_counts, which leaves an unsampled cache's counts as they are)."""
+    (emb_kernels.sampled_counts, which leaves an unsampled cache's counts as they are). `HIST`:
+    the history pool and its index of tracked ids (`history_index`)."""
     prefix = RI[s, R_PREFIX]
     got = kvmod.kv_lookup(KVM[n], KVT[n], RI[s, R_USER])
     cached = got if got < prefix else prefix
@@ -116,15 +130,27 @@ def _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP):
             acc[w] = x >> sh
             w += (x & low) == 0
     else:                              # history positions [cached, prefix + new), read cyclically
+        pool, counts, rows = HIST
         h0, hmod, shift = RI[s, R_H0], RI[s, R_HMOD], RI[s, R_HSHIFT]
         j = (RI[s, R_HOFF] + cached) % hmod
-        for k in range(tokens):
-            x = HP[h0 + j] + shift
-            acc[w] = x >> sh
-            w += (x & low) == 0
-            j += 1
-            if j == hmod:
+        if sh and not shift & low:     # the pool's tracked positions (`history_index`): only they are read
+            up = shift >> sh
+            left = tokens
+            while left > 0:
+                run = min(left, hmod - j)
+                for q in range(counts[h0 + j], counts[h0 + j + run]):
+                    acc[w] = rows[q] + up
+                    w += 1
+                left -= run
                 j = 0
+        else:
+            for k in range(tokens):
+                x = pool[h0 + j] + shift
+                acc[w] = x >> sh
+                w += (x & low) == 0
+                j += 1
+                if j == hmod:
+                    j = 0
     h, uf = _check_bits(RB, UB, STATES, n, acc, a0, a1)
     hits, unfilled = sampled_counts(nc, a1 - a0, h, uf, sh)
     h, uf = _check_bits(RB, UB, STATES, n, acc, a1, w)
@@ -194,7 +220,7 @@ def _account(n, s, busy_s, fetch_s, flops_per_s, F, I, RI, CI, KVM, KVT, KVL):
 
 
 @njit(cache=True, nogil=True)
-def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HP):
+def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HIST):
     """BatchServer.serve for `batch[:nb]` (request slots) taken at `now`: sets each request's
     service; returns (end of the batch, when the node may take its next batch)."""
     blocked = F[n, BLK]
@@ -205,7 +231,7 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
         for b in range(nb):
             s = batch[b]
             start = t if t >= blocked else blocked
-            _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP)
+            _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HIST)
             ready = _fetch(n, s, start, F, I, RI, C, CI)
             ids, tokens, cf = RI[s, R_IDS], RI[s, R_TOKENS], RI[s, R_CF]
             flops = _request_flops(CI, tokens, cf, RI[s, R_NCANDS])
@@ -221,7 +247,7 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
     rows = 0
     for b in range(nb):
         s = batch[b]
-        _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HP)
+        _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HIST)
         r = _fetch(n, s, t, F, I, RI, C, CI)
         t += (RI[s, R_IDS] - RI[s, R_HITS]) * C[HOST_LOOKUP]
         ready = r if r > ready else ready
