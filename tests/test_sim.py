@@ -259,3 +259,15 @@ def test_a_column_keeps_values_appended_and_extended_in_order():
     back.append(8)
     assert list(back) == [1, 2, 5, 6, 3, 7, 8] and len(c) == 6
     assert len(Column(float)) == 0 and np.asarray(Column(float)).shape == (0,)
+
+
+def test_the_window_p99_is_numpys_percentile_bit_for_bit():
+    from helmgr.core.window import p99
+    assert p99([]) is None and p99([0.004]) == 0.004
+    assert p99([1.0, 3.0]) == 1.0 + 2.0 * 0.99                     # index 0.99: below the midpoint
+    assert p99(np.arange(51.0)) == 50.0 - 1.0 * (1.0 - 0.5)         # index 49.5: numpy's upper form
+    assert p99(np.arange(101.0)) == 99.0                            # index 99 exactly
+    rng = np.random.default_rng(3)
+    for n in list(range(1, 300)) + [997, 1000, 4321]:
+        for a in (rng.exponential(1e-3, n), np.round(rng.exponential(1e-3, n), 4), rng.lognormal(-6, 2, n)):
+            assert p99(a) == float(np.percentile(a, 99)) and p99(a.tolist()) == p99(a)

@@ -63,8 +63,23 @@ class NodeWindow:
 
 
 def p99(latencies: Sequence[float]) -> float | None:
-    """The P99 of a window's latencies (None for an empty window)."""
-    return float(np.percentile(latencies, 99)) if len(latencies) else None
+    """The P99 of a window's latencies (None for an empty window): `np.percentile(latencies, 99)`
+    bit for bit (its default, linear method: the same index, weight and interpolation, in the same
+    float64 operations), from one partition instead of numpy's general path (~10x less time a
+    window; a simulated run closes one per node per second)."""
+    a = np.asarray(latencies, np.float64)
+    n = a.size
+    if not n:
+        return None
+    v = (n - 1) * 0.99                          # numpy's virtual index
+    if v >= n - 1 or np.isnan(a).any():         # (the top value; a NaN: what numpy gives)
+        return float(np.percentile(a, 99))
+    lo = math.floor(v)
+    part = np.partition(a, (lo, lo + 1))
+    x0, x1 = float(part[lo]), float(part[lo + 1])
+    t = v - lo
+    diff = x1 - x0
+    return x1 - diff * (1.0 - t) if t >= 0.5 else x0 + diff * t     # numpy's _lerp
 
 
 def node_window(node: int, t: float, span_s: float, ratio: float, arrivals: int, latencies: Sequence[float],
