@@ -149,8 +149,7 @@ class CompiledRun:
         self.KVL = typed_list([node.kv.log for node in nodes])
         self.IDSI = typed_list([np.zeros(0, np.int64), np.zeros(0, np.int64)])   # stores 0 and 1 (rebase)
         self.IDSC = typed_list([np.zeros(0, np.int64), np.zeros(0, np.int64)])
-        self.HIST = history_index(np.ascontiguousarray(c.workload.history.compiled_pool, np.int64),
-                                  nodes[0].emb.sample_shift)
+        self.HIST = history_index(np.ascontiguousarray(c.workload.history.compiled_pool, np.int64), int(self.CI[ESHIFT]))
         self.AT = np.zeros(0)
         self.AI = np.zeros((0, NRI), np.int64)
         self.chunk = None
