@@ -2,7 +2,7 @@
 
     python benchmarks/perf_map.py --router helm --emb-sample 16 &            # prints "profiling PID"
     perf record -F 2000 --call-graph dwarf,64 -p PID -o sim.data             # Ctrl-C at "done"
-    python benchmarks/perf_callers.py sim.data /tmp/perf-PID.map NRT_incref NRT_decref
+    python benchmarks/perf_callers.py sim.data MAP NRT_incref NRT_decref   # MAP: perf-PID.map in perf_map.PERF_MAP_DIR
 
 perf cannot unwind numba's code (no frame pointers, no unwind tables), so `perf report -G` shows
 no callers of a leaf such as numba's reference counts. A leaf that pushes nothing still has its
