@@ -130,8 +130,8 @@ class CompiledRun:
         G[NFREE] = cap
         self.CLI = typed_list([np.zeros((4096, NCLI), np.int64)])
         self.CLF = typed_list([np.zeros((4096, NCLF))])
-        self.HT = typed_list([np.zeros(256)])
-        self.HK = typed_list([np.zeros((256, 3), np.int64)])
+        self.HT = np.zeros(n * (INFLIGHT + 1))             # node events: see engine_layout._push
+        self.HK = np.zeros((n * (INFLIGHT + 1), 3), np.int64)
         self.DL = typed_list([np.zeros((256, 2), np.int64)])
         cost = nodes[0].cost
         self.C = np.zeros(NC)

@@ -227,15 +227,17 @@ def _helm_route(now, s, I, G, RI, IDSI, IDSC, H):
 
 
 @njit(cache=True, nogil=True)
-def _helm_completed(H, G, I, node, now):
-    I[node, LOAD] -= 1
+def _helm_completed(H, G, I, node, now, count):
+    """`count` of node's requests completed at `now`, one after another."""
     w = H[H_WORK]
-    if I[node, PT] > I[node, PH]:
-        w[node] -= _ring_take(H[H_PEND], node, I, PH)
-    if I[node, PT] == I[node, PH]:
-        w[node] = 0.0
-    H[H_MINE][node, M_FREE] = now + w[node]
-    _moved(H, G, I, node)
+    for _ in range(count):
+        I[node, LOAD] -= 1
+        if I[node, PT] > I[node, PH]:
+            w[node] -= _ring_take(H[H_PEND], node, I, PH)
+        if I[node, PT] == I[node, PH]:
+            w[node] = 0.0
+        H[H_MINE][node, M_FREE] = now + w[node]
+        _moved(H, G, I, node)
 
 
 @njit(cache=True, nogil=True)

@@ -208,13 +208,12 @@ def _drop_top(ht, hk, n):
 
 
 @njit(cache=True, nogil=True)
-def _push(HT, HK, G, t, kind, node):
-    """The cluster's push: a node event at t (ties by kind, then by push order)."""
+def _push(ht, hk, G, t, kind, node):
+    """The cluster's push: a node event at t (ties by kind, then by push order). The heap never
+    grows: it holds a node's departures (at most INFLIGHT batches) and its next launch."""
     n = G[HEAPN]
-    ht, hk = HT[0], HK[0]
-    if n >= ht.shape[0]:                # (a typed list's setitem costs refcounts: only on growth)
-        ht = HT[0] = _grow1(ht, n + 1)
-        hk = HK[0] = _grow_rows(hk, n + 1)
+    if n >= ht.shape[0]:
+        raise RuntimeError("more node events than the engine's heap holds")
     G[SEQ] += 1
     ht[n] = t
     hk[n, 0], hk[n, 1], hk[n, 2] = kind, G[SEQ], node

@@ -23,9 +23,10 @@ def _batch_tokens(RI, s):
 
 @njit(cache=True, nogil=True)
 def _start(n, first, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC,
-           HIST, DL, H):
+           HIST):
     """Cluster.start: node n takes `first` and, FCFS up to the batch size and the token budget,
-    the head of its queue."""
+    the head of its queue. Returns where the start's KV events begin in the node's log and how
+    many there are (for `_started`)."""
     k = (I[n, INFH] + I[n, INFN]) % INFLIGHT      # the batch is built in the next free in-flight slot
     if I[n, INFN] >= INFLIGHT:
         raise RuntimeError("more batches in service on one node than the engine holds")
@@ -50,14 +51,6 @@ def _start(n, first, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, 
     before = KVM[n][kvmod.LOG_N]
     end, free_at = _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HIST)
     logged = KVM[n][kvmod.LOG_N] - before
-    if logged > 0 and G[MODE] == HELM:                   # the start's KV events, to the index now
-        _helm_kv_events(H, G, I, n, KVL[n], before, before + logged)
-        KVM[n][kvmod.LOG_N] = before
-    elif logged > 0:                 # ... or for the Python router's index (in start order)
-        d = G[NDL]
-        DL[0] = _grow_rows(DL[0], d + 1)
-        DL[0][d, 0], DL[0][d, 1] = n, logged
-        G[NDL] = d + 1
     I[n, BUSY] = 1
     F[n, CFREE] = end
     INFF[n, k] = 1 if free_at >= end else 0
@@ -65,20 +58,29 @@ def _start(n, first, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, 
     _push(HT, HK, G, end, DEPART, n)
     if free_at < end:
         _push(HT, HK, G, free_at, LAUNCH, n)
+    return before, logged
 
 
 @njit(cache=True, nogil=True)
-def _take_next(n, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HIST,
-               DL, H):
-    I[n, BUSY] = 0
-    if I[n, QT] > I[n, QH]:
-        _start(n, _ring_take(Q, n, I, QH), now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC,
-               KVM, KVT, KVL, IDSI, IDSC, HIST, DL, H)
+def _started(n, before, logged, G, I, KVM, KVL, DL, H):
+    """A start's KV events (`logged` of them, from `before` in node n's log): to the HELM router's
+    index now, or listed for the Python router's index (in start order). Apart from `_start` so
+    that the call chain of every start does not carry the router's arrays."""
+    if G[MODE] == HELM:
+        _helm_kv_events(H, G, I, n, KVL[n], before, before + logged)
+        KVM[n][kvmod.LOG_N] = before
+    else:
+        d = G[NDL]
+        DL[0] = _grow_rows(DL[0], d + 1)
+        DL[0][d, 0], DL[0][d, 1] = n, logged
+        G[NDL] = d + 1
 
 
 @njit(cache=True, nogil=True)
-def _depart(n, now, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL,
-            IDSI, IDSC, HIST, DL, H):
+def _depart(n, now, I, G, INF, INFF, RI, RF, FREE, CLI, CLF):
+    """Cluster.depart up to its take_next: the batch's requests logged as completed, their slots
+    freed. Returns whether the node takes its next batch now (the batch held it until its end)
+    and the batch's size (the HELM router's completions are the caller's)."""
     k = I[n, INFH]
     I[n, INFH] = (k + 1) % INFLIGHT
     I[n, INFN] -= 1
@@ -97,16 +99,12 @@ def _depart(n, now, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI
         clf[c, C_T], clf[c, C_START], clf[c, C_END] = RF[s, R_T], RF[s, R_START], now
         clf[c, C_FETCH], clf[c, C_RECOMP], clf[c, C_LAUNCH] = RF[s, R_FETCH], RF[s, R_RECOMP], RF[s, R_LAUNCH]
         c += 1
-        if G[MODE] == HELM:
-            _helm_completed(H, G, I, n, now)
-        elif G[MODE] != EXTERNAL:
+        if G[MODE] != HELM and G[MODE] != EXTERNAL:
             I[n, LOAD] -= 1
         free[G[NFREE]] = s
         G[NFREE] += 1
     G[NCOMP] = c
-    if INFF[n, k]:
-        _take_next(n, now, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI,
-                   IDSC, HIST, DL, H)
+    return INFF[n, k] != 0, nb
 
 
 @njit(cache=True, nogil=True)
@@ -138,15 +136,21 @@ def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK,
             return CHUNK_DONE
         ta = AT[pos] if has_arr else until
         if routed < 0:
-            while G[HEAPN] > 0 and HT[0][0] <= ta:
-                t, kind, n = _pop(HT[0], HK[0], G)
+            while G[HEAPN] > 0 and HT[0] <= ta:
+                t, kind, n = _pop(HT, HK, G)
                 RI, RF = RIL[0], RFL[0]
                 if kind == DEPART:
-                    _depart(n, t, F, I, G, Q, INF, INFF, RI, RF, FREE, CLI, CLF, HT, HK, C, CI, STATES, RB, UB, ACC,
-                            KVM, KVT, KVL, IDSI, IDSC, HIST, DL, H)
-                else:
-                    _take_next(n, t, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL,
-                               IDSI, IDSC, HIST, DL, H)
+                    take, nb = _depart(n, t, I, G, INF, INFF, RI, RF, FREE, CLI, CLF)
+                    if G[MODE] == HELM:
+                        _helm_completed(H, G, I, n, t, nb)
+                    if not take:
+                        continue
+                I[n, BUSY] = 0                            # Cluster.take_next (a launch, or a departure that held the node)
+                if I[n, QT] > I[n, QH]:
+                    before, logged = _start(n, _ring_take(Q, n, I, QH), t, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI,
+                                            STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HIST)
+                    if logged > 0:
+                        _started(n, before, logged, G, I, KVM, KVL, DL, H)
             if not has_arr:
                 return BOUNDARY
             if G[MODE] == EXTERNAL:
@@ -177,8 +181,10 @@ def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK,
         if I[n, BUSY]:
             _ring_put(Q, n, I, QH, QT, s)
         else:
-            _start(n, s, ta, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI,
-                   IDSC, HIST, DL, H)
+            before, logged = _start(n, s, ta, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT,
+                                    KVL, IDSI, IDSC, HIST)
+            if logged > 0:
+                _started(n, before, logged, G, I, KVM, KVL, DL, H)
 
 
 @njit(cache=True, nogil=True)
