@@ -209,6 +209,24 @@ def test_candidate_draws_are_runs_of_the_pools(head_share):
     assert got.shape == (7, 8) and all(is_run(row - cl * 50, p.ids) for row, cl in zip(got, clusters))
 
 
+def test_cut_runs_block_by_block_equal_one_gather():
+    """`cut_runs` copies its runs out a block of requests at a time, into a column slice of a wider
+    array, with a value added per run: equal to one gather at the offsets the same rng draws
+    (1,300 runs: two whole blocks and a part), the columns beside the slice untouched."""
+    from helmgr.workload.candidates import _BLOCK, cut_runs
+    pool = np.arange(1000, 1100) * 3
+    n, w = 1300, 7
+    assert 2 * _BLOCK < n < 3 * _BLOCK
+    at = np.random.default_rng(2).integers(0, len(pool) - w + 1, n)
+    ref = pool[at[:, None] + np.arange(w)]
+    add = np.arange(n) * 10_000
+    out = np.full((n, w + 2), -1)
+    cut_runs(np.random.default_rng(2), pool, w, n, out[:, 1:1 + w], add)
+    assert np.array_equal(out[:, 1:1 + w], ref + add[:, None]) and np.all(out[:, [0, -1]] == -1)
+    assert np.array_equal(cut_runs(np.random.default_rng(2), pool, w, n), ref)
+    assert cut_runs(np.random.default_rng(2), pool, 0, 5).shape == (5, 0)
+
+
 @pytest.mark.parametrize("ramp_s, first_half", [(0.0, 20_000), (10.0, 10_000)])
 def test_burst_ramp_rises_linearly_to_its_multiple(ramp_s, first_half):
     """A x3 burst on a base of 1,000 req/s, one request per session, from 10 s to 30 s: 2,000 extra

@@ -2,8 +2,8 @@
 
 Drawing 512 Zipf samples per request would dominate generation, so candidates are cut from
 pools of pre-drawn ids: each request copies a run of consecutive pool entries from a random
-offset (`cut_runs`: a row of a sliding-window view of the pool, so a chunk's candidates are one
-gather of contiguous rows). Only the pools are kept: a view kept as an attribute would pickle as
+offset (`cut_runs`: a row of a sliding-window view of the pool, so a chunk's candidates are
+gathered as contiguous rows, a block of requests at a time). Only the pools are kept: a view kept as an attribute would pickle as
 every window copied (what shipping a workload to a Ray worker does).
 
 numpy only: the real path's bench imports this module on a device that has no numba.
@@ -16,11 +16,26 @@ from numpy.lib.stride_tricks import sliding_window_view
 from helmgr.workload.popularity import ItemSpace, zipf_ranks
 
 
-def cut_runs(rng: np.random.Generator, pool: np.ndarray, width: int, n: int) -> np.ndarray:
+_BLOCK = 512        # requests cut at a time: each block's gathered runs are copied out while in cache
+
+
+def cut_runs(rng: np.random.Generator, pool: np.ndarray, width: int, n: int, out: np.ndarray | None = None,
+             add: np.ndarray | None = None) -> np.ndarray:
     """An (n, width) array of runs of `width` consecutive `pool` entries, each from an offset drawn
-    uniformly over the pool's windows of that width (or its len(pool) empty ones); a copy."""
+    uniformly over the pool's windows of that width (or its len(pool) empty ones), plus `add` (one
+    value per run) if given; written into `out` (an (n, width) array: a column slice of a wider
+    one will do) if given, a block of runs at a time."""
     view = sliding_window_view(pool, width) if width > 0 else np.zeros((len(pool), 0), pool.dtype)
-    return view[rng.integers(0, len(view), n)]
+    at = rng.integers(0, len(view), n)
+    if out is None:
+        out = np.empty((n, width), pool.dtype)
+    for a in range(0, n, _BLOCK):
+        b = min(a + _BLOCK, n)
+        if add is None:
+            out[a:b] = view[at[a:b]]
+        else:
+            np.add(view[at[a:b]], add[a:b, None], out=out[a:b])
+    return out
 
 
 class SyntheticCandidates:
@@ -39,9 +54,8 @@ class SyntheticCandidates:
         """An (n, count) int64 array of candidates for requests of users in `clusters`."""
         n = len(clusters)
         out = np.empty((n, self.count), np.int64)
-        out[:, :self.n_head] = cut_runs(rng, self.head_pool, self.n_head, n)
-        out[:, self.n_head:] = cut_runs(rng, self.tail_pool, self.n_tail, n)
-        out[:, self.n_head:] += (clusters * self.space.segment)[:, None]
+        cut_runs(rng, self.head_pool, self.n_head, n, out[:, :self.n_head])
+        cut_runs(rng, self.tail_pool, self.n_tail, n, out[:, self.n_head:], clusters * self.space.segment)
         return out
 
 
@@ -57,7 +71,4 @@ class PoolCandidates:
         self.ids = rng.choice(len(p), size=pool_size, p=p)
 
     def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
-        out = cut_runs(rng, self.ids, self.count, len(clusters))
-        if self.segment:
-            out += (clusters * self.segment)[:, None]
-        return out
+        return cut_runs(rng, self.ids, self.count, len(clusters), add=clusters * self.segment if self.segment else None)
