@@ -13,6 +13,8 @@ from helmgr.routing.base import Router
 from helmgr.routing.kernel import decide as _decide
 from helmgr.routing.residency import HISTORY_MISS, ResidencyIndex
 
+FREE_HEAP = 4        # the free-time heap is rebuilt past this many entries a node, plus 64 (Helm._moved)
+
 
 class Decision(NamedTuple):
     """A routing decision: the node and what its books take on for the request there (its
@@ -208,7 +210,7 @@ class Helm(Router):
         self._version[node] += 1
         heap = self._freeing
         heappush(heap, (self.mine[node, route_kernel.FREE], node, self._version[node]))
-        if len(heap) > 4 * self.n + 64:          # stale entries pile up behind late ones: rebuild
+        if len(heap) > FREE_HEAP * self.n + 64:  # stale entries pile up behind late ones: rebuild
             free = self.mine[:, route_kernel.FREE]
             heap[:] = [(free[i], i, self._version[i]) for i in range(self.n)]
             heapify(heap)

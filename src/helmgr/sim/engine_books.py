@@ -9,10 +9,11 @@ import numpy as np
 
 from helmgr.memory import kv_table as kvmod
 from helmgr.routing import kernel as route_kernel
+from helmgr.routing.helm import FREE_HEAP
 from helmgr.sim.engine_helm import _expect
 from helmgr.sim.engine_helm import apply_events as _apply_events
 from helmgr.sim.engine_layout import *  # noqa: F403
-from helmgr.sim.engine_layout import _grow1, _grow_rows, at, put, typed_list
+from helmgr.sim.engine_layout import _grow1, at, put, typed_list
 from helmgr.sim.engine_routes import PA_SHIFT, _prefix_dispatched
 
 
@@ -21,7 +22,7 @@ def books_in(c, mode: int, G: np.ndarray, I: np.ndarray) -> tuple:
     arrays (dummies of the same types for the others); the routers' counters into G and I."""
     n = c.cfg.nodes
     pend = typed_list([np.zeros(16) for _ in range(n)])
-    ft, fi = typed_list([np.zeros(64)]), typed_list([np.zeros((64, 2), np.int64)])
+    ft, fi = np.zeros(FREE_HEAP * n + 65), np.zeros((FREE_HEAP * n + 65, 2), np.int64)   # engine_helm._moved
     entries = np.full((3, 1024), -1, np.int64)
     entries[E_NEXT, :-1] = np.arange(1, 1024)
     hmap, ent = typed_list([np.full((3, 1024), -1, np.int64)]), typed_list([entries])
@@ -51,11 +52,8 @@ def books_in(c, mode: int, G: np.ndarray, I: np.ndarray) -> tuple:
         put(pend, i, ring)
         I[i, PH], I[i, PT] = 0, len(q)
     heap = r._freeing
-    times, keys = _grow1(at(ft, 0), len(heap) + 1), _grow_rows(at(fi, 0), len(heap) + 1)
     for k, (t, node, version) in enumerate(heap):
-        times[k], keys[k] = t, (node, version)
-    put(ft, 0, times)
-    put(fi, 0, keys)
+        ft[k], fi[k] = t, (node, version)
     G[FHN] = len(heap)
     H = (r.mine, r.consts, c.index.bits, c.index.node, f, np.array(r.work, float), pend, ft, fi, hmap, ent,
          typed_list([np.asarray(r._draws, float) if len(r._draws) else np.zeros(1)])) + prefix
@@ -100,7 +98,7 @@ def books_out(c, mode: int, H: tuple, G: np.ndarray, I: np.ndarray) -> None:
     rings = [at(H[H_PEND], i) for i in range(c.cfg.nodes)]
     r.pending = [deque(q[np.arange(I[i, PH], I[i, PT]) % len(q)].tolist()) for i, q in enumerate(rings)]
     k = int(G[FHN])
-    times, keys = at(H[H_FT], 0), at(H[H_FI], 0)
+    times, keys = H[H_FT], H[H_FI]
     r._freeing = list(zip(times[:k].tolist(), keys[:k, 0].tolist(), keys[:k, 1].tolist()))
     r._work_sent, r._rho_t, r.rho, r.rate = (float(f[x]) for x in (HF_WSENT, HF_RHO_T, HF_RHO, HF_RATE))
     r._sent, r._left, r._draws = int(G[SENT]), int(G[LEFT]), at(H[H_DRAWS], 0)

@@ -8,10 +8,11 @@ import numpy as np
 from numba import njit
 
 from helmgr.memory import kv_table as kvmod
+from helmgr.routing.helm import FREE_HEAP
 from helmgr.routing.kernel import FREE as M_FREE, RATE as K_RATE, RHO as K_RHO, SOONEST as K_SOONEST, UP as M_UP
 from helmgr.routing.kernel import decide as route_decide
 from helmgr.sim.engine_layout import *  # noqa: F403
-from helmgr.sim.engine_layout import _drop_top, _grow1, _grow_rows, _ring_put, _ring_take, _sift_down, _sift_up
+from helmgr.sim.engine_layout import _drop_top, _ring_put, _ring_take, _sift_down, _sift_up
 from helmgr.sim.engine_routes import _route
 
 
@@ -21,19 +22,16 @@ _HMIX = -7046029254386353131
 @njit(cache=True, nogil=True)
 def _moved(H, G, I, node):
     """Helm._moved and _clean: node's FREE changed; the heap's top becomes the up node that
-    frees first (consts[SOONEST])."""
-    mine, c = H[H_MINE], H[H_C]
+    frees first (consts[SOONEST]). The heap never grows: it is rebuilt past FREE_HEAP entries
+    a node (plus 64), as Helm._moved does, so it holds at most one more."""
+    mine, c, ft, fi = H[H_MINE], H[H_C], H[H_FT], H[H_FI]
     n_nodes = mine.shape[0]
     I[node, VER] += 1
     n = G[FHN]
-    ft, fi = H[H_FT][0], H[H_FI][0]
-    if n >= ft.shape[0]:
-        ft = H[H_FT][0] = _grow1(ft, n + 1)
-        fi = H[H_FI][0] = _grow_rows(fi, n + 1)
     ft[n], fi[n, 0], fi[n, 1] = mine[node, M_FREE], node, I[node, VER]
     _sift_up(ft, fi, n)
     n += 1
-    if n > 4 * n_nodes + 64:                  # stale entries pile up: rebuild from the books
+    if n > FREE_HEAP * n_nodes + 64:          # stale entries pile up: rebuild from the books
         n = n_nodes
         for k in range(n):
             ft[k], fi[k, 0], fi[k, 1] = mine[k, M_FREE], k, I[k, VER]
