@@ -1,6 +1,6 @@
 """The compiled path's data (sim/engine.py): what each column of its arrays holds, the arrays that
 grow (kept as element 0 of a numba typed List, so compiled code can replace them), and its event
-heap.
+heap (a plain array: a node has at most INFLIGHT departures and one launch pending).
 
 Per node: `F` (floats) and `I` (integers), one row each; its KV cache's arrays in `KVM`, `KVT`
 and `KVL` (meta, table, log; node n's ghost queue at KVM[N + n], KVT[N + n] on N nodes); cluster-wide counters in `G`; per request
