@@ -6,7 +6,7 @@ import pytest
 
 from helmgr.core.errors import HelmInputError
 from helmgr.sim import SimConfig, parse_fault, simulate
-from helmgr.sim.metrics import mean_ratio, node_load_peak, peak_load, tail_profile, window_stats
+from helmgr.sim.metrics import mean_ratio, node_load_peak, p99_block_se, peak_load, tail_profile, window_stats
 from helmgr.policy.policies import Scheduled
 from helmgr.workload import default_config, synthetic_workload
 from helmgr.workload.arrivals import SessionShape
@@ -271,3 +271,19 @@ def test_the_window_p99_is_numpys_percentile_bit_for_bit():
     for n in list(range(1, 300)) + [997, 1000, 4321]:
         for a in (rng.exponential(1e-3, n), np.round(rng.exponential(1e-3, n), 4), rng.lognormal(-6, 2, n)):
             assert p99(a) == float(np.percentile(a, 99)) and p99(a.tolist()) == p99(a)
+
+
+def test_p99_block_se_by_hand():
+    """Three 10-s blocks of 100, 50 and 30 requests at 1, 2 and 3 ms (unequal sizes: a resample's
+    blocks must be read at their own offsets). Each block holds over 1 % of any resample, so a
+    resample's P99 is the largest value among its three blocks: 1 with probability 1/27, 2 with
+    7/27, 3 with 19/27, a standard deviation of sqrt(200/27 - (72/27)^2) = 0.5443. Identical
+    blocks give 0."""
+    t = np.concatenate([np.linspace(0, 9.9, 100), np.linspace(10, 19.9, 50), np.linspace(20, 29.9, 30)])
+    x = np.concatenate([np.full(100, 1.0), np.full(50, 2.0), np.full(30, 3.0)])
+    se = p99_block_se(t, x, block_s=10.0, reps=4000, seed=1)
+    assert abs(se - np.sqrt(200 / 27 - (72 / 27) ** 2)) < 0.02
+    same = np.tile(np.arange(1.0, 51.0), 3)
+    assert p99_block_se(t[:150], same, block_s=10.0, reps=50) == 0.0
+    assert np.isnan(p99_block_se([], []))
+

@@ -265,6 +265,30 @@ def burst_worst(p99, busy, bursts, window_s: float) -> list[float]:
     return out
 
 
+def p99_block_se(arrival, latency, block_s: float = 10.0, reps: int = 200, seed: int = 0) -> float:
+    """The standard error of a run's P99 from a block bootstrap: the requests cut into blocks of
+    `block_s` seconds by arrival (neighbours in time share queues and caches, so blocks, not
+    requests, are resampled), `reps` resamples of as many blocks drawn with replacement, the
+    standard deviation of their P99s. How far a run's P99 could move with its luck alone: the yardstick
+    for a change that should not matter (benchmarks/emb_sample_check.py)."""
+    arrival, latency = np.asarray(arrival, float), np.asarray(latency, float)
+    if len(latency) == 0:
+        return NAN
+    block = np.floor((arrival - arrival.min()) / block_s).astype(np.int64)
+    order = np.argsort(block, kind="stable")
+    x = latency[order]
+    bounds = np.searchsorted(block[order], np.arange(block.max() + 2))
+    keep = np.flatnonzero(np.diff(bounds) > 0)            # the blocks that hold requests
+    lo, n = bounds[keep], np.diff(bounds)[keep]
+    rng = np.random.default_rng(seed)
+    out = np.empty(reps)
+    for r in range(reps):
+        pick = rng.integers(0, len(keep), len(keep))
+        idx = np.repeat(lo[pick] - np.concatenate(([0], np.cumsum(n[pick])[:-1])), n[pick]) + np.arange(n[pick].sum())
+        out[r] = np.percentile(x[idx], 99)
+    return float(np.std(out))
+
+
 def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_s: float, bursts,
               wall_s: float, rerouted: int, warmup_s: float = 0.0) -> tuple[dict, Series]:
     """Totals count every request; latency, SLO, hit-rate and rate figures cover the requests
