@@ -99,11 +99,11 @@ def _depart(n, now, I, G, INF, INFF, RI, RF, FREE, CLI, CLF):
         clf[c, C_T], clf[c, C_START], clf[c, C_END] = RF[s, R_T], RF[s, R_START], now
         clf[c, C_FETCH], clf[c, C_RECOMP], clf[c, C_LAUNCH] = RF[s, R_FETCH], RF[s, R_RECOMP], RF[s, R_LAUNCH]
         c += 1
-        if G[MODE] != HELM and G[MODE] != EXTERNAL:
-            I[n, LOAD] -= 1
         free[G[NFREE]] = s
         G[NFREE] += 1
     G[NCOMP] = c
+    if G[MODE] != HELM and G[MODE] != EXTERNAL:
+        I[n, LOAD] -= nb
     return INFF[n, k] != 0, nb
 
 
