@@ -59,7 +59,7 @@ def books_in(c, mode: int, G: np.ndarray, I: np.ndarray) -> tuple:
          typed_list([np.asarray(r._draws, float) if len(r._draws) else np.zeros(1)])) + prefix
     for user, where in c.index.holders.items():
         for node, tokens in where.items():
-            _expect(H, G, node, user, tokens)
+            _expect(hmap, ent, G, node, user, tokens)
     return H
 
 

@@ -20,11 +20,10 @@ _HMIX = -7046029254386353131
 
 
 @njit(cache=True, nogil=True)
-def _moved(H, G, I, node):
+def _moved(mine, c, ft, fi, G, I, node):
     """Helm._moved and _clean: node's FREE changed; the heap's top becomes the up node that
-    frees first (consts[SOONEST]). The heap never grows: it is rebuilt past FREE_HEAP entries
-    a node (plus 64), as Helm._moved does, so it holds at most one more."""
-    mine, c, ft, fi = H[H_MINE], H[H_C], H[H_FT], H[H_FI]
+    frees first (consts[SOONEST]). The heap (ft, fi) never grows: it is rebuilt past FREE_HEAP
+    entries a node (plus 64), as Helm._moved does, so it holds at most one more."""
     n_nodes = mine.shape[0]
     I[node, VER] += 1
     n = G[FHN]
@@ -62,8 +61,8 @@ def _hslot(keys, user):
 
 
 @njit(cache=True, nogil=True)
-def _hgrow(H, G):
-    old = H[H_MAP][0]
+def _hgrow(HM, G):
+    old = HM[0]
     slots = old.shape[1]
     if 2 * (G[HCNT] + 1) > slots:
         slots *= 2
@@ -72,16 +71,17 @@ def _hgrow(H, G):
         if old[M_KEY, i] >= 0:
             j = -2 - _hslot(new[M_KEY], old[M_KEY, i])
             new[M_KEY, j], new[M_HEAD, j], new[M_TAIL, j] = old[M_KEY, i], old[M_HEAD, i], old[M_TAIL, i]
-    H[H_MAP][0] = new
+    HM[0] = new
     G[HTOMB] = 0
 
 
 @njit(cache=True, nogil=True)
-def _expect(H, G, node, user, tokens):
-    """ResidencyIndex.expect: holders[user][node] = tokens (a new node goes last)."""
-    m = H[H_MAP][0]
+def _expect(HM, HE, G, node, user, tokens):
+    """ResidencyIndex.expect: holders[user][node] = tokens (a new node goes last), in the holders
+    map HM[0] and its entries HE[0]."""
+    m = HM[0]
     i = _hslot(m[M_KEY], user)
-    ent = H[H_ENT][0]
+    ent = HE[0]
     if i >= 0:
         e = m[M_HEAD, i]
         while e >= 0:
@@ -91,8 +91,8 @@ def _expect(H, G, node, user, tokens):
             e = ent[E_NEXT, e]
     else:
         if 2 * (G[HCNT] + G[HTOMB] + 1) > m.shape[1]:
-            _hgrow(H, G)
-            m = H[H_MAP][0]
+            _hgrow(HM, G)
+            m = HM[0]
         i = -2 - _hslot(m[M_KEY], user)
         if m[M_KEY, i] == -2:
             G[HTOMB] -= 1
@@ -105,7 +105,7 @@ def _expect(H, G, node, user, tokens):
         for k in range(old, 2 * old - 1):
             grown[E_NEXT, k] = k + 1
         grown[E_NEXT, 2 * old - 1] = -1
-        H[H_ENT][0] = ent = grown
+        HE[0] = ent = grown
         G[EFREE] = old
     e = G[EFREE]
     G[EFREE] = ent[E_NEXT, e]
@@ -118,14 +118,14 @@ def _expect(H, G, node, user, tokens):
 
 
 @njit(cache=True, nogil=True)
-def _forget(H, G, node, user):
+def _forget(HM, HE, G, node, user):
     """ResidencyIndex.apply_kv of an eviction: node no longer holds user (a user held nowhere
     leaves the map)."""
-    m = H[H_MAP][0]
+    m = HM[0]
     i = _hslot(m[M_KEY], user)
     if i < 0:
         return
-    ent = H[H_ENT][0]
+    ent = HE[0]
     prev, e = -1, m[M_HEAD, i]
     while e >= 0 and ent[E_NODE, e] != node:
         prev, e = e, ent[E_NEXT, e]
@@ -151,23 +151,24 @@ def apply_events(H, G, node, users, tokens):
     """ResidencyIndex.apply_events into the compiled holders, in order: `node` holds tokens[k] of
     users[k] (0: no longer holds it). One call per report: a call from Python costs the
     dispatcher's typing of H, far more than the events."""
+    HM, HE = H[H_MAP], H[H_ENT]
     for k in range(users.shape[0]):
         if tokens[k]:
-            _expect(H, G, node, users[k], tokens[k])
+            _expect(HM, HE, G, node, users[k], tokens[k])
         else:
-            _forget(H, G, node, users[k])
+            _forget(HM, HE, G, node, users[k])
 
 
 @njit(cache=True, nogil=True)
-def _holders(H, user):
+def _holders(HM, HE, user):
     """Helm.route_request's two longest cached prefixes of user: (hn0, ht0, hn1, ht1), a stable
     sort by tokens, descending, over the nodes in the order they were added."""
-    m = H[H_MAP][0]
+    m = HM[0]
     i = _hslot(m[M_KEY], user)
     hn0 = ht0 = hn1 = ht1 = -1
     if i < 0:
         return hn0, ht0, hn1, ht1
-    ent = H[H_ENT][0]
+    ent = HE[0]
     e = m[M_HEAD, i]
     while e >= 0:
         t = ent[E_TOK, e]
@@ -187,7 +188,7 @@ def _helm_route(now, s, I, G, RI, IDSI, IDSC, H):
     hn0 = ht0 = hn1 = ht1 = -1
     user, prefix = RI[s, R_USER], RI[s, R_PREFIX]
     if G[KVTERM]:
-        hn0, ht0, hn1, ht1 = _holders(H, user)
+        hn0, ht0, hn1, ht1 = _holders(H[H_MAP], H[H_ENT], user)
     if now - f[HF_RHO_T] >= f[HF_SPAN]:
         span = now - f[HF_RHO_T]
         up = 0.0
@@ -218,33 +219,34 @@ def _helm_route(now, s, I, G, RI, IDSI, IDSC, H):
     w = H[H_WORK]
     w[node] += svc
     _ring_put(H[H_PEND], node, I, PH, PT, svc)
-    _moved(H, G, I, node)
+    _moved(mine, c, H[H_FT], H[H_FI], G, I, node)
     if G[KVTERM]:
-        _expect(H, G, node, user, prefix + ni)
+        _expect(H[H_MAP], H[H_ENT], G, node, user, prefix + ni)
     return node
 
 
 @njit(cache=True, nogil=True)
 def _helm_completed(H, G, I, node, now, count):
     """`count` of node's requests completed at `now`, one after another."""
-    w = H[H_WORK]
+    w, pend, mine, c, ft, fi = H[H_WORK], H[H_PEND], H[H_MINE], H[H_C], H[H_FT], H[H_FI]
     for _ in range(count):
         I[node, LOAD] -= 1
         if I[node, PT] > I[node, PH]:
-            w[node] -= _ring_take(H[H_PEND], node, I, PH)
+            w[node] -= _ring_take(pend, node, I, PH)
         if I[node, PT] == I[node, PH]:
             w[node] = 0.0
-        H[H_MINE][node, M_FREE] = now + w[node]
-        _moved(H, G, I, node)
+        mine[node, M_FREE] = now + w[node]
+        _moved(mine, c, ft, fi, G, I, node)
 
 
 @njit(cache=True, nogil=True)
 def _helm_kv_events(H, G, I, n, log, a, b):
     """ResidencyIndex.apply_kv of node n's KV events log[:, a:b] (what Cluster.start reports)."""
+    HM, HE = H[H_MAP], H[H_ENT]
     for k in range(a, b):
         tokens = log[2, k] if log[0, k] == kvmod.EVENT else log[3, k]
         if tokens:
-            _expect(H, G, n, log[1, k], tokens)
+            _expect(HM, HE, G, n, log[1, k], tokens)
         else:
-            _forget(H, G, n, log[1, k])
+            _forget(HM, HE, G, n, log[1, k])
     I[n, KVEV] += b - a
