@@ -1,7 +1,9 @@
 """The HELM router (routing/helm.py) compiled for the engine (sim/engine.py): its books (the work
 sent to each node, the heap of when nodes free up, the load estimate), its index's holders (who
 holds which user's prefix, in the order the index learnt it), and its decision (the compiled
-`routing.kernel.decide` it already uses). Each verb is `Helm`'s, step for step."""
+`routing.kernel.decide` it already uses). Each verb is `Helm`'s, step for step. The helpers that run
+several times a request take the members of the books (H) they use, not the tuple: numba takes a
+reference on every array an argument holds each time a call binds it."""
 from __future__ import annotations
 
 import numpy as np
