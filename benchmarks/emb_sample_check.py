@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 FIELDS = ("p99_ms", "emb_hit_rate", "kv_hit_rate", "utilization", "wall_s", "requests")
@@ -56,8 +55,9 @@ def run(task: tuple) -> dict:
 
 
 def _se(row: dict) -> float:
-    """A run's P99 standard error (ms): the larger of its block lengths'."""
-    return max(row[f"p99_se{b:g}_ms"] for b in SE_BLOCKS_S)
+    """A run's P99 standard error (ms): the larger of its block lengths' (NaN: a run too short
+    for two blocks of any length)."""
+    return max((v for b in SE_BLOCKS_S if (v := row[f"p99_se{b:g}_ms"]) == v), default=float("nan"))
 
 
 def main() -> None:
@@ -79,8 +79,9 @@ def main() -> None:
     tasks = [(w, int(s), r, k, args.ratio, args.duration, args.nodes, args.rate_scale, args.out)
              for w in args.workloads.split(",") for s in args.seeds.split(",") for r in args.routers.split(",")
              for k in samples]
-    with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(run, tasks))
+    from helmgr.experiments.parallel import run_all     # (a full collection after each run: 32-node
+    rows = run_all(run, tasks, args.jobs,                # runs' garbage grew a bare pool's workers to 12 GB)
+                   names=[f"{t[0]} seed {t[1]} {t[2]} k={t[3]}" for t in tasks])
     if args.json:
         print(json.dumps(rows, indent=2))
         return
@@ -94,7 +95,7 @@ def main() -> None:
         def d(f):
             return f"{100 * (r[f] / b[f] - 1):+6.2f}%" if b and r["k"] != 1 else ""
         if r["k"] == 1:
-            se = f"{100 * _se(r) / r['p99_ms']:5.2f}%"
+            se = f"{100 * _se(r) / r['p99_ms']:5.2f}%" if _se(r) == _se(r) else ""
         else:
             se = f"{(r['p99_ms'] - b['p99_ms']) / _se(b):+5.2f}σ" if b and _se(b) > 0 else ""
         print(f"{r['regime']:>7} {r['seed']:4d} {r['router']:>13} {r['k']:3d} {r['p99_ms']:8.3f} {d('p99_ms'):>7} "

@@ -285,5 +285,5 @@ def test_p99_block_se_by_hand():
     assert abs(se - np.sqrt(200 / 27 - (72 / 27) ** 2)) < 0.02
     same = np.tile(np.arange(1.0, 51.0), 3)
     assert p99_block_se(t[:150], same, block_s=10.0, reps=50) == 0.0
-    assert np.isnan(p99_block_se([], []))
+    assert np.isnan(p99_block_se([], [])) and np.isnan(p99_block_se(t[:100], x[:100], block_s=10.0))
 

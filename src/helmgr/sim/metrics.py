@@ -269,8 +269,9 @@ def p99_block_se(arrival, latency, block_s: float = 10.0, reps: int = 200, seed:
     """The standard error of a run's P99 from a block bootstrap: the requests cut into blocks of
     `block_s` seconds by arrival (neighbours in time share queues and caches, so blocks, not
     requests, are resampled), `reps` resamples of as many blocks drawn with replacement, the
-    standard deviation of their P99s. How far a run's P99 could move with its luck alone: the yardstick
-    for a change that should not matter (benchmarks/emb_sample_check.py)."""
+    standard deviation of their P99s (NaN with fewer than two blocks). How far a run's P99 could
+    move with its luck alone: the yardstick for a change that should not matter
+    (benchmarks/emb_sample_check.py)."""
     arrival, latency = np.asarray(arrival, float), np.asarray(latency, float)
     if len(latency) == 0:
         return NAN
@@ -279,6 +280,8 @@ def p99_block_se(arrival, latency, block_s: float = 10.0, reps: int = 200, seed:
     x = latency[order]
     bounds = np.searchsorted(block[order], np.arange(block.max() + 2))
     keep = np.flatnonzero(np.diff(bounds) > 0)            # the blocks that hold requests
+    if len(keep) < 2:
+        return NAN                                        # one block: nothing to resample
     lo, n = bounds[keep], np.diff(bounds)[keep]
     rng = np.random.default_rng(seed)
     out = np.empty(reps)
