@@ -145,7 +145,7 @@ def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK,
                         _helm_completed(H, G, I, n, t, nb)
                     if not take:
                         continue
-                I[n, BUSY] = 0                            # Cluster.take_next (a launch, or a departure that held the node)
+                I[n, BUSY] = 0        # Cluster.take_next (a launch, or a departure that held the node)
                 if I[n, QT] > I[n, QH]:
                     before, logged = _start(n, _ring_take(Q, n, I, QH), t, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI,
                                             STATES, RB, UB, ACC, KVM, KVT, KVL, IDSI, IDSC, HIST)
@@ -181,8 +181,8 @@ def step(until, routed, F, I, G, Q, INF, INFF, RIL, RFL, FREE, CLI, CLF, HT, HK,
         if I[n, BUSY]:
             _ring_put(Q, n, I, QH, QT, s)
         else:
-            before, logged = _start(n, s, ta, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC, KVM, KVT,
-                                    KVL, IDSI, IDSC, HIST)
+            before, logged = _start(n, s, ta, F, I, G, Q, INF, INFF, RI, RF, HT, HK, C, CI, STATES, RB, UB, ACC,
+                                    KVM, KVT, KVL, IDSI, IDSC, HIST)
             if logged > 0:
                 _started(n, before, logged, G, I, KVM, KVL, DL, H)
 

@@ -287,7 +287,8 @@ def p99_block_se(arrival, latency, block_s: float = 10.0, reps: int = 200, seed:
     out = np.empty(reps)
     for r in range(reps):
         pick = rng.integers(0, len(keep), len(keep))
-        idx = np.repeat(lo[pick] - np.concatenate(([0], np.cumsum(n[pick])[:-1])), n[pick]) + np.arange(n[pick].sum())
+        sizes = n[pick]                                   # the picked blocks' rows, laid end to end
+        idx = np.repeat(lo[pick] - (np.cumsum(sizes) - sizes), sizes) + np.arange(sizes.sum())
         out[r] = np.percentile(x[idx], 99)
     return float(np.std(out))
 

@@ -3,8 +3,8 @@
 Drawing 512 Zipf samples per request would dominate generation, so candidates are cut from
 pools of pre-drawn ids: each request copies a run of consecutive pool entries from a random
 offset (`cut_runs`: a row of a sliding-window view of the pool, so a chunk's candidates are
-gathered as contiguous rows, a block of requests at a time). Only the pools are kept: a view kept as an attribute would pickle as
-every window copied (what shipping a workload to a Ray worker does).
+gathered as contiguous rows, a block of requests at a time). Only the pools are kept: a view kept
+as an attribute would pickle as every window copied (what shipping a workload to a Ray worker does).
 
 numpy only: the real path's bench imports this module on a device that has no numba.
 """
