@@ -1,5 +1,6 @@
 """The serving router's and replica's pure parts, without a Ray cluster."""
 import base64
+import socket
 
 import numpy as np
 import pytest
@@ -201,3 +202,45 @@ def test_emb_deltas_keep_routers_exact_and_late_ones_catch_up_when_idle():
     assert idle["emb_bits"] and idle == node.report()               # and then the same report
     for index in (every, sometimes, late):
         assert apply_report(index, 0, idle) and np.array_equal(index.bits[0], truth())
+
+
+def test_check_listen_names_a_port_in_use_and_a_host_not_on_this_machine():
+    from helmgr.core.errors import HelmInputError
+    from helmgr.serve.app import check_listen
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(HelmInputError, match=f"--host '127.0.0.1' --port {port}: cannot listen there"):
+            check_listen("127.0.0.1", port)
+    check_listen("127.0.0.1", port)                               # free again
+    with pytest.raises(HelmInputError, match="--host '192.0.2.1'"):  # TEST-NET-1: no machine's own address
+        check_listen("192.0.2.1", port)
+
+
+def test_serve_refuses_a_host_it_cannot_listen_on_before_starting(capsys, monkeypatch):
+    pytest.importorskip("ray.serve")
+    import helmgr.serve.app as app
+    from helmgr.cli import main
+
+    def never(*args, **kwargs):
+        raise AssertionError("serve started")
+    monkeypatch.setattr(app, "start", never)
+    assert main(["serve", "--host", "192.0.2.1", "--port", "8137"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [err.strip()] and "--host '192.0.2.1' --port 8137" in err
+
+
+def test_start_names_a_ray_address_it_cannot_join(monkeypatch):
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.serve")
+    from helmgr.core.errors import HelmInputError
+    from helmgr.serve.app import start
+
+    def refuse(address=None, **kwargs):
+        raise ConnectionError(f"could not find any running Ray instance at {address}")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(HelmInputError, match="--address 'ray://head:10001': cannot connect to Ray: could not find"):
+        start(SMALL, address="ray://head:10001")

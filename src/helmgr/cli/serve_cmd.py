@@ -61,10 +61,12 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
     """
     require("serve", what="helmgr serve")
     from helmgr.core.profiles import load_hardware
-    from helmgr.serve.app import start, stop
+    from helmgr.serve.app import check_listen, start, stop
 
     hardware = hardware or ("cpu-ref" if device == "cpu" else "a100-80g")
     load_hardware(hardware)                         # an unknown name or bad file: exit 2 now, not in a replica
+    if address is None:
+        check_listen(host, port)                    # an unknown host or a port in use: exit 2 before Ray starts
     if not hardware.endswith(".toml"):
         stderr.print(f"note: the router prices requests with the {hardware} preset; for this machine's own figures "
                      f"run helmgr calibrate --device {device} --out hw.toml and pass --hardware hw.toml")

@@ -7,8 +7,10 @@
 """
 from __future__ import annotations
 
+import socket
 import time
 
+from helmgr.core.errors import HelmInputError
 from helmgr.serve.config import ServeConfig
 
 APP = "helmgr"
@@ -36,14 +38,34 @@ def start(cfg: ServeConfig, port: int = 8000, host: str = "127.0.0.1", address: 
     if not ray.is_initialized():
         kw = {"include_dashboard": False, "log_to_driver": False}
         if address is None:
+            check_listen(host, port)        # here the proxy listens on this machine: refuse before Ray starts
             kw |= {"num_cpus": num_cpus} if num_cpus else {}
             kw |= {"_metrics_export_port": metrics_port} if metrics_port else {}
-        ray.init(address=address, **kw)
+        try:
+            ray.init(address=address, **kw)
+        except (ConnectionError, ValueError) as e:          # no cluster there, a malformed address
+            raise HelmInputError(f"--address {address!r}: cannot connect to Ray: {e}") from e
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_app(cfg), name=APP, route_prefix="/", blocking=False)
     url = f"http://{host}:{port}"
     wait_ready(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}", ready_timeout_s)
     return url
+
+
+def check_listen(host: str, port: int) -> None:
+    """HelmInputError, naming --host or --port, unless this machine can listen on (host, port): an
+    unknown host or a port in use would otherwise surface from inside Serve's proxy as a traceback."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise HelmInputError(f"--host {host!r}: not an address of this machine ({e})") from e
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the proxy's server does
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise HelmInputError(f"--host {host!r} --port {port}: cannot listen there ({e.strerror})") from e
 
 
 def wait_ready(url: str, timeout_s: float) -> None:
@@ -65,9 +87,13 @@ def wait_ready(url: str, timeout_s: float) -> None:
 
 
 def stop() -> None:
+    """Shut Serve and Ray down, if this process is connected (Serve's own shutdown would start a
+    cluster to find nothing running)."""
     import ray
     from ray import serve
 
+    if not ray.is_initialized():
+        return
     try:
         serve.shutdown()
     finally:
