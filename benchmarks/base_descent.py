@@ -4,10 +4,10 @@
     python benchmarks/base_descent.py step --workload trend --ratio 0.95 --to 0.45 --at 260 --span 100
 
 `starts`: `--policy` (default helm-base) under the HELM router from each starting ratio; prints
-the run's P99, its mean ratio and the nodes' mean ratio at five times. `step`: every node holds
-`--ratio` and moves to `--to` at `--at` seconds (a `Scheduled` policy), against the same run
-held at `--ratio`; prints 5-s means of window P99 and the KV and EMB hit rates around the move.
-8 x A100-80G, the v2 defaults, one seed. Asserts nothing.
+the run's P99, its mean ratio and the nodes' mean ratio in the second before each of five times
+(`sim.metrics.window_ratios`). `step`: every node holds `--ratio` and moves to `--to` at `--at`
+seconds (a `Scheduled` policy), against the same run held at `--ratio`; prints 5-s means of
+window P99 and the KV and EMB hit rates around the move. 8 x A100-80G, the v2 defaults, one seed. Asserts nothing.
 """
 from __future__ import annotations
 
@@ -18,17 +18,8 @@ import numpy as np
 from helmgr.policy.policies import Scheduled
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.config import scenario_cluster
+from helmgr.sim.metrics import window_ratios
 from helmgr.workload import default_config, synthetic_workload
-
-
-def ratio_at(timeline, t: float) -> float:
-    """The nodes' mean ratio at time t, from a run's (time, node, ratio) timeline."""
-    last = {}
-    for when, node, ratio in sorted(timeline):
-        if when > t:
-            break
-        last[node] = ratio
-    return float(np.mean(list(last.values())))
 
 
 def starts(a) -> None:
@@ -37,7 +28,8 @@ def starts(a) -> None:
         cfg = SimConfig(**(scenario_cluster("v2") | dict(policy=a.policy, ratio=r0, router="helm", seed=a.seed)))
         res = simulate(cfg, w)
         s, times = res.summary, [a.duration * k / 5 for k in range(1, 6)]
-        at = ", ".join(f"{t:g} s {ratio_at(res.series.timeline, t):.3f}" for t in times)
+        r = window_ratios(res.series.timeline, res.series.n_nodes, a.duration)     # per 1-s window
+        at = ", ".join(f"{t:g} s {r[int(t) - 1]:.3f}" for t in times)
         print(f"{a.workload} {a.policy} from {r0:g}: P99 {s['p99_ms']:.3f} ms, mean ratio {s['mean_ratio']:.3f}; {at}")
 
 
