@@ -17,6 +17,7 @@ from helmgr.controller import detect as detect_cfg
 from helmgr.controller import safety as safety_cfg
 from helmgr.controller.adapter import NOISE_BATCH
 from helmgr.controller.mlp import MLPPolicy
+from helmgr.controller.layout import MARGINAL_ALPHA
 from helmgr.controller.observe import MEAN_ALPHA, MISS_PENALTY, MOVE_COST, N_FEATURES, P99_CAP
 from helmgr.core.window import WindowStats
 
@@ -44,9 +45,10 @@ class Observer:
         self.mean_alpha = mean_alpha
         self.mean_rps: float | None = None
         self.prev_rps: float | None = None
+        self.marginal_ms = 0.0                  # the counterfactual samples' EWMA, ms
         self.obs = np.zeros(N_FEATURES)
 
-    def __call__(self, s: WindowStats) -> np.ndarray:
+    def __call__(self, s: WindowStats, marginal: float | None = None) -> np.ndarray:
         rps = s.arrival_rps if math.isfinite(s.arrival_rps) and s.arrival_rps >= 0 else 0.0
         if self.mean_rps is None:
             self.mean_rps = self.prev_rps = rps
@@ -56,7 +58,9 @@ class Observer:
                   math.log1p(q), p99_over_slo(s), s.h2d_utilization, s.new_user_share, s.emb_time_share)
         self.mean_rps += self.mean_alpha * (rps - self.mean_rps)
         self.prev_rps = rps
-        self.obs[:] = [_finite(v) for v in values]
+        if marginal is not None and math.isfinite(marginal):
+            self.marginal_ms += MARGINAL_ALPHA * (min(P99_CAP, max(-P99_CAP, marginal * 1e3)) - self.marginal_ms)
+        self.obs[:] = [_finite(v) for v in values] + [self.marginal_ms]
         return self.obs
 
 
@@ -148,8 +152,8 @@ class BurstDetector:
 
 # -- base policy ------------------------------------------------------------------------------
 def forward(p: MLPPolicy, obs: np.ndarray) -> float:
-    """The base policy's action, in plain numpy."""
-    x = np.clip((obs - p.obs_mean) / p.obs_std, -p.obs_clip, p.obs_clip)
+    """The base policy's action, in plain numpy (a policy of fewer inputs reads the first ones)."""
+    x = np.clip((obs[:p.n_obs] - p.obs_mean) / p.obs_std, -p.obs_clip, p.obs_clip)
     for k, (w, b) in enumerate(zip(p.w, p.b)):
         x = w @ x + b
         x = np.tanh(x) if k < len(p.w) - 1 else x
@@ -358,7 +362,7 @@ class ReferenceController:
             return self.safety.fallback(stats.ratio, self.last)
         current = stats.ratio if self.last is None else self.last      # the ratio set last
         plan = current if self.plan is None else self.plan
-        obs = self.observer(stats)
+        obs = self.observer(stats, marginal)
         obs[0] = plan                    # the learned tiers see the plan, not the node's ratio
         if self.detector is not None:
             self._switch(stats, plan)

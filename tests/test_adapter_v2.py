@@ -234,7 +234,7 @@ def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_second
     (0.01 + 0.01) / (0.2 + 0.2) = 5 % of its seconds and the KV side 50 %: 50 - 200 rows' worth,
     and the sign turns."""
     from helmgr.core.window import NodeWindow
-    from helmgr.policy.policies import HelmPolicy, shadow_prices
+    from helmgr.policy.policies import HelmPolicy, MarginalSampler, shadow_prices
     from tests.test_node import warm_node
     node = warm_node()
     row_s, token_s = shadow_prices(node.cost, 200)
@@ -249,7 +249,8 @@ def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_second
     samples = {}
     for value in ("mean", "tail"):
         policy = HelmPolicy(value=value)
-        policy.shadows[0] = policy._open_sample(node.emb.epoch)
+        policy.sampler = MarginalSampler(policy.shadow_share, value)
+        policy.sampler.acc[0] = MarginalSampler.open(node.emb.epoch)
         assert policy._sample(0, window(1.0, 0), node) is None
         node.emb.epoch += 1
         samples[value] = policy._sample(0, window(2.0, 1000), node)

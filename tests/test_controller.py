@@ -7,6 +7,7 @@ from helmgr.controller import Controller, WindowStats
 from helmgr.controller.detect import BurstDetector
 from helmgr.learn.env import HelmEnv
 from helmgr.controller.mlp import MLPPolicy
+from helmgr.controller.layout import N_FEATURES_V1
 from helmgr.controller.observe import N_FEATURES, Observer, reward
 from helmgr.controller.safety import Safety
 from tests.controller_reference import ReferenceController
@@ -314,9 +315,12 @@ def test_the_base_does_not_cancel_the_adapters_offset(compiled):
 def test_observation_and_reward_by_hand():
     ob = Observer()
     o = ob(WindowStats(ratio=0.4, arrival_rps=100.0, p99_s=0.06, slo_s=0.03, queue_len=math.e - 1))
-    assert o.tolist() == pytest.approx([0.4, 1.0, 1.0, 1.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.5])
+    assert o.tolist() == pytest.approx([0.4, 1.0, 1.0, 1.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.5, 0.0])
     o = ob(WindowStats(ratio=0.4, arrival_rps=200.0, p99_s=None, slo_s=0.03))
     assert o[3] == pytest.approx(2.0) and o[4] == pytest.approx(1.0) and o[6] == 0.0
+    # "marginal_ms": the samples' EWMA (weight 0.5) in ms, held between samples, each clipped to ±10
+    s = WindowStats(ratio=0.4, arrival_rps=200.0, p99_s=None, slo_s=0.03)
+    assert [ob(s, m)[10] for m in (0.004, None, 0.1, -0.001, math.nan)] == pytest.approx([2.0, 2.0, 6.0, 2.5, 2.5])
     assert reward(WindowStats(0.4, 1.0, 0.06, 0.03), moved=0.05) == pytest.approx(-2.0 - 1.0 - 0.1)
 
 
@@ -399,6 +403,6 @@ def test_relative_reward_is_zero_for_holding_and_moves_when_the_policy_moves():
 def test_the_shipped_policy_loads_and_decides():
     import helmgr
     ctl = helmgr.Controller.default()
-    assert ctl.base.n_obs == N_FEATURES and "--timesteps 122880 --seed 3" in ctl.base.meta["command"]
+    assert ctl.base.n_obs == N_FEATURES_V1 and "--timesteps 122880 --seed 3" in ctl.base.meta["command"]
     r = ctl.step(stats(0.5))
     assert 0.4 <= r <= 0.6 and len(ctl.latency_ns) == 1

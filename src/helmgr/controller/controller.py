@@ -104,8 +104,9 @@ class Controller:
                  recovery_ratio: float = 0.95, recovery_step: float = 0.1, recovery_hold: float = 60.0,
                  recovery_miss: float = 0.01, recovery_signal: float = 0.05, recovery_samples: int = 3,
                  recovery_z: float = 2.5):
-        if base is not None and base.n_obs != N_FEATURES:
-            raise ValueError(f"base policy takes {base.n_obs} observations, the controller gives {N_FEATURES}")
+        if base is not None and base.n_obs not in (L.N_FEATURES_V1, N_FEATURES):
+            raise ValueError(f"base policy takes {base.n_obs} observations, the controller gives {N_FEATURES} "
+                             f"(or the first {L.N_FEATURES_V1})")
         if detector is not None and detector.n_signals != L.N_SIG:
             raise ValueError(f"the compiled step watches {L.N_SIG} signals, the detector {detector.n_signals}")
         if adapter is not None and adapter.params.shape != (N_FEATURES + 1,):
@@ -162,6 +163,12 @@ class Controller:
                                  "Controller.load(PATH) (make one with `helmgr train --out PATH`)")
         with resources.as_file(ref) as path:
             return cls.load(Path(path), **kw)
+
+    @property
+    def reads_marginal(self) -> bool:
+        """The base policy reads the counterfactual feature ("marginal_ms"), so `step` needs the
+        samples even without adapter v2 (a base trained before it reads the first ten features)."""
+        return self.base is not None and self.base.n_obs > L.N_FEATURES_V1
 
     @property
     def hold_step(self) -> float:

@@ -132,7 +132,7 @@ def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_u
     st[EVENT] = 0.0
     current = x[X_RATIO] if math.isnan(st[APPLIED]) else st[APPLIED]     # the ratio set last
     plan = current if math.isnan(st[PLAN]) else st[PLAN]
-    tail = observe_window(x, st, cfg)
+    tail = observe_window(x, st, cfg, signal)
     obs = st[OBS:OBS + N_FEATURES]
     obs[0] = plan                                   # the learned tiers see the plan (Controller's docstring)
     if cfg[C_HAS_DET] != 0.0:

@@ -11,8 +11,10 @@ import numpy as np
 from numba import njit
 
 FEATURES = ("ratio", "emb_hit_rate", "kv_hit_rate", "arrival_vs_mean", "arrival_change", "log_queue",
-            "p99_over_slo", "h2d_utilization", "new_user_share", "emb_time_share")
+            "p99_over_slo", "h2d_utilization", "new_user_share", "emb_time_share", "marginal_ms")
 N_FEATURES = len(FEATURES)
+N_FEATURES_V1 = 10          # a base policy trained before "marginal_ms" reads the first ten (MLP's dims[0])
+MARGINAL_ALPHA = 0.5        # "marginal_ms": the EWMA weight of each counterfactual sample
 P99_CAP = 10.0              # p99 / SLO beyond this is "far over"; keeps the observation bounded
 
 # -- st: scalars ----------------------------------------------------------------------------
@@ -25,8 +27,9 @@ SIG = 17                                            # st[SIG:SIG + 3]: the detec
 OBS = 20                                            # st[OBS:OBS + N_FEATURES]: the observation
 # the adapter's learning: the previous decision's noise, slope and observation, which the next
 # window's reward is credited to; the reward baseline; updates made
-T_HAS, T_EPS, T_DZ, BASELINE, HAS_BASELINE, UPDATES = 30, 31, 32, 33, 34, 35
-T_OBS = 36                                          # st[T_OBS:T_OBS + N_FEATURES]
+T_HAS = OBS + N_FEATURES
+T_EPS, T_DZ, BASELINE, HAS_BASELINE, UPDATES = T_HAS + 1, T_HAS + 2, T_HAS + 3, T_HAS + 4, T_HAS + 5
+T_OBS = T_HAS + 6                                         # st[T_OBS:T_OBS + N_FEATURES]
 HOLD = T_OBS + N_FEATURES                           # after a burst: the floor under the plan, decaying (NaN: none)
 APPLIED, SETTLED = HOLD + 1, HOLD + 2               # the ratio last set (NaN: none); targets not moved to (counter)
 # the adapter's block of gradient estimates: sums, sums of squares, count; blocks that changed
@@ -37,7 +40,8 @@ G_K, BLOCKS_APPLIED = G_SQ + N_FEATURES + 1, G_SQ + N_FEATURES + 2
 BAD_INPUT = BLOCKS_APPLIED + 1                      # windows whose stats were refused (counter; safety.stats_ok)
 # recovery_signal: the test has stepped the plan down in this burst; the samples since its last move (n, sum, squares)
 SIG_STEPPED, SIG_N, SIG_SUM, SIG_SQ = BAD_INPUT + 1, BAD_INPUT + 2, BAD_INPUT + 3, BAD_INPUT + 4
-ST_SIZE = SIG_SQ + 1
+OB_MARGINAL = SIG_SQ + 1                            # observation: the counterfactual samples' EWMA, ms (0: none yet)
+ST_SIZE = OB_MARGINAL + 1
 
 # -- lc: the adapter's learning constants ---------------------------------------------------
 L_LR, L_SIGMA2, L_BASELINE_ALPHA, L_MISS_PENALTY, L_MOVE_COST, L_BLOCK, L_Z = range(7)

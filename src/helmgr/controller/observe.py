@@ -12,8 +12,8 @@ import math
 
 from numba import njit
 
-from helmgr.controller.layout import (C_OB_ALPHA, FEATURES, N_FEATURES, OB_INIT, OB_MEAN, OB_PREV, OBS, P99_CAP,
-                                      STATS_SIGNATURE,
+from helmgr.controller.layout import (C_OB_ALPHA, FEATURES, MARGINAL_ALPHA, N_FEATURES, OB_INIT, OB_MARGINAL,
+                                      OB_MEAN, OB_PREV, OBS, P99_CAP, STATS_SIGNATURE,
                                       X_EMB, X_EMB_TIME, X_H2D, X_KV, X_NEW, X_P99, X_QUEUE, X_RATIO, X_RPS, X_SLO,
                                       layout, store, views)
 from helmgr.core.window import WindowStats
@@ -51,8 +51,13 @@ def reward(s: WindowStats, moved: float, miss_penalty: float = MISS_PENALTY, mov
 
 
 @njit(cache=True, nogil=True)
-def observe_window(x, st, cfg):
-    """The observation of the window in `x`, into st[OBS:OBS + N_FEATURES]; returns its P99 / SLO."""
+def observe_window(x, st, cfg, signal):
+    """The observation of the window in `x`, into st[OBS:OBS + N_FEATURES]; returns its P99 / SLO.
+    `signal`: adapter v2's counterfactual sample if one closed with this window (s per request per
+    unit of ratio, positive: a larger EMB share saves time; NaN: none). The last feature is their
+    EWMA in ms, clipped to ±P99_CAP, held between samples (0 before the first): what moving the
+    split would pay, which the hit rates at the current split cannot show (a KV pool squeezed to
+    0.05 of HBM hits 0.1 whatever a larger one would, docs/results/2026-12-05-base-descent.md)."""
     rps = x[X_RPS] if math.isfinite(x[X_RPS]) and x[X_RPS] >= 0 else 0.0
     if st[OB_INIT] == 0.0:
         st[OB_MEAN] = st[OB_PREV] = rps
@@ -74,17 +79,21 @@ def observe_window(x, st, cfg):
     st[o + 7] = finite(x[X_H2D])
     st[o + 8] = finite(x[X_NEW])
     st[o + 9] = finite(x[X_EMB_TIME])
+    if math.isfinite(signal):
+        m = min(P99_CAP, max(-P99_CAP, signal * 1e3))
+        st[OB_MARGINAL] += MARGINAL_ALPHA * (m - st[OB_MARGINAL])
+    st[o + 10] = st[OB_MARGINAL]
     return t
 
 
 
 
-@njit(f"void(float64[::1], {STATS_SIGNATURE})", cache=True, nogil=True)
-def observe(mem, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
-    """`observe_window` on its own, for a `mem` from `layout` (p99 NaN: none)."""
+@njit(f"void(float64[::1], {STATS_SIGNATURE}, float64)", cache=True, nogil=True)
+def observe(mem, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time, signal):
+    """`observe_window` on its own, for a `mem` from `layout` (p99 NaN: none; signal NaN: none)."""
     st, cfg, lc, x, det, ring, h, noise = views(mem)
     store(x, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time)
-    observe_window(x, st, cfg)
+    observe_window(x, st, cfg, signal)
 
 
 class Observer:
@@ -98,7 +107,10 @@ class Observer:
         cfg[C_OB_ALPHA] = mean_alpha
         self.obs = st[OBS:OBS + N_FEATURES]
 
-    def __call__(self, s: WindowStats):
+    def __call__(self, s: WindowStats, marginal: float | None = None):
+        """The observation of window `s`; `marginal`: the counterfactual sample that closed with it
+        (None: none)."""
         observe(self.mem, s.ratio, s.arrival_rps, math.nan if s.p99_s is None else s.p99_s, s.slo_s,
-                s.emb_hit_rate, s.kv_hit_rate, s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share)
+                s.emb_hit_rate, s.kv_hit_rate, s.queue_len, s.h2d_utilization, s.new_user_share, s.emb_time_share,
+                math.nan if marginal is None else float(marginal))
         return self.obs

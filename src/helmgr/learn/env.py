@@ -8,7 +8,8 @@ so trend's phases and day and burst's events keep their real lengths), starting 
 time: `warmup_s` at a random starting ratio, then `episode_s` of control. One step = one control
 window (1 s): the action in [-1, 1] moves every node's ratio by up to `max_step`, the cluster runs
 the window, and the agent sees node 0's observation (controller.observe.FEATURES), built by the
-controller's own compiled code (`observe.Observer`), and is paid `observe.reward` for it. Seeded:
+controller's own compiled code (`observe.Observer`; its "marginal_ms" from the counterfactual
+samples of the shadows HELM tracks, `policy.policies.MarginalSampler`), and is paid `observe.reward` for it. Seeded:
 the same `reset(seed)` and actions give the same observations and rewards. `scenario="v1"` is the
 first version's environment (serial nodes, 300 req/s and 125,000 users a node, the model preset's
 SLO, a workload as long as the episode).
@@ -31,7 +32,7 @@ from helmgr.core.window import WindowStats
 from helmgr.core.profiles import node_profile
 from helmgr.sim.cluster import Cluster
 from helmgr.sim.config import SimConfig, scenario_cluster
-from helmgr.policy.policies import MemoryPolicy
+from helmgr.policy.policies import HelmPolicy, MarginalSampler, MemoryPolicy
 from helmgr.routing.routers import make_router
 from helmgr.workload import default_config, synthetic_workload
 
@@ -44,15 +45,24 @@ def shifted(chunks, start: int):
 
 
 class _Recorder(MemoryPolicy):
-    """Keeps each node's last window for the environment; sets no ratio itself."""
+    """Keeps each node's last window and the counterfactual sample that closed with it (None:
+    none) for the environment, from the same shadows HELM tracks (`MarginalSampler`, HELM's
+    settings); sets no ratio itself."""
 
     name = "env"
 
     def __init__(self):
         self.windows: dict = {}
+        self.samples: dict = {}
+        self.sampler = MarginalSampler(HelmPolicy.shadow_share, HelmPolicy.value)
+        self.peers: list = []
+
+    def attach(self, index, node):
+        self.sampler.attach(index, node, self.peers)
 
     def observe(self, index, window, node):
         self.windows[index] = window
+        self.samples[index] = self.sampler.sample(index, window, node)
 
 
 class HelmEnv(gym.Env):
@@ -164,4 +174,4 @@ class HelmEnv(gym.Env):
             self.stats = WindowStats(self.cluster.nodes[0].ratio, 0.0, None, self.slo_s)
         else:
             self.stats = WindowStats.from_window(w, self.slo_s)
-        return self.observer(self.stats).astype(np.float32)
+        return self.observer(self.stats, self.recorder.samples.get(0)).astype(np.float32)

@@ -96,6 +96,65 @@ def marginal_value(w: NodeWindow, cost, share: float) -> tuple[float, float, flo
     return (emb_s - kv_s) / share / w.completed, emb_s, kv_s
 
 
+class MarginalSampler:
+    """Adapter v2's samples, one stream per node (SPEC 6): the marginal value (`marginal_value`)
+    of shadows of `share` of the pool on each side, summed since the last sample and closed at the
+    first window after an EMB refresh (which folds the EMB shadow's hits in). In seconds per
+    request per unit of r, positive: a larger EMB share saves time. The adapter learns from them,
+    the recovery tier tests them, and a base policy that reads "marginal_ms" sees their EWMA.
+
+    With `value` "tail" each side's seconds are weighed by the share of its cost that fell on
+    the requests at or above their window's P99 (the EMB side by their fetch seconds over
+    all requests', the KV side by their recompute seconds'), so the sample is what the
+    shadows would have saved the tail, on the assumption that a cache's hits land where its
+    cost does. Priced over every request ("mean") the signal's zero is the split with the
+    lowest mean latency, and on steady that is above the one with the lowest P99: the P99
+    is cold requests recomputing long prefixes, which only the KV side saves (steady seed 1:
+    the adapter held 0.63-0.64 where static 0.6 is best, docs/results/2026-12-04-tail-value.md)."""
+
+    def __init__(self, share: float = 0.05, value: str = "tail"):
+        if value not in ("mean", "tail"):
+            raise ValueError(f"value must be 'mean' or 'tail', got {value!r}")
+        self.share, self.value = share, value
+        self.acc: dict[int, list] = {}      # node -> the open sample's sums (`open`)
+
+    def attach(self, index: int, node, peers: list | None = None) -> None:
+        """Shadows on node `index` (`track_shadows`; `peers`: the cluster's ghost peers) and an
+        empty sample."""
+        track_shadows(node, self.share, peers)
+        self.acc[index] = self.open(node.emb.epoch)
+
+    def sample(self, index: int, w: NodeWindow, node) -> float | None:
+        """Window `w` into node `index`'s open sample; the sample if an EMB refresh closed it,
+        else None (and None for a node without shadows)."""
+        acc = self.acc.get(index)
+        if acc is None:
+            return None
+        value = marginal_value(w, node.cost, self.share)
+        if value is not None:
+            acc[0] += value[1]
+            acc[1] += value[2]
+            acc[2] += w.completed
+        acc[4] += w.tail_fetch_s
+        acc[5] += w.emb_wait_s
+        acc[6] += w.tail_recompute_s
+        acc[7] += w.recompute_s
+        if node.emb.epoch == acc[3] or not acc[2]:
+            return None
+        emb_s, kv_s = acc[0], acc[1]
+        if self.value == "tail":
+            emb_s *= min(1.0, acc[4] / acc[5]) if acc[5] > 0 else 0.0
+            kv_s *= min(1.0, acc[6] / acc[7]) if acc[7] > 0 else 0.0
+        self.acc[index] = self.open(node.emb.epoch)
+        return (emb_s - kv_s) / self.share / acc[2]
+
+    @staticmethod
+    def open(epoch: int) -> list:
+        """A sample's sums, empty, from EMB refresh `epoch` on: [EMB s, KV s, completed, refresh
+        epoch, tail fetch s, fetch s, tail recompute s, recompute s]."""
+        return [0.0, 0.0, 0, epoch, 0.0, 0.0, 0.0, 0.0]
+
+
 class Adaptive(MemoryPolicy):
     """A shared-memory cache manager after Cliffhanger (Cidon et al., NSDI 2016) and Memshare
     (Cidon et al., ATC 2017): each cache keeps a shadow queue of the data just outside it — for
@@ -256,7 +315,7 @@ class HelmPolicy(MemoryPolicy):
         self.target: dict[int, float] = {}
         self.events: list[tuple[int, float, str]] = []     # (node, window end s, "start" | "end")
         self.retired: list = []                              # controllers of nodes that went down
-        self.shadows: dict[int, list] = {}                   # adapter v2: since the last sample, see _sample
+        self.sampler: MarginalSampler | None = None          # adapter v2 (or a base reading "marginal_ms"): samples
         self.peers: list = []                                # adapter v2: the nodes sharing KV ghosts
 
     def attach(self, index, node):
@@ -270,9 +329,10 @@ class HelmPolicy(MemoryPolicy):
         self.ctl[index] = Controller.load(self.path, **kw) if self.path else Controller.default(**kw)
         self.ctl[index].safety.r_min, self.ctl[index].safety.r_max = node.config.r_min, node.config.r_max
         self.slo[index] = node.profile.model.slo_ms * 1e-3
-        if self.adapter == "marginal":
-            track_shadows(node, self.shadow_share, self.peers)
-            self.shadows[index] = self._open_sample(node.emb.epoch)
+        if self.adapter == "marginal" or self.ctl[index].reads_marginal:
+            if self.sampler is None:
+                self.sampler = MarginalSampler(self.shadow_share, self.value)
+            self.sampler.attach(index, node, self.peers)
 
     def observe(self, index, w, node):
         ctl = self.ctl[index]
@@ -297,46 +357,9 @@ class HelmPolicy(MemoryPolicy):
         return sum(live) / len(live)
 
     def _sample(self, index, w, node) -> float | None:
-        """Adapter v2's sample: the marginal value (`marginal_value`) summed since the last one,
-        closed at the first window after an EMB refresh (which folds the EMB shadow's hits in);
-        None in between and without shadows.
-
-        With `value` "tail" each side's seconds are weighed by the share of its cost that fell on
-        the requests at or above their window's P99 (the EMB side by their fetch seconds over
-        all requests', the KV side by their recompute seconds'), so the sample is what the
-        shadows would have saved the tail, on the assumption that a cache's hits land where its
-        cost does. Priced over every request ("mean") the signal's zero is the split with the
-        lowest mean latency, and on steady that is above the one with the lowest P99: the P99
-        is cold requests recomputing long prefixes, which only the KV side saves (steady seed 1:
-        the adapter held 0.63-0.64 where static 0.6 is best, docs/results/2026-12-04-tail-value.md).
-        acc: [EMB s, KV s, completed, refresh epoch, tail fetch s, fetch s, tail recompute s,
-        recompute s]."""
-        acc = self.shadows.get(index)
-        if acc is None:
-            return None
-        value = marginal_value(w, node.cost, self.shadow_share)
-        if value is not None:
-            acc[0] += value[1]
-            acc[1] += value[2]
-            acc[2] += w.completed
-        acc[4] += w.tail_fetch_s
-        acc[5] += w.emb_wait_s
-        acc[6] += w.tail_recompute_s
-        acc[7] += w.recompute_s
-        if node.emb.epoch == acc[3] or not acc[2]:
-            return None
-        emb_s, kv_s = acc[0], acc[1]
-        if self.value == "tail":
-            emb_s *= min(1.0, acc[4] / acc[5]) if acc[5] > 0 else 0.0
-            kv_s *= min(1.0, acc[6] / acc[7]) if acc[7] > 0 else 0.0
-        sample = (emb_s - kv_s) / self.shadow_share / acc[2]
-        self.shadows[index] = self._open_sample(node.emb.epoch)
-        return sample
-
-    @staticmethod
-    def _open_sample(epoch: int) -> list:
-        """A sample's sums, empty, from EMB refresh `epoch` on (`_sample` reads its slots)."""
-        return [0.0, 0.0, 0, epoch, 0.0, 0.0, 0.0, 0.0]
+        """The node's counterfactual sample, if one closed with window `w` (`MarginalSampler`;
+        None without shadows)."""
+        return None if self.sampler is None else self.sampler.sample(index, w, node)
 
     def report(self):
         """Burst start/end events per node, the controllers' decisions and their wall-clock
