@@ -406,3 +406,51 @@ def test_the_shipped_policy_loads_and_decides():
     assert ctl.base.n_obs == N_FEATURES_V1 and "--timesteps 122880 --seed 3" in ctl.base.meta["command"]
     r = ctl.step(stats(0.5))
     assert 0.4 <= r <= 0.6 and len(ctl.latency_ns) == 1
+
+
+def _widened(p: MLPPolicy) -> MLPPolicy:
+    """`p` with one more input, "marginal_ms", that it gives no weight."""
+    w = [np.hstack([p.w[0], np.zeros((p.w[0].shape[0], 1))])] + p.w[1:]
+    return MLPPolicy(w, p.b, np.append(p.obs_mean, 0.0), np.append(p.obs_var, 1.0), p.obs_clip, p.obs_eps, p.max_step)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_ten_input_base_decides_as_its_widened_twin(compiled):
+    """A base trained before "marginal_ms" reads the first ten features: step for step it decides as
+    the same network given the eleventh input with zero weight, counterfactual samples or not."""
+    rng = np.random.default_rng(3)
+    p10 = MLPPolicy([rng.normal(0, 1, (8, N_FEATURES_V1)), rng.normal(0, 1, (1, 8))], [rng.normal(0, 1, 8),
+                    np.zeros(1)], rng.normal(0, 0.2, N_FEATURES_V1), rng.uniform(0.5, 2, N_FEATURES_V1), max_step=0.05)
+    ratios = []
+    for base in (p10, _widened(p10)):
+        ctl = stepper(compiled, Controller(base, safety=Safety(max_slew=0.1)))
+        r, run = 0.5, []
+        for k in range(40):
+            r = ctl.step(stats(r, rps=300 + 50 * math.sin(k), p99=0.01 + 0.002 * (k % 5)),
+                         None if k % 2 else float(rng.normal(0, 0.002)))
+            run.append(r)
+        ratios.append(run)
+    assert ratios[0] == ratios[1] and len(set(ratios[0])) > 5
+
+
+def test_a_base_reading_marginal_ms_gets_shadows_that_change_nothing_else(tmp_path):
+    """helm-base tracks the shadows only for a base that reads the counterfactual; tracking them
+    changes no request: a ten-input base and its widened twin give the same run."""
+    from helmgr.sim import SimConfig, simulate
+    from helmgr.policy.policies import HelmBase
+    from tests.test_sim import small
+    rng = np.random.default_rng(4)
+    p10 = MLPPolicy([rng.normal(0, 1, (1, N_FEATURES_V1))], [np.zeros(1)], np.zeros(N_FEATURES_V1),
+                    np.ones(N_FEATURES_V1), max_step=0.05)
+    p10.save(tmp_path / "p10.npz")
+    _widened(p10).save(tmp_path / "p11.npz")
+    runs = {}
+    for name in ("p10", "p11"):
+        policy = HelmBase(str(tmp_path / f"{name}.npz"))
+        r = simulate(SimConfig(nodes=2, ratio=0.5, router="helm", warmup_s=2.0), small(duration_s=8.0), policy=policy)
+        runs[name] = r.summary, [n.ratio for n in r.cluster.nodes], policy.sampler
+    assert runs["p10"][2] is None and runs["p11"][2] is not None
+    drop = ("wall_s", "controller", "sim_rps")
+    assert {k: v for k, v in runs["p10"][0].items() if k not in drop} == \
+        {k: v for k, v in runs["p11"][0].items() if k not in drop}
+    assert runs["p10"][1] == runs["p11"][1]
