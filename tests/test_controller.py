@@ -454,3 +454,14 @@ def test_a_base_reading_marginal_ms_gets_shadows_that_change_nothing_else(tmp_pa
     assert {k: v for k, v in runs["p10"][0].items() if k not in drop} == \
         {k: v for k, v in runs["p11"][0].items() if k not in drop}
     assert runs["p10"][1] == runs["p11"][1]
+
+
+def test_env_frees_the_last_episode_at_reset():
+    """A cluster is a web of reference cycles: left to the collector, a PPO worker's episodes piled
+    up (~130 MB each with the shadows) until the OOM killer took it. reset frees the last one."""
+    import weakref
+    env = HelmEnv(**TINY, relative=True)
+    env.reset(seed=1)
+    old, twin = weakref.ref(env.cluster), weakref.ref(env.twin)
+    env.reset(seed=2)
+    assert old() is None and twin() is None and env.cluster is not None
