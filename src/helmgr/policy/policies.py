@@ -112,9 +112,10 @@ class MarginalSampler:
     is cold requests recomputing long prefixes, which only the KV side saves (steady seed 1:
     the adapter held 0.63-0.64 where static 0.6 is best, docs/results/2026-12-04-tail-value.md)."""
 
+    VALUES = ("mean", "tail")
+
     def __init__(self, share: float = 0.05, value: str = "tail"):
-        if value not in ("mean", "tail"):
-            raise ValueError(f"value must be 'mean' or 'tail', got {value!r}")
+        self.check_value(value)
         self.share, self.value = share, value
         self.acc: dict[int, list] = {}      # node -> the open sample's sums (`open`)
 
@@ -147,6 +148,12 @@ class MarginalSampler:
             kv_s *= min(1.0, acc[6] / acc[7]) if acc[7] > 0 else 0.0
         self.acc[index] = self.open(node.emb.epoch)
         return (emb_s - kv_s) / self.share / acc[2]
+
+    @classmethod
+    def check_value(cls, value: str) -> None:
+        """ValueError naming a `value` that is not one of `VALUES`."""
+        if value not in cls.VALUES:
+            raise ValueError(f"value must be 'mean' or 'tail', got {value!r}")
 
     @staticmethod
     def open(epoch: int) -> list:
@@ -300,11 +307,11 @@ class HelmPolicy(MemoryPolicy):
         (117-189 req/s on steady seed 1), each swing changed level and restarted from the base
         alone, and steady seed 1 lost 5.7 % of P99 (5.19 against 4.91 ms); the split that is
         best follows the cluster's load (docs/results/2026-12-03-levels.md).
-        `value`: what adapter v2's samples price, "tail" (default: `_sample`) or "mean"."""
+        `value`: what adapter v2's samples price, "tail" (default) or "mean" (`MarginalSampler`)."""
         if level_load is not None and level_load not in ("node", "cluster"):
             raise ValueError(f"level_load must be 'node' or 'cluster', got {level_load!r}")
-        if value is not None and value not in ("mean", "tail"):
-            raise ValueError(f"value must be 'mean' or 'tail', got {value!r}")
+        if value is not None:
+            MarginalSampler.check_value(value)
         self.value = value or self.value
         self.path, self.seed, self.bias, self.adapter_kw = path, seed, bias, adapter_kw
         self.level_load = level_load or self.level_load
