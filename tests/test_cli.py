@@ -219,6 +219,21 @@ def test_train_out_is_checked_before_training(capsys, monkeypatch, tmp_path):
         assert code == 2 and out == "" and err.count("\n") == 1 and needle in err
 
 
+def test_train_init_is_checked_before_training(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("stable_baselines3")
+    import numpy as np
+    from helmgr.controller.mlp import MLPPolicy
+    monkeypatch.setattr("helmgr.learn.train.train", _refuse_work)
+    small = tmp_path / "small.npz"
+    MLPPolicy([np.zeros((8, 10)), np.zeros((1, 8))], [np.zeros(8), np.zeros(1)], np.zeros(10), np.ones(10)).save(small)
+    (tmp_path / "junk.npz").write_text("not a policy")
+    for argv, needle in [(["--init", str(tmp_path / "none.npz")], "does not exist"),         # click's check
+                         (["--init", str(tmp_path / "junk.npz")], "is not a HELM policy"),
+                         (["--init", str(small)], "hidden layers [8] over 10 inputs; training's are [64, 64]")]:
+        code, out, err = run(capsys, "train", "--timesteps", "64", *argv)
+        assert code == 2 and out == "" and err.count("\n") == 1 and needle in err, err
+
+
 def test_failed_write_leaves_the_old_out_folder_byte_identical(capsys, monkeypatch, tmp_path):
     out = tmp_path / "sim"
     out.mkdir()

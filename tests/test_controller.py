@@ -118,6 +118,41 @@ def test_exported_policy_matches_the_trained_one():
         assert p.action(raw) == pytest.approx(float(a[0][0]), abs=1e-5)
 
 
+def test_a_warm_start_decides_as_the_file_and_is_held_while_the_critic_learns(tmp_path, monkeypatch):
+    from helmgr.learn import train as T
+    rng = np.random.default_rng(5)
+    ws = [rng.normal(0, 0.3, (64, N_FEATURES_V1)), rng.normal(0, 0.3, (64, 64)), rng.normal(0, 0.3, (1, 64))]
+    bs = [rng.normal(0, 0.1, 64), rng.normal(0, 0.1, 64), rng.normal(0, 0.1, 1)]
+    old = MLPPolicy(ws, bs, rng.normal(0, 1, N_FEATURES_V1), rng.uniform(0.5, 2, N_FEATURES_V1), max_step=0.05)
+    model, venv = T.make_model(TINY, seed=3, n_steps=32)
+    assert T.warm_start(model, venv, old, TINY, seed=3) == N_FEATURES - N_FEATURES_V1
+    p = T.export(model, venv, max_step=0.05)
+    assert p.obs_mean[:N_FEATURES_V1].tolist() == old.obs_mean.tolist()
+    assert venv.obs_rms.count == T.INIT_COUNT
+    for _ in range(20):                                # the widened input is read with zero weight
+        raw = rng.normal(0, 2, N_FEATURES)
+        assert p.action(raw) == pytest.approx(old.action(raw[:N_FEATURES_V1]), abs=1e-6)
+        a, _ = model.predict(venv.normalize_obs(raw[None].astype(np.float32)), deterministic=True)
+        assert float(a[0][0]) == pytest.approx(old.action(raw[:N_FEATURES_V1]), abs=1e-5)
+    with pytest.raises(ValueError, match="do not fit"):
+        T.warm_start(model, venv, constant_policy(0.0), TINY, seed=3)
+    # trained from the file for fewer steps than the hold: the actor is the file's, the critic moved
+    path = tmp_path / "old.npz"
+    old.save(path)
+    monkeypatch.setattr(T, "INIT_CRITIC_STEPS", 10**6)
+    made = {}
+    real = T.make_model
+    monkeypatch.setattr(T, "make_model", lambda *a, **k: made.setdefault("m", real(*a, **k)))
+    T.train(64, 4, tmp_path / "new.npz", tmp_path / "runs", TINY, init=path, n_steps=32)
+    new = MLPPolicy.load(tmp_path / "new.npz")
+    f32 = [w.astype(np.float32).astype(np.float64) for w in ws]      # torch holds float32
+    assert np.array_equal(new.w[0][:, :N_FEATURES_V1], f32[0]) and not new.w[0][:, N_FEATURES_V1:].any()
+    assert np.array_equal(new.w[2], f32[2]) and new.meta["init"]["file"] == "old.npz"
+    critic = made["m"][0].policy.mlp_extractor.value_net[0].weight.detach().numpy()
+    fresh = real(TINY, seed=4, n_steps=32)[0].policy.mlp_extractor.value_net[0].weight.detach().numpy()
+    assert not np.allclose(critic, fresh)
+
+
 def test_base_policy_step_and_safety():
     ctl = Controller(constant_policy(1.0, max_step=0.02), safety=Safety(max_slew=0.1))   # no min_move
     assert ctl.step(stats(0.5)) == pytest.approx(0.52)

@@ -37,6 +37,9 @@ from helmgr.workload.synthetic import parse_regime
               help="Environments stepped in parallel worker processes.")
 @click.option("--relative", is_flag=True,
               help="Pay the reward minus a twin cluster's held at the starting ratio (2x the simulation).")
+@click.option("--init", "init_path", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Start the actor from this policy file (one with fewer inputs is widened; the critic starts "
+                   "fresh, the actor held for its first steps) instead of from scratch.")
 @click.option("--seeds", default=None, metavar="LIST",
               help="Train one policy per seed (in parallel, --jobs), validate each, write the best to --out "
                    "(instead of --seed).")
@@ -48,13 +51,14 @@ from helmgr.workload.synthetic import parse_regime
               help="With --seeds: worker processes for the training runs and the validation runs [default: all cores].")
 @json_option
 def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardware, model, runs_dir, n_envs, relative,
-              seeds, validate_seeds, validate_duration, jobs, as_json):
+              init_path, seeds, validate_seeds, validate_duration, jobs, as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
     \b
     helmgr train --timesteps 20000 --seed 1 --out policy.npz
     helmgr train --timesteps 200000 --seed 2 --hardware a100-80g,h100-80g,h200-141g --model large,small --envs 2
     helmgr train --timesteps 150000 --seeds 1,2,3 --relative --out policy.npz      # the best on validation seeds
+    helmgr train --timesteps 61440 --seeds 7,8 --relative --init src/helmgr/controller/default_policy.npz
     """
     require("train", what="helmgr train")
     check_paths(out_path, runs_dir)
@@ -66,27 +70,31 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardwar
     presets = {kind: names(text, available(kind), kind) for kind, text in (("hardware", hardware), ("model", model))}
     env = {"regimes": regimes, "episode_s": episode_s, "relative": relative, "scenario": scenario,
            "hardware": tuple(presets["hardware"]), "model": tuple(presets["model"])}
+    if init_path is not None:
+        check_init(init_path)
     if seeds is not None:
         return _select(timesteps, seed_list(seeds), seed_list(validate_seeds), validate_duration, env, n_envs,
-                       out_path, runs_dir, jobs, as_json)
+                       out_path, runs_dir, jobs, as_json, init_path)
     from helmgr.learn.train import train
     with progress("train", timesteps) as bar:
         task = bar.add_task(f"PPO {'+'.join(regimes)} seed {seed}", total=timesteps)
         result = train(timesteps, seed, out_path, runs_dir, env, on_progress=lambda n: bar.update(task, completed=n),
-                       n_envs=n_envs)
+                       n_envs=n_envs, init=init_path)
     if as_json:
         emit_json(result)
     else:
         stdout.print(f"policy -> {result['out']}  (log {result['log']}, {result['wall_s']:.0f} s)")
 
 
-def _select(timesteps, seeds, validate_seeds, duration, env, n_envs, out_path, runs_dir, jobs, as_json) -> None:
+def _select(timesteps, seeds, validate_seeds, duration, env, n_envs, out_path, runs_dir, jobs, as_json,
+            init_path=None) -> None:
     """Several seeds, the best on validation runs (experiments.training)."""
     import os
     from datetime import datetime, timezone
 
     from helmgr.experiments.training import SelectConfig, select_policy
-    sc = SelectConfig(tuple(seeds), timesteps, env, n_envs, tuple(validate_seeds), validate_duration_s=duration)
+    sc = SelectConfig(tuple(seeds), timesteps, env, n_envs, tuple(validate_seeds), validate_duration_s=duration,
+                      init=None if init_path is None else str(init_path))
     report = runs_dir / f"select__{'-'.join(map(str, seeds))}__{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
     n_val = len(seeds) * len(validate_seeds) * len(sc.validate_regimes)
     with progress("train", len(seeds) + n_val) as bar:
@@ -103,6 +111,19 @@ def _select(timesteps, seeds, validate_seeds, duration, env, n_envs, out_path, r
     stdout.print(table("base policy candidates", rows, ("final episode reward", "validation P99 (geo-mean ms)",
                                                         "training s")))
     stdout.print(f"policy -> {out_path}  (report {report}/selection.json, training.png)")
+
+
+def check_init(path: Path) -> None:
+    """Refuse, before training, an --init file that is not a policy whose layers fit the model's
+    (`learn.train.HIDDEN`) and whose inputs the environment's observation covers."""
+    from helmgr.controller.layout import N_FEATURES
+    from helmgr.controller.mlp import MLPPolicy
+    from helmgr.learn.train import HIDDEN
+    p = MLPPolicy.load(path)                              # names a file that is not a policy
+    widths = [w.shape[0] for w in p.w][:-1]
+    if widths != list(HIDDEN) or p.n_obs > N_FEATURES:
+        raise HelmInputError(f"--init {str(path)!r}: hidden layers {widths} over {p.n_obs} inputs; training's are "
+                             f"{list(HIDDEN)} over at most {N_FEATURES}")
 
 
 def check_paths(out_path: Path, runs_dir: Path) -> None:

@@ -43,6 +43,7 @@ class SelectConfig:
     validate_rps: float | None = None              # None: each regime's
     cluster: SimConfig | None = None               # None: the scenario's cluster, HELM router
     incumbent: bool = True                         # validate the shipped policy beside them (never chosen)
+    init: str | None = None                        # a policy file every seed's actor starts from (learn.train)
 
     def validation_cluster(self) -> SimConfig:
         if self.cluster is not None:
@@ -52,8 +53,8 @@ class SelectConfig:
 
 def _train(args: tuple) -> dict:
     from helmgr.learn.train import train
-    timesteps, seed, out, runs_dir, env, n_envs = args
-    return train(timesteps, seed, out, runs_dir, env, n_envs=n_envs)
+    timesteps, seed, out, runs_dir, env, n_envs, init = args
+    return train(timesteps, seed, out, runs_dir, env, n_envs=n_envs, init=init and Path(init))
 
 
 def _validate(args: tuple[str, WorkloadSpec, SimConfig]) -> dict:
@@ -87,7 +88,7 @@ def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path 
     """Train, validate, choose, write (see the module's docstring); returns the selection."""
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = [report_dir / f"seed{s}.npz" for s in sc.seeds]
-    trained = run_all(_train, [(sc.timesteps, s, p, runs_dir, sc.env, sc.n_envs) for s, p in zip(sc.seeds, paths)],
+    trained = run_all(_train, [(sc.timesteps, s, p, runs_dir, sc.env, sc.n_envs, sc.init) for s, p in zip(sc.seeds, paths)],
                       jobs, names=[f"training seed {s}" for s in sc.seeds],
                       on_done=on_done and (lambda i: on_done("train")))
     cfg = sc.validation_cluster()

@@ -4,6 +4,9 @@
 losses to `runs/<name>/progress.csv` (name `workload__policy__seed__time`), and writes the
 exported policy: the actor's layers, the observation normalization and the action scaling, the
 whole of what serving needs (controller.mlp). `export` is also what the parity test checks.
+
+`init` warm-starts the actor from an exported policy (`warm_start`): PPO then fine-tunes a policy
+that already works, where a run from scratch must rediscover it.
 """
 from __future__ import annotations
 
@@ -34,6 +37,50 @@ def export(model, venv, max_step: float, meta: dict | None = None) -> MLPPolicy:
                      float(venv.epsilon), max_step, meta)
 
 
+HIDDEN = (64, 64)          # the actor's and the critic's hidden layers (tanh)
+INIT_COUNT = 10_000        # warm start: the file's normalization weighs as this many observations
+INIT_CRITIC_STEPS = 4096   # warm start: steps the actor is held while the fresh critic learns
+
+
+def warm_start(model, venv, policy: MLPPolicy, env_kwargs: dict, seed: int) -> int:
+    """Start `model`'s actor as `policy`: its layers, its log std left at the model's; the
+    observation normalization as the file's, weighing `INIT_COUNT` observations. A file with fewer
+    inputs than the environment's (a base trained before a feature was added) is widened: the new
+    inputs get zero weight, so the actor decides as the file does, and their normalization comes
+    from one episode held at its starting ratio. Returns the number of inputs widened.
+    ValueError names a file whose layers do not fit the model's."""
+    import torch
+    import torch.nn as nn
+    pol = model.policy
+    layers = [m for m in pol.mlp_extractor.policy_net if isinstance(m, nn.Linear)] + [pol.action_net]
+    n_obs = layers[0].weight.shape[1]
+    shapes = [tuple(m.weight.shape) for m in layers]
+    want = [(w.shape[0], n_obs if k == 0 else w.shape[1]) for k, w in enumerate(policy.w)]
+    if len(policy.w) != len(layers) or want != shapes or policy.n_obs > n_obs:
+        raise ValueError(f"the policy's layers {[w.shape for w in policy.w]} do not fit the model's {shapes}")
+    extra = n_obs - policy.n_obs
+    with torch.no_grad():
+        for k, (m, w, b) in enumerate(zip(layers, policy.w, policy.b)):
+            if k == 0 and extra:
+                w = np.concatenate([w, np.zeros((w.shape[0], extra))], axis=1)
+            m.weight.copy_(torch.as_tensor(w, dtype=m.weight.dtype))
+            m.bias.copy_(torch.as_tensor(b, dtype=m.bias.dtype))
+    mean, var = np.zeros(n_obs), np.ones(n_obs)
+    mean[:policy.n_obs], var[:policy.n_obs] = policy.obs_mean, policy.obs_var
+    if extra:
+        env = HelmEnv(**env_kwargs)
+        obs, _ = env.reset(seed=seed)
+        seen, done = [obs], False
+        while not done:
+            obs, _, term, trunc, _ = env.step(np.zeros(1, np.float32))
+            seen.append(obs)
+            done = term or trunc
+        new = np.asarray(seen, np.float64)[:, policy.n_obs:]
+        mean[policy.n_obs:], var[policy.n_obs:] = new.mean(0), np.maximum(new.var(0), 1e-8)
+    venv.obs_rms.mean, venv.obs_rms.var, venv.obs_rms.count = mean, var, float(INIT_COUNT)
+    return extra
+
+
 def make_model(env_kwargs: dict, seed: int, n_steps: int = 512, n_envs: int = 1):
     """PPO on a normalized HelmEnv, untrained; `n_envs` > 1 steps that many environments in
     worker processes (one per core)."""
@@ -49,7 +96,7 @@ def make_model(env_kwargs: dict, seed: int, n_steps: int = 512, n_envs: int = 1)
     model = PPO("MlpPolicy", venv, seed=seed, n_steps=n_steps, batch_size=min(64, batch), n_epochs=10, gamma=0.95,
                 gae_lambda=0.9, learning_rate=3e-4, ent_coef=0.0, verbose=0, device="cpu",
                 # std 0.37 at start: an action of 1 is a full step, so unit noise saturates every step
-                policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "log_std_init": -1.0})
+                policy_kwargs={"net_arch": {"pi": list(HIDDEN), "vf": list(HIDDEN)}, "log_std_init": -1.0})
     return model, venv
 
 
@@ -78,7 +125,10 @@ def run_name(workload: str, seed: int) -> str:
 
 
 def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), env_kwargs: dict | None = None,
-          on_progress=None, n_envs: int = 1) -> dict:
+          on_progress=None, n_envs: int = 1, init: Path | None = None, n_steps: int = 512) -> dict:
+    """PPO for `timesteps` steps of HelmEnv(**env_kwargs), `n_steps` a rollout, exported to `out`;
+    `init`: a policy file to start the actor from (`warm_start`), held for its first
+    `INIT_CRITIC_STEPS` steps while the critic, which starts fresh, learns."""
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import configure
 
@@ -87,10 +137,19 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     name = run_name("+".join(regimes), seed)
     run_dir = runs_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    model, venv = make_model(env_kwargs, seed, n_steps=512 // n_envs, n_envs=n_envs)
+    model, venv = make_model(env_kwargs, seed, n_steps=n_steps // n_envs, n_envs=n_envs)
     model.set_logger(configure(str(run_dir), ["csv"]))
+    actor = [p for m in (model.policy.mlp_extractor.policy_net, model.policy.action_net) for p in m.parameters()]
+    actor.append(model.policy.log_std)
+    if init is not None:
+        warm_start(model, venv, MLPPolicy.load(init), env_kwargs, seed)
+    hold = INIT_CRITIC_STEPS if init is not None else 0
 
     class Progress(BaseCallback):
+        def _on_rollout_end(self) -> None:
+            for p in actor:                      # held: no gradient, so Adam leaves it as it is
+                p.requires_grad_(self.num_timesteps >= hold)
+
         def _on_step(self) -> bool:
             if on_progress is not None:
                 on_progress(self.num_timesteps)
@@ -100,12 +159,21 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     model.learn(total_timesteps=timesteps, callback=Progress())
     max_step = HelmEnv(**env_kwargs).max_step
     flags = command_flags(env_kwargs)
+    if init is not None:
+        flags += f" --init {Path(init).name}"
     meta = {"command": f"helmgr train --timesteps {timesteps} --seed {seed} --envs {n_envs}{flags}",
-            "timesteps": timesteps, "seed": seed,
+            "timesteps": timesteps, "seed": seed, **({"init": _init_meta(init)} if init is not None else {}),
             "regimes": list(regimes), "run": name, "env": {k: v for k, v in env_kwargs.items() if k != "regimes"}}
     save_whole(export(model, venv, max_step, meta), out)
     return {"run": name, "log": str(run_dir / "progress.csv"), "out": str(out), "timesteps": timesteps, "seed": seed,
             "wall_s": time.perf_counter() - wall}
+
+
+def _init_meta(init: Path) -> dict:
+    """What a warm start began from: the file's name, its hash and its own command."""
+    import hashlib
+    return {"file": Path(init).name, "sha256_16": hashlib.sha256(Path(init).read_bytes()).hexdigest()[:16],
+            "command": MLPPolicy.load(init).meta.get("command")}
 
 
 def save_whole(policy: MLPPolicy, out: Path) -> None:
