@@ -153,6 +153,46 @@ def test_a_warm_start_decides_as_the_file_and_is_held_while_the_critic_learns(tm
     assert not np.allclose(critic, fresh)
 
 
+def test_nodes_vec_env_gives_each_node_its_own_action_observation_and_pay():
+    from helmgr.learn.vec import NodesVecEnv
+    venv = NodesVecEnv(**(TINY | dict(nodes=2, relative=True)))
+    venv.seed(7)
+    obs = venv.reset()
+    env = venv.env
+    assert obs.shape == (2, N_FEATURES) and obs.dtype == np.float32
+    start = [n.ratio for n in env.cluster.nodes]
+    assert start[0] == start[1] and obs[0][0] == pytest.approx(start[0])
+    venv.step_async(np.array([[1.0], [-1.0]]))
+    obs, pay, done, infos = venv.step_wait()
+    after = [n.ratio for n in env.cluster.nodes]
+    assert after == pytest.approx([start[0] + env.max_step, start[1] - env.max_step])
+    assert obs[:, 0] == pytest.approx(after) and not done.any()
+    for i in range(2):                         # each node's own reward, less its twin's held at the start
+        twin = WindowStats.from_window(env.twin.policy.windows[i], env.slo_s)
+        assert pay[i] == pytest.approx(reward(env.node_stats[i], after[i] - start[i]) - reward(twin, 0.0))
+    assert pay[0] != pay[1]
+    first = None
+    for _ in range(int(TINY["episode_s"]) - 1):
+        venv.step_async(np.zeros((2, 1)))
+        obs, pay, done, infos = venv.step_wait()
+        first = env.first_obs
+    assert done.all() and all("terminal_observation" in i for i in infos)
+    assert np.array_equal(obs, first) and env.t == TINY["warmup_s"]      # the next episode, begun
+
+
+def test_training_on_a_cluster_of_nodes_runs_and_exports():
+    from helmgr.learn.train import export, make_model
+    model, venv = make_model(TINY | dict(nodes=2), seed=3, n_steps=16)
+    assert venv.num_envs == 2
+    model.learn(total_timesteps=64)
+    p = export(model, venv, max_step=0.05)
+    raw = np.random.default_rng(0).normal(0, 2, N_FEATURES).astype(np.float32)
+    a, _ = model.predict(venv.normalize_obs(raw[None]), deterministic=True)
+    assert p.action(raw) == pytest.approx(float(a[0][0]), abs=1e-5)
+    with pytest.raises(ValueError, match="one environment of 2"):
+        make_model(TINY | dict(nodes=2), seed=3, n_envs=2)
+
+
 def test_base_policy_step_and_safety():
     ctl = Controller(constant_policy(1.0, max_step=0.02), safety=Safety(max_slew=0.1))   # no min_move
     assert ctl.step(stats(0.5)) == pytest.approx(0.52)

@@ -33,6 +33,10 @@ from helmgr.workload.synthetic import parse_regime
 @click.option("--model", default="large", show_default=True, help="Comma list of model presets episodes are drawn from.")
 @click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Where the run's CSV log of reward and losses goes.")
+@click.option("--nodes", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Nodes of the scenario's cluster an episode runs (each its share of the rate and users) under "
+                   "the router, each deciding its own ratio and paid its own reward: one transition a node "
+                   "(1: a node alone).")
 @click.option("--envs", "n_envs", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Environments stepped in parallel worker processes.")
 @click.option("--relative", is_flag=True,
@@ -50,7 +54,7 @@ from helmgr.workload.synthetic import parse_regime
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="With --seeds: worker processes for the training runs and the validation runs [default: all cores].")
 @json_option
-def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardware, model, runs_dir, n_envs, relative,
+def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardware, model, runs_dir, nodes, n_envs, relative,
               init_path, seeds, validate_seeds, validate_duration, jobs, as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
@@ -68,7 +72,10 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardwar
     if not regimes:
         raise HelmInputError(f"--workloads {workloads!r} names no regime")
     presets = {kind: names(text, available(kind), kind) for kind, text in (("hardware", hardware), ("model", model))}
-    env = {"regimes": regimes, "episode_s": episode_s, "relative": relative, "scenario": scenario,
+    if nodes > 1 and n_envs > 1:
+        raise HelmInputError(f"--nodes {nodes} runs one cluster as {nodes} environments; --envs {n_envs} "
+                             "cannot be used with it")
+    env = {"regimes": regimes, "episode_s": episode_s, "relative": relative, "scenario": scenario, "nodes": nodes,
            "hardware": tuple(presets["hardware"]), "model": tuple(presets["model"])}
     if init_path is not None:
         check_init(init_path)

@@ -135,32 +135,42 @@ class HelmEnv(gym.Env):
         self.cluster.begin()
         self.chunks = shifted(w.chunks(1.0), start)
         self.t = 0.0
-        self.observer = Observer()
+        self.observers = [Observer() for _ in range(self.nodes)]
         self.twin = None
         while self.t < self.warmup_s:
             self._run_window()
         if self.relative:
             self.twin = self.cluster.fork()
         info = {"regime": self.regime, "ratio": ratio, "hardware": hardware, "model": model, "start_s": start}
-        return self._observe(), info
+        self.first_obs = self._observe_all()          # every node's (NodesVecEnv)
+        return self.first_obs[0], info
 
     def step(self, action):
+        """One action for every node; node 0's observation and pay."""
         a = float(np.clip(np.asarray(action, np.float64).reshape(-1)[0], -1.0, 1.0))
-        before = self.cluster.nodes[0].ratio
-        target = min(self.r_max, max(self.r_min, before + a * self.max_step))
+        obs, pay, done, info = self.step_nodes(np.full(self.nodes, a))
+        return obs[0], float(pay[0]), done, False, info
+
+    def step_nodes(self, actions) -> tuple[np.ndarray, np.ndarray, bool, dict]:
+        """One action per node (`NodesVecEnv`): each node's observation and pay, and whether the
+        episode ended."""
+        a = np.clip(np.asarray(actions, np.float64).reshape(-1), -1.0, 1.0)
+        nodes = self.cluster.nodes
+        before = [n.ratio for n in nodes]
         for i in range(self.nodes):
             if self.cluster.up[i]:
-                self.cluster.set_ratio(i, target)
+                self.cluster.set_ratio(i, min(self.r_max, max(self.r_min, before[i] + float(a[i]) * self.max_step)))
         self._run_window()
-        obs = self._observe()
-        moved = self.cluster.nodes[0].ratio - before
-        r = reward(self.stats, moved)
-        if self.twin is not None:
-            w = self.twin.policy.windows.get(0)
-            if w is not None:
-                r -= reward(WindowStats.from_window(w, self.slo_s), 0.0)
+        obs = self._observe_all()
+        pay = np.empty(self.nodes)
+        for i in range(self.nodes):
+            pay[i] = reward(self.node_stats[i], nodes[i].ratio - before[i])
+            if self.twin is not None:
+                w = self.twin.policy.windows.get(i)
+                if w is not None:
+                    pay[i] -= reward(WindowStats.from_window(w, self.slo_s), 0.0)
         done = self.t >= self.warmup_s + self.episode_s
-        return obs, r, done, False, {"regime": self.regime, "ratio": self.cluster.nodes[0].ratio}
+        return obs, pay, done, {"regime": self.regime, "ratio": nodes[0].ratio}
 
     # -- plumbing -------------------------------------------------------------------------
     def _run_window(self) -> None:
@@ -173,10 +183,15 @@ class HelmEnv(gym.Env):
                 cluster.feed(chunk)
             cluster.advance(self.t)
 
-    def _observe(self) -> np.ndarray:
-        w = self.recorder.windows.get(0)
-        if w is None:                          # no window closed yet (cannot happen after warm-up)
-            self.stats = WindowStats(self.cluster.nodes[0].ratio, 0.0, None, self.slo_s)
-        else:
-            self.stats = WindowStats.from_window(w, self.slo_s)
-        return self.observer(self.stats, self.recorder.samples.get(0)).astype(np.float32)
+    def _observe_all(self) -> np.ndarray:
+        """Every node's observation (`node_stats` its window's stats; `stats` node 0's)."""
+        self.node_stats = []
+        for i, observer in enumerate(self.observers):
+            w = self.recorder.windows.get(i)
+            if w is None:                      # no window closed yet (cannot happen after warm-up)
+                self.node_stats.append(WindowStats(self.cluster.nodes[i].ratio, 0.0, None, self.slo_s))
+            else:
+                self.node_stats.append(WindowStats.from_window(w, self.slo_s))
+        self.stats = self.node_stats[0]
+        return np.stack([observer(st, self.recorder.samples.get(i))
+                         for i, (observer, st) in enumerate(zip(self.observers, self.node_stats))]).astype(np.float32)

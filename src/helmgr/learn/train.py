@@ -82,17 +82,26 @@ def warm_start(model, venv, policy: MLPPolicy, env_kwargs: dict, seed: int) -> i
 
 
 def make_model(env_kwargs: dict, seed: int, n_steps: int = 512, n_envs: int = 1):
-    """PPO on a normalized HelmEnv, untrained; `n_envs` > 1 steps that many environments in
-    worker processes (one per core)."""
+    """PPO on a normalized HelmEnv, untrained; `n_steps` transitions a rollout from each
+    environment; `n_envs` > 1 steps that many environments in worker processes (one per core).
+    With `nodes` > 1 in `env_kwargs` the environment is one cluster whose every node decides for
+    itself (`learn.vec.NodesVecEnv`, one transition a node)."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.monitor import Monitor
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor, VecNormalize
 
-    make = [lambda: Monitor(HelmEnv(**env_kwargs)) for _ in range(n_envs)]
-    venv = SubprocVecEnv(make) if n_envs > 1 else DummyVecEnv(make)
+    nodes = env_kwargs.get("nodes", 1)
+    if nodes > 1:
+        if n_envs > 1:
+            raise ValueError(f"a cluster of {nodes} nodes is one environment of {nodes}; got n_envs={n_envs}")
+        from helmgr.learn.vec import NodesVecEnv
+        venv = VecMonitor(NodesVecEnv(**env_kwargs))
+    else:
+        make = [lambda: Monitor(HelmEnv(**env_kwargs)) for _ in range(n_envs)]
+        venv = SubprocVecEnv(make) if n_envs > 1 else DummyVecEnv(make)
     venv.seed(seed)
     venv = VecNormalize(venv, norm_obs=True, norm_reward=True, clip_obs=10.0, gamma=0.95)
-    batch = n_steps * n_envs
+    batch = n_steps * venv.num_envs
     model = PPO("MlpPolicy", venv, seed=seed, n_steps=n_steps, batch_size=min(64, batch), n_epochs=10, gamma=0.95,
                 gae_lambda=0.9, learning_rate=3e-4, ent_coef=0.0, verbose=0, device="cpu",
                 # std 0.37 at start: an action of 1 is a full step, so unit noise saturates every step
@@ -106,6 +115,8 @@ def command_flags(env_kwargs: dict) -> str:
     regimes = tuple(env_kwargs.get("regimes", ("steady", "trend", "burst")))
     if regimes != ("steady", "trend", "burst"):
         flags.append(f"--workloads {','.join(regimes)}")
+    if env_kwargs.get("nodes", 1) != 1:
+        flags.append(f"--nodes {env_kwargs['nodes']}")
     if env_kwargs.get("episode_s", 120.0) != 120.0:
         flags.append(f"--episode-s {env_kwargs['episode_s']:g}")
     if env_kwargs.get("scenario", "v2") != "v2":
@@ -137,7 +148,8 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     name = run_name("+".join(regimes), seed)
     run_dir = runs_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    model, venv = make_model(env_kwargs, seed, n_steps=n_steps // n_envs, n_envs=n_envs)
+    width = n_envs * env_kwargs.get("nodes", 1)          # transitions a step of the vector environment
+    model, venv = make_model(env_kwargs, seed, n_steps=max(1, n_steps // width), n_envs=n_envs)
     model.set_logger(configure(str(run_dir), ["csv"]))
     actor = [p for m in (model.policy.mlp_extractor.policy_net, model.policy.action_net) for p in m.parameters()]
     actor.append(model.policy.log_std)
