@@ -30,7 +30,8 @@ def episode(regime: str, seed: int, nodes: int, hardware: str, model: str) -> di
             done.append(w.completed)
     p = np.asarray(p99)
     return info | {"req_per_window": float(np.mean(done)), "mean_window_p99_ms": float(p.mean()),
-                   "p99_window_p99_ms": float(np.percentile(p, 99)), "windows_over_slo": float(np.mean(p > env.slo_s * 1e3))}
+                   "p99_window_p99_ms": float(np.percentile(p, 99)),
+                   "windows_over_slo": float(np.mean(p > env.slo_s * 1e3))}
 
 
 def main() -> None:

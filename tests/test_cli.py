@@ -219,7 +219,7 @@ def test_train_out_is_checked_before_training(capsys, monkeypatch, tmp_path):
         assert code == 2 and out == "" and err.count("\n") == 1 and needle in err
 
 
-def test_train_init_is_checked_before_training(capsys, monkeypatch, tmp_path):
+def test_train_init_and_nodes_are_checked_before_training(capsys, monkeypatch, tmp_path):
     pytest.importorskip("stable_baselines3")
     import numpy as np
     from helmgr.controller.mlp import MLPPolicy
@@ -229,7 +229,8 @@ def test_train_init_is_checked_before_training(capsys, monkeypatch, tmp_path):
     (tmp_path / "junk.npz").write_text("not a policy")
     for argv, needle in [(["--init", str(tmp_path / "none.npz")], "does not exist"),         # click's check
                          (["--init", str(tmp_path / "junk.npz")], "is not a HELM policy"),
-                         (["--init", str(small)], "hidden layers [8] over 10 inputs; training's are [64, 64]")]:
+                         (["--init", str(small)], "hidden layers [8] over 10 inputs; training's are [64, 64]"),
+                         (["--nodes", "8", "--envs", "2"], "--envs 2 cannot be used with it")]:
         code, out, err = run(capsys, "train", "--timesteps", "64", *argv)
         assert code == 2 and out == "" and err.count("\n") == 1 and needle in err, err
 

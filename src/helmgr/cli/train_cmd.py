@@ -54,8 +54,8 @@ from helmgr.workload.synthetic import parse_regime
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="With --seeds: worker processes for the training runs and the validation runs [default: all cores].")
 @json_option
-def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardware, model, runs_dir, nodes, n_envs, relative,
-              init_path, seeds, validate_seeds, validate_duration, jobs, as_json):
+def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardware, model, runs_dir, nodes, n_envs,
+              relative, init_path, seeds, validate_seeds, validate_duration, jobs, as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
     \b

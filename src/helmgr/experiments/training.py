@@ -88,8 +88,8 @@ def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path 
     """Train, validate, choose, write (see the module's docstring); returns the selection."""
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = [report_dir / f"seed{s}.npz" for s in sc.seeds]
-    trained = run_all(_train, [(sc.timesteps, s, p, runs_dir, sc.env, sc.n_envs, sc.init) for s, p in zip(sc.seeds, paths)],
-                      jobs, names=[f"training seed {s}" for s in sc.seeds],
+    seeded = [(sc.timesteps, s, p, runs_dir, sc.env, sc.n_envs, sc.init) for s, p in zip(sc.seeds, paths)]
+    trained = run_all(_train, seeded, jobs, names=[f"training seed {s}" for s in sc.seeds],
                       on_done=on_done and (lambda i: on_done("train")))
     cfg = sc.validation_cluster()
     scenario = sc.env.get("scenario", "v2")
