@@ -72,8 +72,13 @@ def default_policy_file():
 
 def default_policy_digest() -> str:
     """A short hash of the shipped base policy's bytes (what a stored HELM run depends on)."""
+    return policy_digest(default_policy_file())
+
+
+def policy_digest(path) -> str:
+    """A short hash of a policy file's bytes: the first 16 hex digits of its SHA-256."""
     import hashlib
-    return hashlib.sha256(default_policy_file().read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 def tier_settings() -> tuple[str, str]:

@@ -11,8 +11,8 @@ the window, and the agent sees node 0's observation (controller.observe.FEATURES
 controller's own compiled code (`observe.Observer`; its "marginal_ms" from the counterfactual
 samples of the shadows HELM tracks, `policy.policies.MarginalSampler`), and is paid
 `observe.reward` for it. `step_nodes` takes one action per node and gives every node's
-observation and pay: `learn.vec.NodesVecEnv` trains on a whole cluster that way. Seeded: the same `reset(seed)` and actions give the same observations
-and rewards. `scenario="v1"` is the
+observation and pay: `learn.vec.NodesVecEnv` trains on a whole cluster that way. Seeded: the
+same `reset(seed)` and actions give the same observations and rewards. `scenario="v1"` is the
 first version's environment (serial nodes, 300 req/s and 125,000 users a node, the model preset's
 SLO, a workload as long as the episode).
 

@@ -183,8 +183,8 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
 
 def _init_meta(init: Path) -> dict:
     """What a warm start began from: the file's name, its hash and its own command."""
-    import hashlib
-    return {"file": Path(init).name, "sha256_16": hashlib.sha256(Path(init).read_bytes()).hexdigest()[:16],
+    from helmgr.controller.controller import policy_digest
+    return {"file": Path(init).name, "sha256_16": policy_digest(init),
             "command": MLPPolicy.load(init).meta.get("command")}
 
 
