@@ -17,7 +17,7 @@ from helmgr.workload.synthetic import parse_regime
 
 @click.command("train")
 @click.option("--timesteps", type=click.IntRange(64, 10**9), default=20000, show_default=True,
-              help="Environment steps (one step = one 1-s control window).")
+              help="Transitions: one node's 1-s control window each (with --nodes N, N a simulated second).")
 @click.option("--seed", type=SEED, default=1, show_default=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("policy.npz"),
               show_default=True, help="Where the exported policy goes (.npz).")
