@@ -121,16 +121,14 @@ def _select(timesteps, seeds, validate_seeds, duration, env, n_envs, out_path, r
 
 
 def check_init(path: Path) -> None:
-    """Refuse, before training, an --init file that is not a policy whose layers fit the model's
-    (`learn.train.HIDDEN`) and whose inputs the environment's observation covers."""
-    from helmgr.controller.layout import N_FEATURES
+    """Refuse, before training, an --init file that is not a policy whose layers can start
+    training's actor (`learn.train.check_fits`)."""
     from helmgr.controller.mlp import MLPPolicy
-    from helmgr.learn.train import HIDDEN
-    p = MLPPolicy.load(path)                              # names a file that is not a policy
-    widths = [w.shape[0] for w in p.w][:-1]
-    if widths != list(HIDDEN) or p.n_obs > N_FEATURES:
-        raise HelmInputError(f"--init {str(path)!r}: hidden layers {widths} over {p.n_obs} inputs; training's are "
-                             f"{list(HIDDEN)} over at most {N_FEATURES}")
+    from helmgr.learn.train import check_fits
+    try:
+        check_fits(MLPPolicy.load(path))                  # load names a file that is not a policy
+    except ValueError as e:
+        raise HelmInputError(f"--init {str(path)!r}: {e}") from None
 
 
 def check_paths(out_path: Path, runs_dir: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from helmgr.controller.layout import N_FEATURES
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.core.files import temp_beside
 from helmgr.learn.env import HelmEnv
@@ -48,16 +49,13 @@ def warm_start(model, venv, policy: MLPPolicy, env_kwargs: dict, seed: int) -> i
     inputs than the environment's (a base trained before a feature was added) is widened: the new
     inputs get zero weight, so the actor decides as the file does, and their normalization comes
     from one episode held at its starting ratio. Returns the number of inputs widened.
-    ValueError names a file whose layers do not fit the model's."""
+    ValueError names a file whose layers do not fit the model's (`check_fits`)."""
     import torch
     import torch.nn as nn
     pol = model.policy
     layers = [m for m in pol.mlp_extractor.policy_net if isinstance(m, nn.Linear)] + [pol.action_net]
     n_obs = layers[0].weight.shape[1]
-    shapes = [tuple(m.weight.shape) for m in layers]
-    want = [(w.shape[0], n_obs if k == 0 else w.shape[1]) for k, w in enumerate(policy.w)]
-    if len(policy.w) != len(layers) or want != shapes or policy.n_obs > n_obs:
-        raise ValueError(f"the policy's layers {[w.shape for w in policy.w]} do not fit the model's {shapes}")
+    check_fits(policy, n_obs)
     extra = n_obs - policy.n_obs
     with torch.no_grad():
         for k, (m, w, b) in enumerate(zip(layers, policy.w, policy.b)):
@@ -79,6 +77,15 @@ def warm_start(model, venv, policy: MLPPolicy, env_kwargs: dict, seed: int) -> i
         mean[policy.n_obs:], var[policy.n_obs:] = new.mean(0), np.maximum(new.var(0), 1e-8)
     venv.obs_rms.mean, venv.obs_rms.var, venv.obs_rms.count = mean, var, float(INIT_COUNT)
     return extra
+
+
+def check_fits(policy: MLPPolicy, n_obs: int = N_FEATURES) -> None:
+    """ValueError unless `policy` can start training's actor: hidden layers `HIDDEN`, one output,
+    at most `n_obs` inputs (fewer are widened, `warm_start`)."""
+    widths = [w.shape[0] for w in policy.w]
+    if widths != [*HIDDEN, 1] or policy.n_obs > n_obs:
+        raise ValueError(f"hidden layers {widths[:-1]} over {policy.n_obs} inputs; training's are {list(HIDDEN)} "
+                         f"over at most {n_obs}: they do not fit")
 
 
 def make_model(env_kwargs: dict, seed: int, n_steps: int = 512, n_envs: int = 1):
