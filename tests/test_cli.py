@@ -35,6 +35,7 @@ def run(capsys, *argv):
     (["bench", "--cold-mb", "4"], "--cold-mb 4 goes with --controller"),
     (["train", "--workloads", "nope"], "unknown workload 'nope'"),
     (["train", "--timesteps", "10"], "'--timesteps': 10"),
+    (["train", "--checkpoint-every", "0"], "'--checkpoint-every': 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
@@ -233,6 +234,19 @@ def test_train_init_and_nodes_are_checked_before_training(capsys, monkeypatch, t
                          (["--nodes", "8", "--envs", "2"], "--envs 2 cannot be used with it")]:
         code, out, err = run(capsys, "train", "--timesteps", "64", *argv)
         assert code == 2 and out == "" and err.count("\n") == 1 and needle in err, err
+
+
+def test_train_passes_checkpoint_every_to_training(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("stable_baselines3")
+    seen = {}
+
+    def fake(timesteps, seed, out, runs_dir, env, **kw):
+        seen.update(kw)
+        return {"out": str(out), "log": "x", "wall_s": 0.0}
+    monkeypatch.setattr("helmgr.learn.train.train", fake)
+    code, out, err = run(capsys, "train", "--timesteps", "64", "--checkpoint-every", "32",
+                         "--out", str(tmp_path / "p.npz"), "--runs-dir", str(tmp_path / "runs"))
+    assert code == 0 and seen["checkpoint_every"] == 32, err
 
 
 def test_failed_write_leaves_the_old_out_folder_byte_identical(capsys, monkeypatch, tmp_path):

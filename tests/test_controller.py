@@ -1,4 +1,5 @@
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,6 +192,22 @@ def test_training_on_a_cluster_of_nodes_runs_and_exports():
     assert p.action(raw) == pytest.approx(float(a[0][0]), abs=1e-5)
     with pytest.raises(ValueError, match="one environment of 2"):
         make_model(TINY | dict(nodes=2), seed=3, n_envs=2)
+
+
+def test_checkpoints_are_the_policy_as_trained_so_far(tmp_path):
+    from helmgr.learn.train import train
+    kw = TINY | dict(nodes=2)                 # 2 transitions a step, rollouts of 32 transitions
+    done = train(96, 3, tmp_path / "p.npz", tmp_path / "runs", kw, n_steps=32, checkpoint_every=40)
+    assert [Path(c).name for c in done["checkpoints"]] == ["checkpoint-40.npz", "checkpoint-80.npz"]
+    at = {n: MLPPolicy.load(Path(c)) for n, c in zip((40, 80), done["checkpoints"])}
+    assert at[40].meta["checkpoint"] == 40 and at[40].meta["seed"] == 3
+    # at 40 transitions PPO has updated once (after the first rollout): the actor of a run of one rollout
+    one = train(32, 3, tmp_path / "one.npz", tmp_path / "runs", kw, n_steps=32)
+    first = MLPPolicy.load(Path(one["out"]))
+    final = MLPPolicy.load(tmp_path / "p.npz")
+    assert all(np.array_equal(a, b) for a, b in zip(at[40].w, first.w))
+    assert not np.array_equal(at[80].w[0], at[40].w[0]) and not np.array_equal(final.w[0], at[80].w[0])
+    assert "checkpoint" not in final.meta
 
 
 def test_base_policy_step_and_safety():

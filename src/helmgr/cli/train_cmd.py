@@ -44,6 +44,8 @@ from helmgr.workload.synthetic import parse_regime
 @click.option("--init", "init_path", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Start the actor from this policy file (one with fewer inputs is widened; the critic starts "
                    "fresh, the actor held for its first steps) instead of from scratch.")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Also export the policy every N transitions, as checkpoint-<transitions>.npz in the run's folder.")
 @click.option("--seeds", default=None, metavar="LIST",
               help="Train one policy per seed (in parallel, --jobs), validate each, write the best to --out "
                    "(instead of --seed).")
@@ -55,7 +57,7 @@ from helmgr.workload.synthetic import parse_regime
               help="With --seeds: worker processes for the training runs and the validation runs [default: all cores].")
 @json_option
 def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardware, model, runs_dir, nodes, n_envs,
-              relative, init_path, seeds, validate_seeds, validate_duration, jobs, as_json):
+              relative, init_path, checkpoint_every, seeds, validate_seeds, validate_duration, jobs, as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
     \b
@@ -63,6 +65,7 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardwar
     helmgr train --timesteps 200000 --seed 2 --hardware a100-80g,h100-80g,h200-141g --model large,small --envs 2
     helmgr train --timesteps 150000 --seeds 1,2,3 --relative --out policy.npz      # the best on validation seeds
     helmgr train --timesteps 61440 --seeds 7,8 --relative --init src/helmgr/controller/default_policy.npz
+    helmgr train --timesteps 368640 --seeds 11 --nodes 4 --relative --checkpoint-every 61440
     """
     require("train", what="helmgr train")
     check_paths(out_path, runs_dir)
@@ -81,12 +84,12 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardwar
         check_init(init_path)
     if seeds is not None:
         return _select(timesteps, seed_list(seeds), seed_list(validate_seeds), validate_duration, env, n_envs,
-                       out_path, runs_dir, jobs, as_json, init_path)
+                       out_path, runs_dir, jobs, as_json, init_path, checkpoint_every)
     from helmgr.learn.train import train
     with progress("train", timesteps) as bar:
         task = bar.add_task(f"PPO {'+'.join(regimes)} seed {seed}", total=timesteps)
         result = train(timesteps, seed, out_path, runs_dir, env, on_progress=lambda n: bar.update(task, completed=n),
-                       n_envs=n_envs, init=init_path)
+                       n_envs=n_envs, init=init_path, checkpoint_every=checkpoint_every)
     if as_json:
         emit_json(result)
     else:
@@ -94,14 +97,14 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardwar
 
 
 def _select(timesteps, seeds, validate_seeds, duration, env, n_envs, out_path, runs_dir, jobs, as_json,
-            init_path=None) -> None:
+            init_path=None, checkpoint_every=None) -> None:
     """Several seeds, the best on validation runs (experiments.training)."""
     import os
     from datetime import datetime, timezone
 
     from helmgr.experiments.training import SelectConfig, select_policy
     sc = SelectConfig(tuple(seeds), timesteps, env, n_envs, tuple(validate_seeds), validate_duration_s=duration,
-                      init=None if init_path is None else str(init_path))
+                      init=None if init_path is None else str(init_path), checkpoint_every=checkpoint_every)
     report = runs_dir / f"select__{'-'.join(map(str, seeds))}__{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
     n_val = len(seeds) * len(validate_seeds) * len(sc.validate_regimes)
     with progress("train", len(seeds) + n_val) as bar:

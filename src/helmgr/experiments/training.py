@@ -44,6 +44,7 @@ class SelectConfig:
     cluster: SimConfig | None = None               # None: the scenario's cluster, HELM router
     incumbent: bool = True                         # validate the shipped policy beside them (never chosen)
     init: str | None = None                        # a policy file every seed's actor starts from (learn.train)
+    checkpoint_every: int | None = None            # transitions between exports into each run's folder
 
     def validation_cluster(self) -> SimConfig:
         if self.cluster is not None:
@@ -53,8 +54,8 @@ class SelectConfig:
 
 def _train(args: tuple) -> dict:
     from helmgr.learn.train import train
-    timesteps, seed, out, runs_dir, env, n_envs, init = args
-    return train(timesteps, seed, out, runs_dir, env, n_envs=n_envs, init=init and Path(init))
+    timesteps, seed, out, runs_dir, env, n_envs, init, every = args
+    return train(timesteps, seed, out, runs_dir, env, n_envs=n_envs, init=init and Path(init), checkpoint_every=every)
 
 
 def _validate(args: tuple[str, WorkloadSpec, SimConfig]) -> dict:
@@ -88,7 +89,8 @@ def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path 
     """Train, validate, choose, write (see the module's docstring); returns the selection."""
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = [report_dir / f"seed{s}.npz" for s in sc.seeds]
-    seeded = [(sc.timesteps, s, p, runs_dir, sc.env, sc.n_envs, sc.init) for s, p in zip(sc.seeds, paths)]
+    seeded = [(sc.timesteps, s, p, runs_dir, sc.env, sc.n_envs, sc.init, sc.checkpoint_every)
+              for s, p in zip(sc.seeds, paths)]
     trained = run_all(_train, seeded, jobs, names=[f"training seed {s}" for s in sc.seeds],
                       on_done=on_done and (lambda i: on_done("train")))
     cfg = sc.validation_cluster()
@@ -109,7 +111,8 @@ def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path 
     for k, (seed, result) in enumerate(zip(sc.seeds, trained)):
         _, reward = curve(Path(result["log"]))
         candidates.append({"seed": seed, "policy": str(paths[k]), "run": result["run"], "log": result["log"],
-                           "train_wall_s": result["wall_s"], "final_reward": reward[-1] if reward else None}
+                           "train_wall_s": result["wall_s"], "final_reward": reward[-1] if reward else None,
+                           "checkpoints": result["checkpoints"]}
                           | validation(k))
     best = min(candidates, key=lambda c: (c["score_p99_ms"], c["seed"]))
     selection = {"config": asdict(replace(sc, cluster=cfg)), "candidates": candidates, "chosen_seed": best["seed"],

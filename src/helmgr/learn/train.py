@@ -6,7 +6,9 @@ exported policy: the actor's layers, the observation normalization and the actio
 whole of what serving needs (controller.mlp). `export` is also what the parity test checks.
 
 `init` warm-starts the actor from an exported policy (`warm_start`): PPO then fine-tunes a policy
-that already works, where a run from scratch must rediscover it.
+that already works, where a run from scratch must rediscover it. `checkpoint_every` exports the
+policy as it stands every so many transitions (`runs/<name>/checkpoint-<transitions>.npz`): how a
+validation score moves with the training budget, and what a run stopped early has learnt.
 """
 from __future__ import annotations
 
@@ -143,10 +145,12 @@ def run_name(workload: str, seed: int) -> str:
 
 
 def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), env_kwargs: dict | None = None,
-          on_progress=None, n_envs: int = 1, init: Path | None = None, n_steps: int = 512) -> dict:
+          on_progress=None, n_envs: int = 1, init: Path | None = None, n_steps: int = 512,
+          checkpoint_every: int | None = None) -> dict:
     """PPO for `timesteps` steps of HelmEnv(**env_kwargs), `n_steps` a rollout, exported to `out`;
     `init`: a policy file to start the actor from (`warm_start`), held for its first
-    `INIT_CRITIC_STEPS` steps while the critic, which starts fresh, learns."""
+    `INIT_CRITIC_STEPS` steps while the critic, which starts fresh, learns; `checkpoint_every`:
+    also export at every multiple of that many transitions, into the run's folder."""
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import configure
 
@@ -163,19 +167,6 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     if init is not None:
         warm_start(model, venv, MLPPolicy.load(init), env_kwargs, seed)
     hold = INIT_CRITIC_STEPS if init is not None else 0
-
-    class Progress(BaseCallback):
-        def _on_rollout_end(self) -> None:
-            for p in actor:                      # held: no gradient, so Adam leaves it as it is
-                p.requires_grad_(self.num_timesteps >= hold)
-
-        def _on_step(self) -> bool:
-            if on_progress is not None:
-                on_progress(self.num_timesteps)
-            return True
-
-    wall = time.perf_counter()
-    model.learn(total_timesteps=timesteps, callback=Progress())
     max_step = HelmEnv(**env_kwargs).max_step
     flags = command_flags(env_kwargs)
     if init is not None:
@@ -183,9 +174,28 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     meta = {"command": f"helmgr train --timesteps {timesteps} --seed {seed} --envs {n_envs}{flags}",
             "timesteps": timesteps, "seed": seed, **({"init": _init_meta(init)} if init is not None else {}),
             "regimes": list(regimes), "run": name, "env": {k: v for k, v in env_kwargs.items() if k != "regimes"}}
+    checkpoints: list[str] = []
+
+    class Progress(BaseCallback):
+        def _on_rollout_end(self) -> None:
+            for p in actor:                      # held: no gradient, so Adam leaves it as it is
+                p.requires_grad_(self.num_timesteps >= hold)
+
+        def _on_step(self) -> bool:
+            n = self.num_timesteps
+            if checkpoint_every and n // checkpoint_every > (n - width) // checkpoint_every and n < timesteps:
+                path = run_dir / f"checkpoint-{n}.npz"
+                save_whole(export(model, venv, max_step, meta | {"checkpoint": n}), path)
+                checkpoints.append(str(path))
+            if on_progress is not None:
+                on_progress(n)
+            return True
+
+    wall = time.perf_counter()
+    model.learn(total_timesteps=timesteps, callback=Progress())
     save_whole(export(model, venv, max_step, meta), out)
     return {"run": name, "log": str(run_dir / "progress.csv"), "out": str(out), "timesteps": timesteps, "seed": seed,
-            "wall_s": time.perf_counter() - wall}
+            "wall_s": time.perf_counter() - wall, "checkpoints": checkpoints}
 
 
 def _init_meta(init: Path) -> dict:
