@@ -84,6 +84,25 @@ def curve(log: Path) -> tuple[list[int], list[float]]:
     return steps, reward
 
 
+def validate(paths: list[str], sc: SelectConfig, jobs: int = 1, labels: list[str] | None = None,
+             on_done: Callable[[], None] | None = None) -> list[dict]:
+    """Each policy file as the base alone (`helm-base`) on `sc`'s validation cluster, for each
+    validation regime and seed: per file, its runs (`validation`) and their `score_p99_ms`."""
+    cfg = sc.validation_cluster()
+    specs = [WorkloadSpec(r, sc.validate_duration_s, v, sc.validate_rps, scenario=sc.env.get("scenario", "v2"))
+             for r in sc.validate_regimes for v in sc.validate_seeds]
+    labels = labels or [Path(p).name for p in paths]
+    tasks = [(str(p), spec, replace(cfg, seed=spec.seed)) for p in paths for spec in specs]
+    names = [f"{who}: {spec.regime} validation seed {spec.seed}" for who in labels for spec in specs]
+    runs = run_all(_validate, tasks, jobs, names=names, on_done=on_done and (lambda i: on_done()))
+    out = []
+    for k in range(len(paths)):
+        mine = runs[k * len(specs):(k + 1) * len(specs)]
+        out.append({"score_p99_ms": score(mine),
+                    "validation": [{"regime": s.regime, "seed": s.seed} | r for s, r in zip(specs, mine)]})
+    return out
+
+
 def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path = Path("runs"), jobs: int = 1,
                   on_done: Callable[[str], None] | None = None) -> dict:
     """Train, validate, choose, write (see the module's docstring); returns the selection."""
@@ -94,33 +113,23 @@ def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path 
     trained = run_all(_train, seeded, jobs, names=[f"training seed {s}" for s in sc.seeds],
                       on_done=on_done and (lambda i: on_done("train")))
     cfg = sc.validation_cluster()
-    scenario = sc.env.get("scenario", "v2")
-    specs = [WorkloadSpec(r, sc.validate_duration_s, v, sc.validate_rps, scenario=scenario)
-             for r in sc.validate_regimes for v in sc.validate_seeds]
     validated = [str(p) for p in paths] + ([str(default_policy_file())] if sc.incumbent else [])
     labels = [f"seed {s}" for s in sc.seeds] + (["the shipped policy"] if sc.incumbent else [])
-    tasks = [(p, spec, replace(cfg, seed=spec.seed)) for p in validated for spec in specs]
-    names = [f"{who}: {spec.regime} validation seed {spec.seed}" for who in labels for spec in specs]
-    runs = run_all(_validate, tasks, jobs, names=names, on_done=on_done and (lambda i: on_done("validate")))
-    def validation(k: int) -> dict:
-        """The k-th validated policy's runs, and their score."""
-        mine = runs[k * len(specs):(k + 1) * len(specs)]
-        return {"score_p99_ms": score(mine),
-                "validation": [{"regime": s.regime, "seed": s.seed} | r for s, r in zip(specs, mine)]}
+    scored = validate(validated, sc, jobs, labels, on_done=on_done and (lambda: on_done("validate")))
     candidates = []
     for k, (seed, result) in enumerate(zip(sc.seeds, trained)):
         _, reward = curve(Path(result["log"]))
         candidates.append({"seed": seed, "policy": str(paths[k]), "run": result["run"], "log": result["log"],
                            "train_wall_s": result["wall_s"], "final_reward": reward[-1] if reward else None,
                            "checkpoints": result["checkpoints"]}
-                          | validation(k))
+                          | scored[k])
     best = min(candidates, key=lambda c: (c["score_p99_ms"], c["seed"]))
     selection = {"config": asdict(replace(sc, cluster=cfg)), "candidates": candidates, "chosen_seed": best["seed"],
                  "chosen": str(out), "incumbent": None}
     if sc.incumbent:
         # named by the package and its hash, not by where this machine installed it
         selection["incumbent"] = {"policy": f"package:helmgr.controller/{default_policy_file().name}",
-                                  "sha256_16": default_policy_digest()} | validation(len(paths))
+                                  "sha256_16": default_policy_digest()} | scored[len(paths)]
     _ship(Path(best["policy"]), out, {"seeds": list(sc.seeds), "validate_seeds": list(sc.validate_seeds),
                                       "validate_regimes": list(sc.validate_regimes),
                                       "score_p99_ms": best["score_p99_ms"]})
