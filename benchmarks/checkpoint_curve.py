@@ -8,7 +8,8 @@ are validated as `helmgr train --seeds` validates its candidates (`experiments.t
 the base alone, `helm-base`, on the v2 cluster, each regime and validation seed). Printed, a line
 a policy: transitions, episodes (transitions over nodes times control seconds an episode), the
 geometric-mean validation P99 and, per regime, the mean P99 and mean ratio. Written to `--out`:
-`curve.json` and `curve.png` (geo-mean P99 against episodes, the shipped policy's as a line).
+`curve.json` and `curve.png` (geo-mean P99 against episodes, the shipped policy's as a line
+unless `--no-shipped`).
 Asserts nothing.
 """
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("--final", type=Path, default=None, help="the finished policy of that run")
     ap.add_argument("--validate-seeds", default="101,102")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--no-shipped", action="store_true", help="leave the shipped policy out")
     ap.add_argument("--out", type=Path, default=Path("results/checkpoint_curve"))
     a = ap.parse_args()
     found = sorted(a.run.glob("checkpoint-*.npz"), key=lambda p: int(re.findall(r"\d+", p.stem)[-1]))
@@ -52,10 +54,11 @@ def main() -> None:
     if not paths:
         raise SystemExit(f"no checkpoint-*.npz in {a.run} and no --final")
     shipped = str(default_policy_file())
+    every = paths + ([] if a.no_shipped else [shipped])
     sc = SelectConfig(seeds=(), timesteps=0, validate_seeds=tuple(int(s) for s in a.validate_seeds.split(",")))
-    scored = validate(paths + [shipped], sc, a.jobs)
+    scored = validate(every, sc, a.jobs)
     rows = []
-    for path, s in zip(paths + [shipped], scored):
+    for path, s in zip(every, scored):
         pol = MLPPolicy.load(path)
         n = pol.meta.get("checkpoint", pol.meta.get("timesteps", 0))
         row = {"policy": Path(path).name if path != shipped else "shipped", "transitions": n,
@@ -72,7 +75,8 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     mine = [r for r in rows if r["policy"] != "shipped" and math.isfinite(r["score_p99_ms"])]
     ax.plot([r["episodes"] for r in mine], [r["score_p99_ms"] for r in mine], "o-", label=a.run.name)
-    ax.axhline(rows[-1]["score_p99_ms"], color="k", ls="--", lw=1, label="shipped base")
+    if not a.no_shipped:
+        ax.axhline(rows[-1]["score_p99_ms"], color="k", ls="--", lw=1, label="shipped base")
     ax.set_xlabel("training episodes")
     ax.set_ylabel("validation P99, geometric mean (ms)")
     ax.grid(alpha=0.3)
