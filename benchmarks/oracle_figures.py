@@ -1,7 +1,7 @@
 """A run's phase-oracle figures against an oracle already computed: no replay of the grid.
 
     python benchmarks/oracle_figures.py --compare results/X/compare-seed1.json [--policy helm]
-                                        [--adapter '{"hold_base": false}']
+                                        [--adapter '{"hold_base": false}'] [--base policy.npz]
 
 Takes a `helmgr compare --json` result that holds the phase oracle (its `oracle_blocks`, `r*` and
 bands per block, and the oracle's own run), runs POLICY under the same router, workload, seed,
@@ -9,7 +9,8 @@ duration and starting ratio on the v2 cluster, and prints its P99, mean ratio, r
 band distance and oracle distance (`experiments.phase_oracle.window_figures`, the code `compare`
 and `evaluate` use), with the stored rows of the compare beside it. One 720-s steady oracle costs
 about half an hour on one core; a change of the controller does not change it, so this measures
-the change against the same oracle in a minute. Asserts nothing.
+the change against the same oracle in a minute; `--base` puts another base policy file under a HELM
+policy (a retrained candidate). Asserts nothing.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def main() -> None:
     ap.add_argument("--compare", required=True, help="a `helmgr compare --json` result with the phase oracle")
     ap.add_argument("--policy", default="helm")
     ap.add_argument("--adapter", default=None, help="adapter v2's settings, as JSON (a HELM policy's adapter_kw)")
+    ap.add_argument("--base", default=None, help="a base policy file for a HELM policy (default: the shipped one)")
     args = ap.parse_args()
     with open(args.compare) as f:
         rec = json.load(f)
@@ -42,6 +44,8 @@ def main() -> None:
                         warmup_s=oracle["warmup_s"])
     cls = POLICIES[args.policy]
     kw = {} if args.adapter is None else {"adapter_kw": json.loads(args.adapter)}
+    if args.base is not None:
+        kw["path"] = args.base
     policy = cls(**kw) if issubclass(cls, HelmPolicy) else None
     w = WorkloadSpec(rec["workload"], duration, rec["seed"]).build()
     res = simulate(cluster, w, policy=policy)
@@ -51,7 +55,7 @@ def main() -> None:
     dist, band = window_figures(r, *block_windows([b["start"] for b in blocks], blocks[-1]["end"],
                                                   [b["r_star"] for b in blocks], [b["band"][0] for b in blocks],
                                                   [b["band"][1] for b in blocks]))
-    out = {"policy": args.policy, "adapter": kw.get("adapter_kw"), "router": router, "seed": rec["seed"],
+    out = {"policy": args.policy, "adapter": kw.get("adapter_kw"), "base": args.base, "router": router, "seed": rec["seed"],
            "duration_s": duration, "p99_ms": round(s["p99_ms"], 3), "mean_ratio": round(float(r.mean()), 3),
            "last_quarter_ratio": round(float(r[int(0.75 * len(r)):].mean()), 3),
            "regret": round(regret(s["p99_ms"], oracle["p99_ms"]), 4), "band_distance": round(band, 4),
