@@ -9,13 +9,15 @@ duration and starting ratio on the v2 cluster, and prints its P99, mean ratio, r
 band distance and oracle distance (`experiments.phase_oracle.window_figures`, the code `compare`
 and `evaluate` use), with the stored rows of the compare beside it. One 720-s steady oracle costs
 about half an hour on one core; a change of the controller does not change it, so this measures
-the change against the same oracle in a minute; `--base` puts another base policy file under a HELM
+the change against the same oracle in a minute; `--plot` draws the run's ratio against r*; `--base` puts another base policy file under a HELM
 policy (a retrained candidate). Asserts nothing.
 """
 from __future__ import annotations
 
 import argparse
 import json
+
+import numpy as np
 
 from helmgr.experiments.phase_oracle import block_windows, regret, window_figures
 from helmgr.policy.policies import POLICIES, HelmPolicy
@@ -30,6 +32,7 @@ def main() -> None:
     ap.add_argument("--compare", required=True, help="a `helmgr compare --json` result with the phase oracle")
     ap.add_argument("--policy", default="helm")
     ap.add_argument("--adapter", default=None, help="adapter v2's settings, as JSON (a HELM policy's adapter_kw)")
+    ap.add_argument("--plot", default=None, help="a PNG of the run's mean ratio per window against r* and its band")
     ap.add_argument("--base", default=None, help="a base policy file for a HELM policy (default: the shipped one)")
     args = ap.parse_args()
     with open(args.compare) as f:
@@ -52,9 +55,12 @@ def main() -> None:
     s = res.summary
     r = window_ratios(res.series.timeline, cluster.nodes, duration)
     blocks = rec["oracle_blocks"][router]
-    dist, band = window_figures(r, *block_windows([b["start"] for b in blocks], blocks[-1]["end"],
-                                                  [b["r_star"] for b in blocks], [b["band"][0] for b in blocks],
-                                                  [b["band"][1] for b in blocks]))
+    per_window = block_windows([b["start"] for b in blocks], blocks[-1]["end"], [b["r_star"] for b in blocks],
+                               [b["band"][0] for b in blocks], [b["band"][1] for b in blocks])
+    dist, band = window_figures(r, *per_window)
+    if args.plot:
+        plot(args.plot, r, *per_window, f"{rec['workload']} seed {rec['seed']}: {args.policy}"
+             + (f" over {args.base.rsplit('/', 1)[-1]}" if args.base else ""), band)
     out = {"policy": args.policy, "adapter": kw.get("adapter_kw"), "base": args.base, "router": router, "seed": rec["seed"],
            "duration_s": duration, "p99_ms": round(s["p99_ms"], 3), "mean_ratio": round(float(r.mean()), 3),
            "last_quarter_ratio": round(float(r[int(0.75 * len(r)):].mean()), 3),
@@ -64,6 +70,27 @@ def main() -> None:
                           "band_distance": x["band_distance"] and round(x["band_distance"], 4)}
                       for p, x in rows.items()}}
     print(json.dumps(out))
+
+
+def plot(path: str, r, r_star, lo, hi, title: str, band: float) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = min(len(r), len(r_star))
+    t = np.arange(n)
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    ax.fill_between(t, lo[:n], hi[:n], step="post", color="0.85", label="oracle band (within 2 %)")
+    ax.step(t, r_star[:n], where="post", color="k", lw=1.5, label="oracle r*")
+    ax.plot(t, r[:n], color="C1", lw=1.3, label=f"mean ratio (band distance {band:.3f})")
+    ax.set_xlabel("window (s)")
+    ax.set_ylabel("EMB ratio")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
