@@ -31,7 +31,9 @@ def test_select_trains_each_seed_validates_and_ships_the_best(tmp_path):
                                validate_regimes=("steady", "trend"), validate_duration_s=3.0, validate_rps=150.0,
                                cluster=cluster)
     out = tmp_path / "policy.npz"
-    sel = training.select_policy(sc, out, tmp_path / "report", tmp_path / "runs", jobs=1)
+    done = []
+    sel = training.select_policy(sc, out, tmp_path / "report", tmp_path / "runs", jobs=1, on_done=done.append)
+    assert done == ["train"] * 2 + ["validate"] * 6 and sc.steps() == 8      # (2 seeds + the shipped) x 2 runs
     cands = {c["seed"]: c for c in sel["candidates"]}
     assert set(cands) == {1, 2}
     for c in cands.values():

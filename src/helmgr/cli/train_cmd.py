@@ -106,9 +106,8 @@ def _select(timesteps, seeds, validate_seeds, duration, env, n_envs, out_path, r
     sc = SelectConfig(tuple(seeds), timesteps, env, n_envs, tuple(validate_seeds), validate_duration_s=duration,
                       init=None if init_path is None else str(init_path), checkpoint_every=checkpoint_every)
     report = runs_dir / f"select__{'-'.join(map(str, seeds))}__{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
-    n_val = len(seeds) * len(validate_seeds) * len(sc.validate_regimes)
-    with progress("train", len(seeds) + n_val) as bar:
-        task = bar.add_task(f"{len(seeds)} PPO seeds, then {n_val} validation runs", total=len(seeds) + n_val)
+    with progress("train", sc.steps()) as bar:
+        task = bar.add_task(f"{len(seeds)} PPO seeds, then {sc.steps() - len(seeds)} validation runs", total=sc.steps())
         sel = select_policy(sc, out_path, report, runs_dir, jobs or os.cpu_count() or 1,
                             on_done=lambda _: bar.advance(task))
     if as_json:

@@ -46,6 +46,12 @@ class SelectConfig:
     init: str | None = None                        # a policy file every seed's actor starts from (learn.train)
     checkpoint_every: int | None = None            # transitions between exports into each run's folder
 
+    def steps(self) -> int:
+        """What `select_policy` reports done (`on_done`): each training run, then each validation
+        run, the shipped policy's included."""
+        per_policy = len(self.validate_seeds) * len(self.validate_regimes)
+        return len(self.seeds) + (len(self.seeds) + self.incumbent) * per_policy
+
     def validation_cluster(self) -> SimConfig:
         if self.cluster is not None:
             return self.cluster
