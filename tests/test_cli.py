@@ -36,6 +36,7 @@ def run(capsys, *argv):
     (["train", "--workloads", "nope"], "unknown workload 'nope'"),
     (["train", "--timesteps", "10"], "'--timesteps': 10"),
     (["train", "--checkpoint-every", "0"], "'--checkpoint-every': 0"),
+    (["train", "--target-kl", "0"], "'--target-kl': 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
@@ -236,7 +237,7 @@ def test_train_init_and_nodes_are_checked_before_training(capsys, monkeypatch, t
         assert code == 2 and out == "" and err.count("\n") == 1 and needle in err, err
 
 
-def test_train_passes_checkpoint_every_to_training(capsys, monkeypatch, tmp_path):
+def test_train_passes_checkpoint_every_and_target_kl_to_training(capsys, monkeypatch, tmp_path):
     pytest.importorskip("stable_baselines3")
     seen = {}
 
@@ -244,9 +245,9 @@ def test_train_passes_checkpoint_every_to_training(capsys, monkeypatch, tmp_path
         seen.update(kw)
         return {"out": str(out), "log": "x", "wall_s": 0.0}
     monkeypatch.setattr("helmgr.learn.train.train", fake)
-    code, out, err = run(capsys, "train", "--timesteps", "64", "--checkpoint-every", "32",
+    code, out, err = run(capsys, "train", "--timesteps", "64", "--checkpoint-every", "32", "--target-kl", "0.03",
                          "--out", str(tmp_path / "p.npz"), "--runs-dir", str(tmp_path / "runs"))
-    assert code == 0 and seen["checkpoint_every"] == 32, err
+    assert code == 0 and seen["checkpoint_every"] == 32 and seen["target_kl"] == 0.03, err
 
 
 def test_failed_write_leaves_the_old_out_folder_byte_identical(capsys, monkeypatch, tmp_path):

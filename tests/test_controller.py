@@ -210,6 +210,18 @@ def test_checkpoints_are_the_policy_as_trained_so_far(tmp_path):
     assert "checkpoint" not in final.meta
 
 
+def test_target_kl_stops_an_updates_epochs():
+    from helmgr.learn.train import make_model
+    free, _ = make_model(TINY, seed=3, n_steps=32)
+    held, _ = make_model(TINY, seed=3, n_steps=32, target_kl=1e-9)      # any step passes 1.5 x this
+    assert free.target_kl is None and held.target_kl == 1e-9
+    for m in (free, held):
+        m.learn(total_timesteps=32)
+    # SB3's n_updates counts epochs (one batch of 32 each): all 10, or two, as the first batch of an
+    # epoch measures KL 0 (nothing moved yet) and the second epoch's first batch is past the target
+    assert free._n_updates == 10 and held._n_updates == 2
+
+
 def test_base_policy_step_and_safety():
     ctl = Controller(constant_policy(1.0, max_step=0.02), safety=Safety(max_slew=0.1))   # no min_move
     assert ctl.step(stats(0.5)) == pytest.approx(0.52)

@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from helmgr.cli.output import emit_json, json_option, progress, stdout, table
-from helmgr.cli.types import SEED, Finite, names, seed_list
+from helmgr.cli.types import POSITIVE, SEED, Finite, names, seed_list
 from helmgr.core.profiles import available
 from helmgr.core.errors import HelmInputError
 from helmgr.core.files import check_writable
@@ -46,6 +46,8 @@ from helmgr.workload.synthetic import parse_regime
                    "fresh, the actor held for its first steps) instead of from scratch.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=None, metavar="N",
               help="Also export the policy every N transitions, as checkpoint-<transitions>.npz in the run's folder.")
+@click.option("--target-kl", type=POSITIVE, default=None, metavar="KL",
+              help="Stop a PPO update's epochs once its approximate KL passes 1.5 x KL [default: none, every epoch].")
 @click.option("--seeds", default=None, metavar="LIST",
               help="Train one policy per seed (in parallel, --jobs), validate each, write the best to --out "
                    "(instead of --seed).")
@@ -57,7 +59,7 @@ from helmgr.workload.synthetic import parse_regime
               help="With --seeds: worker processes for the training runs and the validation runs [default: all cores].")
 @json_option
 def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardware, model, runs_dir, nodes, n_envs,
-              relative, init_path, checkpoint_every, seeds, validate_seeds, validate_duration, jobs, as_json):
+              relative, init_path, checkpoint_every, target_kl, seeds, validate_seeds, validate_duration, jobs, as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
     \b
@@ -84,12 +86,12 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardwar
         check_init(init_path)
     if seeds is not None:
         return _select(timesteps, seed_list(seeds), seed_list(validate_seeds), validate_duration, env, n_envs,
-                       out_path, runs_dir, jobs, as_json, init_path, checkpoint_every)
+                       out_path, runs_dir, jobs, as_json, init_path, checkpoint_every, target_kl)
     from helmgr.learn.train import train
     with progress("train", timesteps) as bar:
         task = bar.add_task(f"PPO {'+'.join(regimes)} seed {seed}", total=timesteps)
         result = train(timesteps, seed, out_path, runs_dir, env, on_progress=lambda n: bar.update(task, completed=n),
-                       n_envs=n_envs, init=init_path, checkpoint_every=checkpoint_every)
+                       n_envs=n_envs, init=init_path, checkpoint_every=checkpoint_every, target_kl=target_kl)
     if as_json:
         emit_json(result)
     else:
@@ -97,14 +99,15 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardwar
 
 
 def _select(timesteps, seeds, validate_seeds, duration, env, n_envs, out_path, runs_dir, jobs, as_json,
-            init_path=None, checkpoint_every=None) -> None:
+            init_path=None, checkpoint_every=None, target_kl=None) -> None:
     """Several seeds, the best on validation runs (experiments.training)."""
     import os
     from datetime import datetime, timezone
 
     from helmgr.experiments.training import SelectConfig, select_policy
     sc = SelectConfig(tuple(seeds), timesteps, env, n_envs, tuple(validate_seeds), validate_duration_s=duration,
-                      init=None if init_path is None else str(init_path), checkpoint_every=checkpoint_every)
+                      init=None if init_path is None else str(init_path), checkpoint_every=checkpoint_every,
+                      target_kl=target_kl)
     report = runs_dir / f"select__{'-'.join(map(str, seeds))}__{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
     with progress("train", sc.steps()) as bar:
         task = bar.add_task(f"{len(seeds)} PPO seeds, then {sc.steps() - len(seeds)} validation runs", total=sc.steps())

@@ -45,6 +45,7 @@ class SelectConfig:
     incumbent: bool = True                         # validate the shipped policy beside them (never chosen)
     init: str | None = None                        # a policy file every seed's actor starts from (learn.train)
     checkpoint_every: int | None = None            # transitions between exports into each run's folder
+    target_kl: float | None = None                 # PPO's: an update's epochs stop past 1.5 x this KL
 
     def steps(self) -> int:
         """What `select_policy` reports done (`on_done`): each training run, then each validation
@@ -60,8 +61,9 @@ class SelectConfig:
 
 def _train(args: tuple) -> dict:
     from helmgr.learn.train import train
-    timesteps, seed, out, runs_dir, env, n_envs, init, every = args
-    return train(timesteps, seed, out, runs_dir, env, n_envs=n_envs, init=init and Path(init), checkpoint_every=every)
+    timesteps, seed, out, runs_dir, env, n_envs, init, every, target_kl = args
+    return train(timesteps, seed, out, runs_dir, env, n_envs=n_envs, init=init and Path(init), checkpoint_every=every,
+                 target_kl=target_kl)
 
 
 def _validate(args: tuple[str, WorkloadSpec, SimConfig]) -> dict:
@@ -114,7 +116,7 @@ def select_policy(sc: SelectConfig, out: Path, report_dir: Path, runs_dir: Path 
     """Train, validate, choose, write (see the module's docstring); returns the selection."""
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = [report_dir / f"seed{s}.npz" for s in sc.seeds]
-    seeded = [(sc.timesteps, s, p, runs_dir, sc.env, sc.n_envs, sc.init, sc.checkpoint_every)
+    seeded = [(sc.timesteps, s, p, runs_dir, sc.env, sc.n_envs, sc.init, sc.checkpoint_every, sc.target_kl)
               for s, p in zip(sc.seeds, paths)]
     trained = run_all(_train, seeded, jobs, names=[f"training seed {s}" for s in sc.seeds],
                       on_done=on_done and (lambda i: on_done("train")))

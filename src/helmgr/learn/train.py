@@ -90,9 +90,11 @@ def check_fits(policy: MLPPolicy, n_obs: int = N_FEATURES) -> None:
                          f"over at most {n_obs}: they do not fit")
 
 
-def make_model(env_kwargs: dict, seed: int, n_steps: int = 512, n_envs: int = 1):
+def make_model(env_kwargs: dict, seed: int, n_steps: int = 512, n_envs: int = 1, target_kl: float | None = None):
     """PPO on a normalized HelmEnv, untrained; `n_steps` transitions a rollout from each
-    environment; `n_envs` > 1 steps that many environments in worker processes (one per core).
+    environment; `n_envs` > 1 steps that many environments in worker processes (one per core);
+    `target_kl`: stop an update's epochs once its approximate KL passes 1.5 × this (SB3's rule;
+    None: every epoch runs, as the shipped base was trained).
     With `nodes` > 1 in `env_kwargs` the environment is one cluster whose every node decides for
     itself (`learn.vec.NodesVecEnv`, one transition a node)."""
     from stable_baselines3 import PPO
@@ -112,7 +114,7 @@ def make_model(env_kwargs: dict, seed: int, n_steps: int = 512, n_envs: int = 1)
     venv = VecNormalize(venv, norm_obs=True, norm_reward=True, clip_obs=10.0, gamma=0.95)
     batch = n_steps * venv.num_envs
     model = PPO("MlpPolicy", venv, seed=seed, n_steps=n_steps, batch_size=min(64, batch), n_epochs=10, gamma=0.95,
-                gae_lambda=0.9, learning_rate=3e-4, ent_coef=0.0, verbose=0, device="cpu",
+                gae_lambda=0.9, learning_rate=3e-4, ent_coef=0.0, verbose=0, device="cpu", target_kl=target_kl,
                 # std 0.37 at start: an action of 1 is a full step, so unit noise saturates every step
                 policy_kwargs={"net_arch": {"pi": list(HIDDEN), "vf": list(HIDDEN)}, "log_std_init": -1.0})
     return model, venv
@@ -146,11 +148,12 @@ def run_name(workload: str, seed: int) -> str:
 
 def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), env_kwargs: dict | None = None,
           on_progress=None, n_envs: int = 1, init: Path | None = None, n_steps: int = 512,
-          checkpoint_every: int | None = None) -> dict:
+          checkpoint_every: int | None = None, target_kl: float | None = None) -> dict:
     """PPO for `timesteps` steps of HelmEnv(**env_kwargs), `n_steps` a rollout, exported to `out`;
     `init`: a policy file to start the actor from (`warm_start`), held for its first
     `INIT_CRITIC_STEPS` steps while the critic, which starts fresh, learns; `checkpoint_every`:
-    also export at every multiple of that many transitions, into the run's folder."""
+    also export at every multiple of that many transitions, into the run's folder; `target_kl`:
+    `make_model`'s."""
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import configure
 
@@ -160,7 +163,7 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     run_dir = runs_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
     width = n_envs * env_kwargs.get("nodes", 1)          # transitions a step of the vector environment
-    model, venv = make_model(env_kwargs, seed, n_steps=max(1, n_steps // width), n_envs=n_envs)
+    model, venv = make_model(env_kwargs, seed, n_steps=max(1, n_steps // width), n_envs=n_envs, target_kl=target_kl)
     model.set_logger(configure(str(run_dir), ["csv"]))
     actor = [p for m in (model.policy.mlp_extractor.policy_net, model.policy.action_net) for p in m.parameters()]
     actor.append(model.policy.log_std)
@@ -171,6 +174,8 @@ def train(timesteps: int, seed: int, out: Path, runs_dir: Path = Path("runs"), e
     flags = command_flags(env_kwargs)
     if init is not None:
         flags += f" --init {Path(init).name}"
+    if target_kl is not None:
+        flags += f" --target-kl {target_kl:g}"
     meta = {"command": f"helmgr train --timesteps {timesteps} --seed {seed} --envs {n_envs}{flags}",
             "timesteps": timesteps, "seed": seed, **({"init": _init_meta(init)} if init is not None else {}),
             "regimes": list(regimes), "run": name, "env": {k: v for k, v in env_kwargs.items() if k != "regimes"}}
