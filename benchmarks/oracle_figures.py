@@ -9,15 +9,14 @@ duration and starting ratio on the v2 cluster, and prints its P99, mean ratio, r
 band distance and oracle distance (`experiments.phase_oracle.window_figures`, the code `compare`
 and `evaluate` use), with the stored rows of the compare beside it. One 720-s steady oracle costs
 about half an hour on one core; a change of the controller does not change it, so this measures
-the change against the same oracle in a minute; `--plot` draws the run's ratio against r*; `--base` puts another base policy file under a HELM
-policy (a retrained candidate). Asserts nothing.
+the change against the same oracle in a minute. `--plot` draws the run's ratio against r* and its
+band; `--base` puts another base policy file under a HELM policy (a retrained candidate). Asserts
+nothing.
 """
 from __future__ import annotations
 
 import argparse
 import json
-
-import numpy as np
 
 from helmgr.experiments.phase_oracle import block_windows, regret, window_figures
 from helmgr.policy.policies import POLICIES, HelmPolicy
@@ -73,20 +72,12 @@ def main() -> None:
 
 
 def plot(path: str, r, r_star, lo, hi, title: str, band: float) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from helmgr.experiments.plots import draw_oracle, plt     # (headless: plots sets the backend)
     n = min(len(r), len(r_star))
-    t = np.arange(n)
     fig, ax = plt.subplots(figsize=(9, 3.6))
-    ax.fill_between(t, lo[:n], hi[:n], step="post", color="0.85", label="oracle band (within 2 %)")
-    ax.step(t, r_star[:n], where="post", color="k", lw=1.5, label="oracle r*")
-    ax.plot(t, r[:n], color="C1", lw=1.3, label=f"mean ratio (band distance {band:.3f})")
-    ax.set_xlabel("window (s)")
-    ax.set_ylabel("EMB ratio")
-    ax.set_ylim(0, 1)
+    draw_oracle(ax, r_star[:n], (lo[:n], hi[:n]))
+    ax.plot(r[:n], color="C1", lw=1.3, label=f"mean ratio (band distance {band:.3f})")
     ax.set_title(title)
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -152,6 +152,20 @@ def _save(fig, path: Path, names: list[str]) -> None:
     names.append(path.name)
 
 
+def draw_oracle(ax, r_star, band=None) -> None:
+    """On a plot of the mean ratio per 1-s window: the phase oracle's r* per window (None: none)
+    and, given as (low, high) per window, its band shaded; the plot's axes."""
+    if band is not None:
+        ax.fill_between(np.arange(len(band[0])), band[0], band[1], step="post", color="0.85",
+                        label="oracle band (within 2 %)")
+    if r_star is not None:
+        ax.step(np.arange(len(r_star)), r_star, where="post", color="k", lw=1.5, label="oracle r*")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("window (s)")
+    ax.set_ylabel("mean EMB ratio")
+    ax.grid(alpha=0.3)
+
+
 def plot_compare(rows: list[dict], timelines: dict, r_star, title: str, out: Path) -> None:
     """Bars of P99 and window SLO satisfaction per policy; ratio per window against r*; CDFs."""
     from helmgr.sim.metrics import window_ratios
@@ -181,14 +195,9 @@ def plot_compare(rows: list[dict], timelines: dict, r_star, title: str, out: Pat
             ax.axhline(r["ratio"], lw=1, ls=":", label=f"{name} ({r['ratio']:g})")
         elif r["policy"] != "oracle":
             ax.plot(window_ratios(series.timeline, series.n_nodes, r["duration_s"]), lw=1, label=name)
-    if r_star is not None:
-        ax.step(np.arange(len(r_star)), r_star, where="post", color="k", lw=1.5, label="oracle r*")
-    ax.set_ylim(0, 1)
-    ax.set_xlabel("window (s)")
-    ax.set_ylabel("mean EMB ratio")
+    draw_oracle(ax, r_star)
     ax.set_title(title)
     ax.legend(fontsize=8, ncol=3)
-    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "compare_ratios.png", dpi=110)
     plt.close(fig)
