@@ -109,6 +109,21 @@ def test_steps_in_one_direction_grow_and_a_turn_starts_again_from_the_first():
     assert a.last_step == pytest.approx(-0.03) and a.applied == 6
 
 
+def test_a_step_toward_kv_is_capped_at_max_down_and_a_step_toward_emb_is_not():
+    """step 0.03, grow 1.5, max_step 0.15, max_down 0.05: three negative blocks step 0.03, then
+    0.045, then 0.05 (0.0675 capped), to -0.125; three positive ones turn and grow uncapped:
+    0.03, 0.045, 0.0675, to -0.0175."""
+    a = MarginalAdapter(N_FEATURES, bound=0.9, step=0.03, grow=1.5, max_step=0.15, max_down=0.05, block=2, z=0.0,
+                        load_width=None)
+    offsets = []
+    for sign in (-1, -1, -1, 1, 1, 1):
+        a.learn(sign * 1.0)
+        a.learn(sign * 1.2)
+        offsets.append(a.offset)
+    assert offsets == pytest.approx([-0.03, -0.075, -0.125, -0.095, -0.05, 0.0175])
+    assert MarginalAdapter(N_FEATURES).max_down == 0.06          # unset: max_step, as before it existed
+
+
 def test_adapter_v2_rejects_a_step_past_its_bound():
     with pytest.raises(ValueError, match="step"):
         MarginalAdapter(N_FEATURES, bound=0.05, step=0.1, max_step=0.1)
@@ -122,6 +137,8 @@ def test_adapter_v2_rejects_a_step_past_its_bound():
         MarginalAdapter(N_FEATURES, load_hysteresis=0.4)
     with pytest.raises(ValueError, match="load_width"):
         MarginalAdapter(N_FEATURES, load_width=0.0)
+    with pytest.raises(ValueError, match="max_down 0.1, max_step 0.06"):
+        MarginalAdapter(N_FEATURES, max_down=0.1)
 
 
 def test_the_controller_adds_the_learned_offset_after_the_decision_that_closed_the_block():
@@ -223,6 +240,26 @@ def test_helm_revision_names_the_tiers_default_settings():
     assert "shadow=0.05,levels=cluster,value=tail)" in full
     assert "/recovery=True(ratio=0.95,step=0.1,hold=60.0,miss=0.01,signal=0.05,samples=3,z=2.5)" in full
     assert base.endswith("/adapter=False/recovery=False") and base.split("/")[0] == full.split("/")[0]
+    assert "max_down" not in full
+
+
+def test_helm_track_runs_adapter_v2_with_its_preset_and_names_it_in_its_revision():
+    """helm-track: the blended price and the tracking preset (bound 0.9, steps 0.03 to 0.15, at
+    most 0.05 toward KV, blocks of 3 at z 2) in its controllers and its revision; a setting
+    passed in overrides the preset's one."""
+    from helmgr.policy.policies import POLICIES, HelmTrack, helm_revision
+    from tests.test_node import warm_node
+    policy = POLICIES["helm-track"]()
+    policy.attach(0, warm_node())
+    a = policy.ctl[0].adapter
+    assert (a.bound, a.step, a.max_step, a.max_down, a.block, a.z) == (0.9, 0.03, 0.15, 0.05, 3, 2.0)
+    assert policy.sampler.value == "blend"
+    rev = helm_revision(HelmTrack)
+    assert "adapter=marginal(bound=0.9,step=0.03,block=3,z=2.0,grow=1.5,max_step=0.15," in rev
+    assert "hold_base=True,max_down=0.05,shadow=0.05,levels=cluster,value=blend(0.1))" in rev
+    other = HelmTrack(adapter_kw={"bound": 0.5})
+    other.attach(0, warm_node())
+    assert (other.ctl[0].adapter.bound, other.ctl[0].adapter.max_down) == (0.5, 0.05)
 
 
 def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_seconds():
@@ -232,7 +269,7 @@ def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_second
     40 % of the shadow's 1,000 rows. Priced over every request the sample is
     (1000 row_s - 2k token_s) / 0.05 / 200, positive (grow EMB); by the tail, the EMB side counts
     (0.01 + 0.01) / (0.2 + 0.2) = 5 % of its seconds and the KV side 50 %: 50 - 200 rows' worth,
-    and the sign turns."""
+    and the sign turns. Blended, 0.1 x 600 + 0.9 x (-150) = -75 rows' worth."""
     from helmgr.core.window import NodeWindow
     from helmgr.policy.policies import HelmPolicy, MarginalSampler, shadow_prices
     from tests.test_node import warm_node
@@ -247,7 +284,7 @@ def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_second
                           kv_shadow_tokens=k, tail_fetch_s=0.01, tail_recompute_s=0.05)
 
     samples = {}
-    for value in ("mean", "tail"):
+    for value in ("mean", "tail", "blend"):
         policy = HelmPolicy(value=value)
         policy.sampler = MarginalSampler(policy.shadow_share, value)
         policy.sampler.acc[0] = MarginalSampler.open(node.emb.epoch)
@@ -259,5 +296,6 @@ def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_second
     assert samples["mean"] == pytest.approx(600 * row_s / 0.05 / 200, rel=1e-3)
     assert samples["tail"] == pytest.approx((0.05 * 1000 * row_s - 0.5 * 2 * k * token_s) / 0.05 / 200)
     assert samples["tail"] == pytest.approx(-150 * row_s / 0.05 / 200, rel=1e-2)
-    with pytest.raises(ValueError, match="value must be 'mean' or 'tail', got 'p99'"):
+    assert samples["blend"] == pytest.approx((0.1 * 600 - 0.9 * 150) * row_s / 0.05 / 200, rel=1e-2)
+    with pytest.raises(ValueError, match="value must be 'mean', 'tail' or 'blend', got 'p99'"):
         HelmPolicy(value="p99")

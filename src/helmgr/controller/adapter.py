@@ -200,7 +200,13 @@ class MarginalAdapter:
     own error and steps against it. Two integrators with different rests wind up: on 720-s
     steady runs without the hold, every offset sat at the bound while the plan climbed past
     0.9, and the split drifted to 0.66 where static-best is 0.55-0.6
-    (docs/results/2026-12-05-anti-windup.md)."""
+    (docs/results/2026-12-05-anti-windup.md).
+
+    `max_down` caps a step toward KV (a negative one) below `max_step`: the cost of too small an
+    EMB share is a wall (trend's discovery and bursts: 0.3 costs 30-50 % of a block's P99 where
+    0.95 is best), of too large a one a slope (trend's feed: 0.95 costs 40-70 %), and at
+    discovery's onset the signal says "grow KV" for 20-30 s before it turns. None: `max_step`.
+    HELM's tracking preset (`policy.policies.HelmTrack`) sets it."""
 
     n_features: int
     bound: float = 0.25
@@ -213,6 +219,7 @@ class MarginalAdapter:
     load_alpha: float = 0.3                          # the level's rate: EWMA weight per sample (one EMB refresh, 2 s)
     load_hysteresis: float = 0.75                    # a level is left this many widths from its centre
     hold_base: bool = True                           # the base's steps against the offset shrink with it
+    max_down: float | None = None                    # the longest step toward KV (None: max_step)
     explore: bool = field(init=False, default=False)
     params: np.ndarray = field(init=False)
     offset: float = field(init=False, default=0.0)
@@ -235,6 +242,11 @@ class MarginalAdapter:
             self.max_step = self.step
         if not (self.grow >= 1.0 and self.step <= self.max_step <= self.bound):
             raise ValueError(f"adapter v2 needs grow >= 1 and step <= max_step <= bound, got grow {self.grow}, "
+                             f"max_step {self.max_step}")
+        if self.max_down is None:
+            self.max_down = self.max_step
+        if not 0 < self.max_down <= self.max_step:
+            raise ValueError(f"adapter v2 needs 0 < max_down <= max_step, got max_down {self.max_down}, "
                              f"max_step {self.max_step}")
         if not ((self.load_width is None or self.load_width > 0) and 0 < self.load_alpha <= 1
                 and self.load_hysteresis >= 0.5):     # below 0.5 widths, leaving a level could round back to it
@@ -267,6 +279,8 @@ class MarginalAdapter:
         size = self.step
         if self.last_step and (self.last_step > 0) == (mean > 0):
             size = min(abs(self.last_step) * self.grow, self.max_step)
+        if mean < 0:
+            size = min(size, self.max_down)
         offset = min(self.bound, max(-self.bound, self.offset + math.copysign(size, mean)))
         if offset == self.offset:
             return swapped
