@@ -2,6 +2,7 @@
 
     python benchmarks/oracle_figures.py --compare results/X/compare-seed1.json [--policy helm]
                                         [--adapter '{"hold_base": false}'] [--base policy.npz]
+                                        [--policy-kw '{"value": "blend"}']
 
 Takes a `helmgr compare --json` result that holds the phase oracle (its `oracle_blocks`, `r*` and
 bands per block, and the oracle's own run), runs POLICY under the same router, workload, seed,
@@ -18,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import numpy as np
+
 from helmgr.experiments.phase_oracle import block_windows, regret, window_figures
 from helmgr.policy.policies import POLICIES, HelmPolicy
 from helmgr.sim import SimConfig, simulate
@@ -33,6 +36,7 @@ def main() -> None:
     ap.add_argument("--adapter", default=None, help="adapter v2's settings, as JSON (a HELM policy's adapter_kw)")
     ap.add_argument("--plot", default=None, help="a PNG of the run's mean ratio per window against r* and its band")
     ap.add_argument("--base", default=None, help="a base policy file for a HELM policy (default: the shipped one)")
+    ap.add_argument("--policy-kw", default=None, help="a HELM policy's other settings, as JSON (e.g. value)")
     args = ap.parse_args()
     with open(args.compare) as f:
         rec = json.load(f)
@@ -45,7 +49,9 @@ def main() -> None:
                         hardware=oracle["hardware"], model=oracle["model"], policy=args.policy, ratio=start,
                         warmup_s=oracle["warmup_s"])
     cls = POLICIES[args.policy]
-    kw = {} if args.adapter is None else {"adapter_kw": json.loads(args.adapter)}
+    kw = {} if args.policy_kw is None else json.loads(args.policy_kw)
+    if args.adapter is not None:
+        kw["adapter_kw"] = json.loads(args.adapter)
     if args.base is not None:
         kw["path"] = args.base
     policy = cls(**kw) if issubclass(cls, HelmPolicy) else None
@@ -60,15 +66,30 @@ def main() -> None:
     if args.plot:
         plot(args.plot, r, *per_window, f"{rec['workload']} seed {rec['seed']}: {args.policy}"
              + (f" over {args.base.rsplit('/', 1)[-1]}" if args.base else ""), band)
-    out = {"policy": args.policy, "adapter": kw.get("adapter_kw"), "base": args.base, "router": router, "seed": rec["seed"],
+    out = {"policy": args.policy, "adapter": kw.get("adapter_kw"), "base": args.base, "policy_kw": args.policy_kw,
+           "router": router, "seed": rec["seed"],
            "duration_s": duration, "p99_ms": round(s["p99_ms"], 3), "mean_ratio": round(float(r.mean()), 3),
            "last_quarter_ratio": round(float(r[int(0.75 * len(r)):].mean()), 3),
            "regret": round(regret(s["p99_ms"], oracle["p99_ms"]), 4), "band_distance": round(band, 4),
-           "oracle_distance": round(dist, 4), "wall_s": round(s["wall_s"], 1),
+           "oracle_distance": round(dist, 4),
+           "mean_window_p99_ms": mean_window_p99(res.series, w.phases, oracle["warmup_s"]),
+           "wall_s": round(s["wall_s"], 1),
            "stored": {p: {"p99_ms": round(x["p99_ms"], 3), "regret": x["regret"] and round(x["regret"], 4),
                           "band_distance": x["band_distance"] and round(x["band_distance"], 4)}
                       for p, x in rows.items()}}
     print(json.dumps(out))
+
+
+def mean_window_p99(series, phases, warmup_s: float) -> dict:
+    """The mean of the 1-s windows' P99 (ms) after the warm-up, over the run and per phase kind: a
+    figure that sees every phase, where the run's P99 is made by its worst."""
+    t, p99 = np.asarray(series.window_start), np.asarray(series.window_p99_ms)
+    keep = (t >= warmup_s) & np.isfinite(p99)
+    out = {"all": round(float(p99[keep].mean()), 3)}
+    for kind in dict.fromkeys(ph.kind for ph in phases):
+        m = keep & np.any([(t >= ph.start) & (t < ph.end) for ph in phases if ph.kind == kind], axis=0)
+        out[kind] = round(float(p99[m].mean()), 3)
+    return out
 
 
 def plot(path: str, r, r_star, lo, hi, title: str, band: float) -> None:
