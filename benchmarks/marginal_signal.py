@@ -14,7 +14,7 @@ rate and EMB time share (fetch / (fetch + recompute)) of the node-windows, the s
 recovery tier can read. Prints figures; asserts nothing.
 
     python benchmarks/marginal_signal.py --compare results/X/compare-seed1.json \
-        --ratios 0.3,0.4,0.5,0.6,0.7,0.8,0.95 [--values tail,mean,blend]
+        --ratios 0.3,0.4,0.5,0.6,0.7,0.8,0.95 [--values tail,mean,blend] [--blend 0.05,0.1]
 
 With `--compare` (a `helmgr compare --json` result holding the phase oracle) the workload, seed,
 duration and router are the oracle's, the KV ghosts are the cluster's (as HELM's), and each
@@ -80,6 +80,8 @@ def main() -> None:
     ap.add_argument("--compare", default=None,
                     help="a `helmgr compare --json` result with the phase oracle: each block's zero crossing")
     ap.add_argument("--values", default=",".join(MarginalSampler.VALUES), help="the pricings compared per block")
+    ap.add_argument("--blend", default=str(MarginalSampler.BLEND),
+                    help="the blend's weight on the mean price (a comma list: one zero path each)")
     args = ap.parse_args()
     oracle = None
     if args.compare:
@@ -118,13 +120,15 @@ def main() -> None:
         sums.append(probe.blocks)
     if oracle:
         for value in args.values.split(","):
-            zero_path(MarginalSampler(args.share, value), ratios, sums, blocks)
+            for blend in (args.blend.split(",") if value == "blend" else [None]):
+                zero_path(MarginalSampler(args.share, value, blend and float(blend)), ratios, sums, blocks)
 
 
 def zero_path(sampler: MarginalSampler, ratios: list[float], sums: list[dict], blocks: list[dict]) -> None:
     """Per oracle block: the signal priced by `sampler` at each ratio and its zero crossing against
     r* and the band; then the zero path's mean band distance, overall and per phase kind."""
-    print(f"# {sampler.value}: block, kind, r*, band, zero, distance to the band, signal (ms/request/unit r) "
+    name = f"{sampler.value} {sampler.blend}" if sampler.value == "blend" else sampler.value
+    print(f"# {name}: block, kind, r*, band, zero, distance to the band, signal (ms/request/unit r) "
           f"at {ratios}")
     dist = defaultdict(list)
     for k, b in enumerate(blocks):
@@ -136,8 +140,9 @@ def zero_path(sampler: MarginalSampler, ratios: list[float], sums: list[dict], b
         print(f"{b['start']:6.0f} {b['kind']:9s} {b['r_star']:.2f} [{lo:.2f}, {hi:.2f}] {z:.2f} {d:.3f}  "
               + " ".join(f"{x * 1e3:+.3f}" for x in sig))
     every = [d for ds in dist.values() for d in ds]
-    print(json.dumps({"value": sampler.value, "zero_path_band_distance": round(float(np.mean(every)), 4),
-                      "by_kind": {k: round(float(np.mean(ds)), 4) for k, ds in dist.items()}}), flush=True)
+    print(json.dumps({"value": sampler.value} | ({"blend": sampler.blend} if sampler.value == "blend" else {})
+                     | {"zero_path_band_distance": round(float(np.mean(every)), 4),
+                        "by_kind": {k: round(float(np.mean(ds)), 4) for k, ds in dist.items()}}), flush=True)
 
 
 def zero(ratios: list[float], sig: np.ndarray) -> float:

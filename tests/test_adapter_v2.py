@@ -256,7 +256,7 @@ def test_helm_track_runs_adapter_v2_with_its_preset_and_names_it_in_its_revision
     assert policy.sampler.value == "blend"
     rev = helm_revision(HelmTrack)
     assert "adapter=marginal(bound=0.9,step=0.03,block=3,z=2.0,grow=1.5,max_step=0.15," in rev
-    assert "hold_base=True,max_down=0.05,shadow=0.05,levels=cluster,value=blend(0.1))" in rev
+    assert "hold_base=True,max_down=0.05,shadow=0.05,levels=cluster,value=blend(0.05))" in rev
     other = HelmTrack(adapter_kw={"bound": 0.5})
     other.attach(0, warm_node())
     assert (other.ctl[0].adapter.bound, other.ctl[0].adapter.max_down) == (0.5, 0.05)
@@ -269,7 +269,7 @@ def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_second
     40 % of the shadow's 1,000 rows. Priced over every request the sample is
     (1000 row_s - 2k token_s) / 0.05 / 200, positive (grow EMB); by the tail, the EMB side counts
     (0.01 + 0.01) / (0.2 + 0.2) = 5 % of its seconds and the KV side 50 %: 50 - 200 rows' worth,
-    and the sign turns. Blended, 0.1 x 600 + 0.9 x (-150) = -75 rows' worth."""
+    and the sign turns. Blended, 0.05 x 600 + 0.95 x (-150) = -112.5 rows' worth."""
     from helmgr.core.window import NodeWindow
     from helmgr.policy.policies import HelmPolicy, MarginalSampler, shadow_prices
     from tests.test_node import warm_node
@@ -296,6 +296,18 @@ def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_second
     assert samples["mean"] == pytest.approx(600 * row_s / 0.05 / 200, rel=1e-3)
     assert samples["tail"] == pytest.approx((0.05 * 1000 * row_s - 0.5 * 2 * k * token_s) / 0.05 / 200)
     assert samples["tail"] == pytest.approx(-150 * row_s / 0.05 / 200, rel=1e-2)
-    assert samples["blend"] == pytest.approx((0.1 * 600 - 0.9 * 150) * row_s / 0.05 / 200, rel=1e-2)
+    assert samples["blend"] == pytest.approx((0.05 * 600 - 0.95 * 150) * row_s / 0.05 / 200, rel=1e-2)
     with pytest.raises(ValueError, match="value must be 'mean', 'tail' or 'blend', got 'p99'"):
         HelmPolicy(value="p99")
+
+
+@pytest.mark.parametrize("value, blend, expected", [("mean", None, 0.2), ("tail", None, -0.06),
+                                                    ("blend", None, 0.05 * 0.2 + 0.95 * -0.06),
+                                                    ("blend", 0.1, 0.1 * 0.2 + 0.9 * -0.06)])
+def test_a_samples_price_from_its_sums(value, blend, expected):
+    """Sums of 2 s of EMB shadow and 1 s of KV ghost over 100 requests, shadows of 5 %: priced
+    over every request (2 - 1) / 0.05 / 100 = 0.2; by the tail, the EMB side at 0.1 / 1 of its
+    seconds and the KV side at 0.5 / 1, (0.2 - 0.5) / 0.05 / 100 = -0.06; blended in between."""
+    from helmgr.policy.policies import MarginalSampler
+    acc = [2.0, 1.0, 100, 0, 0.1, 1.0, 0.5, 1.0]
+    assert MarginalSampler(0.05, value, blend).price(acc) == pytest.approx(expected)
