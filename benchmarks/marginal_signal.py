@@ -47,6 +47,7 @@ class ShadowProbe(Static):
         self.share, self.values = share, []
         self.peers = [] if cluster_ghosts else None
         self.block_s, self.blocks = block_s, defaultdict(lambda: MarginalSampler.open(0))   # block -> its sums
+        self.sums = MarginalSampler(share)                   # (its fold)
 
     def attach(self, index, node):
         track_shadows(node, self.share, self.peers)
@@ -58,7 +59,7 @@ class ShadowProbe(Static):
             self.values.append((w.t, v[0], w.emb_misses / max(1, w.emb_ids),
                                 fetch / (fetch + recompute) if fetch + recompute > 0 else 0.5))
         if self.block_s:
-            MarginalSampler(self.share).fold(self.blocks[int((w.t - 1e-9) // self.block_s)], w, node.cost)
+            self.sums.fold(self.blocks[int((w.t - 1e-9) // self.block_s)], w, node.cost)
 
 
 def mean_se(x: np.ndarray) -> tuple[float, float]:
