@@ -59,7 +59,8 @@ from helmgr.workload.synthetic import parse_regime
               help="With --seeds: worker processes for the training runs and the validation runs [default: all cores].")
 @json_option
 def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardware, model, runs_dir, nodes, n_envs,
-              relative, init_path, checkpoint_every, target_kl, seeds, validate_seeds, validate_duration, jobs, as_json):
+              relative, init_path, checkpoint_every, target_kl, seeds, validate_seeds, validate_duration, jobs,
+              as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
     \b
@@ -109,8 +110,9 @@ def _select(timesteps, seeds, validate_seeds, duration, env, n_envs, out_path, r
                       init=None if init_path is None else str(init_path), checkpoint_every=checkpoint_every,
                       target_kl=target_kl)
     report = runs_dir / f"select__{'-'.join(map(str, seeds))}__{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
-    with progress("train", sc.steps()) as bar:
-        task = bar.add_task(f"{len(seeds)} PPO seeds, then {sc.steps() - len(seeds)} validation runs", total=sc.steps())
+    steps = sc.steps()
+    with progress("train", steps) as bar:
+        task = bar.add_task(f"{len(seeds)} PPO seeds, then {steps - len(seeds)} validation runs", total=steps)
         sel = select_policy(sc, out_path, report, runs_dir, jobs or os.cpu_count() or 1,
                             on_done=lambda _: bar.advance(task))
     if as_json:
