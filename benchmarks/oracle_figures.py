@@ -6,12 +6,13 @@
 
 Takes a `helmgr compare --json` result that holds the phase oracle (its `oracle_blocks`, `r*` and
 bands per block, and the oracle's own run), runs POLICY under the same router, workload, seed,
-duration and starting ratio on the v2 cluster, and prints its P99, mean ratio, regret (P99 / the oracle's P99 - 1),
-band distance and oracle distance (`experiments.phase_oracle.window_figures`, the code `compare`
-and `evaluate` use), with the stored rows of the compare beside it. One 720-s steady oracle costs
-about half an hour on one core; a change of the controller does not change it, so this measures
-the change against the same oracle in a minute. `--plot` draws the run's ratio against r* and its
-band; `--base` puts another base policy file under a HELM policy (a retrained candidate). Asserts
+duration and starting ratio on the v2 cluster, and prints its P99, mean ratio, regret (P99 / the
+oracle's P99 - 1), band distance (also in phase: over the blocks whose lookahead stays in their
+phase kind) and oracle distance (`experiments.phase_oracle`, the code `compare` and `evaluate`
+use), with the stored rows of the compare beside it. One 720-s steady oracle costs about half an
+hour on one core; a change of the controller does not change it, so this measures the change
+against the same oracle in a minute. `--plot` draws the run's ratio against r* and its band;
+`--base` puts another base policy file under a HELM policy (a retrained candidate). Asserts
 nothing.
 """
 from __future__ import annotations
@@ -21,12 +22,13 @@ import json
 
 import numpy as np
 
-from helmgr.experiments.phase_oracle import block_windows, regret, window_figures
+from helmgr.experiments.phase_oracle import (block_windows, horizon_in_phase, in_phase_band_distance, regret,
+                                             window_figures)
 from helmgr.policy.policies import POLICIES, HelmPolicy
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.config import scenario_cluster
 from helmgr.sim.metrics import window_ratios
-from helmgr.workload import WorkloadSpec
+from helmgr.workload import Phase, WorkloadSpec
 
 
 def main() -> None:
@@ -63,6 +65,9 @@ def main() -> None:
     per_window = block_windows([b["start"] for b in blocks], blocks[-1]["end"], [b["r_star"] for b in blocks],
                                [b["band"][0] for b in blocks], [b["band"][1] for b in blocks])
     dist, band = window_figures(r, *per_window)
+    keep = horizon_in_phase([Phase(b["start"], b["end"], b["kind"]) for b in blocks], oracle.get("oracle_lookahead_s", 0.0))
+    keep = block_windows([b["start"] for b in blocks], blocks[-1]["end"], keep, keep, keep)[0] > 0
+    in_phase = in_phase_band_distance(r, per_window[1], per_window[2], keep)
     if args.plot:
         plot(args.plot, r, *per_window, f"{rec['workload']} seed {rec['seed']}: {args.policy}"
              + (f" over {args.base.rsplit('/', 1)[-1]}" if args.base else ""), band)
@@ -71,7 +76,7 @@ def main() -> None:
            "duration_s": duration, "p99_ms": round(s["p99_ms"], 3), "mean_ratio": round(float(r.mean()), 3),
            "last_quarter_ratio": round(float(r[int(0.75 * len(r)):].mean()), 3),
            "regret": round(regret(s["p99_ms"], oracle["p99_ms"]), 4), "band_distance": round(band, 4),
-           "oracle_distance": round(dist, 4),
+           "band_distance_in_phase": in_phase and round(in_phase, 4), "oracle_distance": round(dist, 4),
            "mean_window_p99_ms": mean_window_p99(res.series, w.phases, oracle["warmup_s"]),
            "wall_s": round(s["wall_s"], 1),
            "stored": {p: {"p99_ms": round(x["p99_ms"], 3), "regret": x["regret"] and round(x["regret"], 4),

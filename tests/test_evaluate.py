@@ -89,6 +89,9 @@ def test_tables_by_hand(done):
     assert rows[("helm", "helm")]["regret"] == pytest.approx(
         rows[("helm", "helm")]["p99_ms"] / rows[("oracle", "helm")]["p99_ms"] - 1)
     assert "oracle_distance" in rows[("helm", "helm")] and rows[("helm", "least-loaded")]["regret"] is None
+    # no lookahead: every block is judged in its own phase
+    assert rows[("helm", "helm")]["band_distance_in_phase"] == pytest.approx(rows[("helm", "helm")]["band_distance"])
+    assert ctrl["band_distance_in_phase"] == pytest.approx(ctrl["band_distance"])
     full = rows[("helm", "helm")]                         # what its P99 is made of, from its summary
     assert full["tail_wait_ms"] >= 0 and full["tail_service_ms"] > 0
     assert full["tail_wait_ms"] + full["tail_service_ms"] >= full["p99_ms"] - 1e-9   # the tail's mean: at or past it

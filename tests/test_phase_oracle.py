@@ -1,11 +1,14 @@
 """The phase oracle (SPEC 5 v2): the block fit, its guards, the per-policy figures by hand, and a
 tiny simulated run (serial and parallel replays agree)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 from helmgr.experiments.block_fit import BlockFit, fit_block
 from helmgr.experiments.phase_oracle import (PhaseOracleResult, band_distance, block_arrivals, figures, held,
-                                             oracle_blocks, oracle_distance, regret, run_phase_oracle)
+                                             horizon_in_phase, in_phase_band_distance, oracle_blocks,
+                                             oracle_distance, regret, run_phase_oracle)
 from helmgr.sim import SimConfig
 from helmgr.sim.metrics import window_ratios
 from helmgr.workload import Phase, default_config, synthetic_workload
@@ -178,8 +181,30 @@ def test_distances_and_regret_by_hand():
     assert band_distance(timeline, 2, 4.0, o) == pytest.approx(0.2 / 4)
     assert regret(12.0, o) == pytest.approx(0.2)
     assert regret(float("nan"), o) is None
+    # no lookahead: every block is judged in its own phase, so both band distances agree
     assert figures(held(0.35, 2), 2, 4.0, o, 10.0) == pytest.approx(
-        {"oracle_distance": (0.05 * 2 + 0.35 * 2) / 4, "band_distance": 0.25 * 2 / 4, "regret": 0.0})
+        {"oracle_distance": (0.05 * 2 + 0.35 * 2) / 4, "band_distance": 0.25 * 2 / 4,
+         "band_distance_in_phase": 0.25 * 2 / 4, "regret": 0.0})
+
+
+def test_in_phase_band_distance_leaves_out_blocks_judged_on_the_next_phase():
+    o = dataclasses.replace(hand_oracle(), lookahead_s=2.0)
+    # the steady block's 2-s horizon takes in the burst block; the burst block's is itself
+    assert o.in_phase().tolist() == [False, False, True, True]
+    # held 0.35: 0.25 from the burst's band in both of its windows, 0 in the steady block's
+    f = figures(held(0.35, 2), 2, 4.0, o, 10.0)
+    assert f["band_distance"] == pytest.approx(0.25 * 2 / 4) and f["band_distance_in_phase"] == pytest.approx(0.25)
+    # held 0.5: 0.1 in each steady window (left out) and in each burst window (kept)
+    assert figures(held(0.5, 2), 2, 4.0, o, 10.0)["band_distance_in_phase"] == pytest.approx(0.1)
+    assert in_phase_band_distance([0.5, 0.5], [0.2, 0.2], [0.4, 0.4], [False, False]) is None
+
+
+def test_horizon_in_phase_looks_as_far_as_the_lookahead():
+    kinds = ["feed"] * 4 + ["discovery"] * 3 + ["feed"]
+    blocks = [Phase(10.0 * k, 10.0 * (k + 1), kind) for k, kind in enumerate(kinds)]
+    assert horizon_in_phase(blocks, 0.0).all()
+    # 25 s reaches the two blocks after: the two before each change are out
+    assert horizon_in_phase(blocks, 25.0).tolist() == [True, True, False, False, True, False, False, True]
 
 
 def test_per_window_takes_the_block_of_the_windows_middle():

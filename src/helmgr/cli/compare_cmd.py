@@ -18,7 +18,7 @@ from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
 
 COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "mean_ratio",
-           "oracle_distance", "band_distance", "regret", "held_oracle_distance", "burst_violation_share", "wall_s")
+           "oracle_distance", "band_distance", "band_distance_in_phase", "regret", "held_oracle_distance", "burst_violation_share", "wall_s")
 
 
 @click.command("compare")
@@ -107,8 +107,9 @@ def _markdown(result: dict) -> str:
              f"({len(result['grid'])} ratios). The oracle is the phase oracle: r* per block (the workload's "
              "phases, at most 10 s each) from a convex fit of log P99 of the block replayed at every grid "
              "ratio. Oracle distance: mean |r - r*| per 1-s window, r the mean of the nodes' ratios, r* "
-             "cluster-wide; band distance: from r to the ratios within 2 % of the fit's minimum; regret: "
-             "P99 / the oracle's - 1.", "",
+             "cluster-wide; band distance: from r to the ratios within 2 % of the fit's minimum; in phase: "
+             "the same over the blocks whose lookahead stays in their own phase kind (all blocks without "
+             "--oracle-lookahead); regret: P99 / the oracle's - 1.", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in COLUMNS) + " |" for r in result["results"]]
     return "\n".join(lines) + "\n\n![P99 and SLO](compare_p99_slo.png)\n![ratios](compare_ratios.png)\n" \

@@ -182,13 +182,14 @@ def _ratio_traces(ev: EvalConfig, results: dict) -> dict:
 
 HEAD = ("regime", "config", "baseline", "p99_ms", "baseline_p99_ms", "p99_reduction", "window_slo",
         "baseline_window_slo", "throughput_ratio", "utilization", "baseline_utilization")
-CTRL = HEAD[:5] + ("p99_reduction", "window_slo", "regret", "band_distance", "oracle_distance")
+CTRL = HEAD[:5] + ("p99_reduction", "window_slo", "regret", "band_distance", "band_distance_in_phase",
+                   "oracle_distance")
 CAP = ("regime", "config", "capacity_rps", "vs_static_best_prefix_aware", "static_ratio")
 BLOCKS = ("regime", "seed", "router", "kind", "blocks", "r_star_min", "r_star_max", "spread", "common_lo", "common_hi",
           "static_best", "static_best_in_band")
 ROWS = ("regime", "seed", "policy", "router", "ratio", "p99_ms", "tail_wait_ms", "tail_service_ms", "tail_cold_share",
         "window_slo_satisfaction", "utilization", "overloaded", "mean_ratio", "burst_violation_share",
-        "oracle_distance", "band_distance", "regret")
+        "oracle_distance", "band_distance", "band_distance_in_phase", "regret")
 
 
 def _fmt(v) -> str:

@@ -216,7 +216,7 @@ def run_oracle_unit(unit: Unit, jobs: int, ray_address: str | None, on_progress=
     star, lo, hi = o.per_window()
     return {"summary": {k: v for k, v in o.summary.items() if not isinstance(v, (list, dict))},
             "window_ratio": window_ratios(o.series.timeline, cfg.nodes, spec.build().duration_s),
-            "r_star": star, "band_lo": lo, "band_hi": hi, "blocks": o.block_table()}
+            "r_star": star, "band_lo": lo, "band_hi": hi, "in_phase": o.in_phase(), "blocks": o.block_table()}
 
 
 # track(label, total) -> advance(k)

@@ -49,6 +49,7 @@ class PhaseOracleResult:
     grid: np.ndarray
     grid_p99: np.ndarray             # blocks x grid: each replay's P99 (s), inf for an empty block
     cluster: Cluster
+    lookahead_s: float = 0.0
 
     @property
     def r_star(self) -> np.ndarray:
@@ -59,6 +60,12 @@ class PhaseOracleResult:
         """(r*, band low, band high) of each window: those of the block holding its middle."""
         return block_windows([b.start for b in self.blocks], self.blocks[-1].end, self.r_star,
                              [f.band_lo for f in self.fits], [f.band_hi for f in self.fits], window_s)
+
+    def in_phase(self, window_s: float = 1.0) -> np.ndarray:
+        """Per window: whether the block holding its middle was judged within its own phase kind
+        (`horizon_in_phase`)."""
+        keep = horizon_in_phase(self.blocks, self.lookahead_s)
+        return block_windows([b.start for b in self.blocks], self.blocks[-1].end, keep, keep, keep, window_s)[0] > 0
 
     def block_table(self) -> list[dict]:
         """Per block, JSON-safe: its span and kind, r*, band and fit, each ratio's P99 (ms)."""
@@ -176,27 +183,43 @@ def run_phase_oracle(cfg: SimConfig, workload: Workload, grid: list[float], jobs
         if on_progress:
             on_progress(k + 1)
     cluster.finish()
-    result = _result(start, cluster, blocks, fits, grid, table, time.perf_counter() - wall, block_s, fit)
-    result.summary["oracle_lookahead_s"] = float(lookahead_s)
-    return result
+    return _result(start, cluster, blocks, fits, grid, table, time.perf_counter() - wall, block_s, fit,
+                   float(lookahead_s))
+
+
+def horizon_last(blocks: Sequence[Phase], k: int, lookahead_s: float) -> int:
+    """The last block of block k's horizon: the following blocks that end within `lookahead_s` of
+    its end belong to it."""
+    last = k
+    while last + 1 < len(blocks) and blocks[last + 1].end <= blocks[k].end + lookahead_s + 1e-9:
+        last += 1
+    return last
+
+
+def horizon_in_phase(blocks: Sequence[Phase], lookahead_s: float) -> np.ndarray:
+    """Per block: whether its horizon stays in blocks of its own kind. Where it does not, the
+    oracle chose r* for arrivals of the next phase (a burst, trend's other plateau), a change a
+    causal policy cannot see coming; without lookahead every block is in phase."""
+    kinds = [b.kind for b in blocks]
+    return np.array([all(kinds[j] == kinds[k] for j in range(k, horizon_last(blocks, k, lookahead_s) + 1))
+                     for k in range(len(blocks))], bool)
 
 
 def _with_horizon(blocks, arrivals, lookahead_s: float):
-    """(block, its arrivals, the arrivals of it and of the following blocks that end within
-    `lookahead_s` of its end), in order; the stream is read at most that far ahead."""
+    """(block, its arrivals, the arrivals of it and of the blocks of its horizon), in order; the
+    stream is read at most that far ahead."""
     ahead: deque = deque()
     arrivals = iter(arrivals)
     for k, b in enumerate(blocks):
-        last = k
-        while last + 1 < len(blocks) and blocks[last + 1].end <= b.end + lookahead_s + 1e-9:
-            last += 1
+        last = horizon_last(blocks, k, lookahead_s)
         while len(ahead) < last - k + 1:
             ahead.append(next(arrivals))
         yield b, ahead[0], [p for pieces in list(ahead)[:last - k + 1] for p in pieces]
         ahead.popleft()
 
 
-def _result(start: Start, cluster: Cluster, blocks, fits, grid, table, wall: float, block_s, fit: str):
+def _result(start: Start, cluster: Cluster, blocks, fits, grid, table, wall: float, block_s, fit: str,
+            lookahead_s: float = 0.0):
     cfg, workload, profile = start.cfg, start.workload, start.profile
     slo_s = (cfg.slo_ms if cfg.slo_ms is not None else profile.model.slo_ms) * 1e-3
     summary, series = summarize(cluster.rec, cluster.nodes + cluster.retired, workload.duration_s, slo_s,
@@ -205,9 +228,9 @@ def _result(start: Start, cluster: Cluster, blocks, fits, grid, table, wall: flo
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": "oracle", "router": cfg.router,
             "ratio": fits[0].r_star, "seed": cfg.seed, "hardware": cfg.hardware, "model": cfg.model,
             "duration_s": workload.duration_s, "oracle_grid": [float(r) for r in grid], "oracle_block_s": block_s,
-            "oracle_blocks": len(blocks), "oracle_fit": fit}
+            "oracle_blocks": len(blocks), "oracle_fit": fit, "oracle_lookahead_s": lookahead_s}
     result = PhaseOracleResult(head | summary, series, blocks, tuple(fits), np.asarray(grid, float),
-                               np.asarray(table), cluster)
+                               np.asarray(table), cluster, lookahead_s)
     result.summary.update(figures(series.timeline, cfg.nodes, workload.duration_s, result, summary["p99_ms"]))
     return result
 
@@ -233,6 +256,17 @@ def window_figures(r, star, lo, hi) -> tuple[float, float]:
             float(np.nanmean(np.maximum(np.maximum(lo - r, r - hi), 0.0))))
 
 
+def in_phase_band_distance(r, lo, hi, keep) -> float | None:
+    """Mean distance from r to the band over the windows `keep` marks (`PhaseOracleResult.in_phase`):
+    the band distance a causal policy can be held to. None where no window is kept."""
+    n = min(len(r), len(lo), len(keep))
+    keep = np.asarray(keep, bool)[:n]
+    if not keep.any():
+        return None
+    r, lo, hi = (np.asarray(x, float)[:n][keep] for x in (r, lo, hi))
+    return float(np.nanmean(np.maximum(np.maximum(lo - r, r - hi), 0.0)))
+
+
 def regret(p99_ms: float, oracle: PhaseOracleResult | float) -> float | None:
     """P99 / the oracle's P99 (its result, or its P99 in ms) - 1; None when either P99 is not a
     positive finite number."""
@@ -244,9 +278,14 @@ def regret(p99_ms: float, oracle: PhaseOracleResult | float) -> float | None:
 
 def figures(timeline, n_nodes: int, duration: float, oracle: PhaseOracleResult, p99_ms: float,
             window_s: float = 1.0) -> dict:
-    """`oracle_distance`, `band_distance` and `regret` of a run (its ratio timeline and P99)."""
-    dist, band = window_figures(window_ratios(timeline, n_nodes, duration, window_s), *oracle.per_window(window_s))
-    return {"oracle_distance": dist, "band_distance": band, "regret": regret(p99_ms, oracle)}
+    """`oracle_distance`, `band_distance`, `band_distance_in_phase` and `regret` of a run (its ratio
+    timeline and P99)."""
+    r = window_ratios(timeline, n_nodes, duration, window_s)
+    star, lo, hi = oracle.per_window(window_s)
+    dist, band = window_figures(r, star, lo, hi)
+    return {"oracle_distance": dist, "band_distance": band,
+            "band_distance_in_phase": in_phase_band_distance(r, lo, hi, oracle.in_phase(window_s)),
+            "regret": regret(p99_ms, oracle)}
 
 
 def held(ratio: float, n_nodes: int) -> list:

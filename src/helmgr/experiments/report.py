@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from helmgr.experiments.evaluate import EvalConfig, Unit, static_best_ratio
-from helmgr.experiments.phase_oracle import regret, window_figures
+from helmgr.experiments.phase_oracle import in_phase_band_distance, regret, window_figures
 from helmgr.experiments.scenario import properties, summarize_check
 
 FULL = ("helm", "helm")
@@ -19,7 +19,7 @@ SYSTEM_BASELINES = (("static-best", "least-loaded"), ("static-best", "prefix-awa
 CONTROLLER = (("helm", "helm"), ("static-best", "helm"))
 ROW_FIELDS = ("regime", "seed", "policy", "router", "ratio", "p99_ms", "window_slo_satisfaction", "slo_attainment",
               "throughput_rps", "utilization", "overloaded", "mean_ratio", "emb_hit_rate", "kv_hit_rate",
-              "burst_violation_share", "oracle_distance", "band_distance", "regret",
+              "burst_violation_share", "oracle_distance", "band_distance", "band_distance_in_phase", "regret",
               "tail_wait_ms", "tail_service_ms", "tail_cold_share")      # what the P99 is made of (metrics.TAIL)
 
 
@@ -51,7 +51,10 @@ def _figures(run: dict, oracle: dict, row: dict) -> dict:
     if ratio is None:                                     # static-best: its ratio held throughout
         ratio = np.full(len(oracle["r_star"]), run["ratio"])
     dist, band = window_figures(ratio, oracle["r_star"], oracle["band_lo"], oracle["band_hi"])
+    keep = oracle.get("in_phase")                         # (absent from units stored before it existed)
     return {"oracle_distance": dist, "band_distance": band,
+            "band_distance_in_phase": None if keep is None else in_phase_band_distance(
+                ratio, oracle["band_lo"], oracle["band_hi"], keep),
             "regret": regret(row["p99_ms"], oracle["summary"]["p99_ms"])}
 
 
@@ -84,6 +87,7 @@ def headline(table: list[dict], ev: EvalConfig, pair: tuple[str, str], base: tup
                     "overloaded_seeds": [s for a, _, s in got if a["overloaded"]],
                     "regret": _mean(a["regret"] for a, _, _ in got),
                     "band_distance": _mean(a["band_distance"] for a, _, _ in got),
+                    "band_distance_in_phase": _mean(a.get("band_distance_in_phase") for a, _, _ in got),
                     "oracle_distance": _mean(a["oracle_distance"] for a, _, _ in got),
                     "seeds": len(got)})
     return out
