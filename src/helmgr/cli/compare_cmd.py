@@ -18,7 +18,8 @@ from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
 
 COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "mean_ratio",
-           "oracle_distance", "band_distance", "band_distance_in_phase", "regret", "held_oracle_distance", "burst_violation_share", "wall_s")
+           "oracle_distance", "band_distance", "band_distance_in_phase", "regret", "held_oracle_distance",
+           "burst_violation_share", "wall_s")
 
 
 @click.command("compare")
