@@ -23,7 +23,7 @@ import json
 import numpy as np
 
 from helmgr.experiments.phase_oracle import (block_windows, horizon_in_phase, in_phase_band_distance, regret,
-                                             window_figures)
+                                             spread, window_figures)
 from helmgr.policy.policies import POLICIES, HelmPolicy
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.config import scenario_cluster
@@ -65,9 +65,9 @@ def main() -> None:
     per_window = block_windows([b["start"] for b in blocks], blocks[-1]["end"], [b["r_star"] for b in blocks],
                                [b["band"][0] for b in blocks], [b["band"][1] for b in blocks])
     dist, band = window_figures(r, *per_window)
-    keep = horizon_in_phase([Phase(b["start"], b["end"], b["kind"]) for b in blocks],
-                            oracle.get("oracle_lookahead_s", 0.0))
-    keep = block_windows([b["start"] for b in blocks], blocks[-1]["end"], keep, keep, keep)[0] > 0
+    keep = spread([b["start"] for b in blocks], blocks[-1]["end"],
+                  horizon_in_phase([Phase(b["start"], b["end"], b["kind"]) for b in blocks],
+                                   oracle.get("oracle_lookahead_s", 0.0)))
     in_phase = in_phase_band_distance(r, per_window[1], per_window[2], keep)
     if args.plot:
         plot(args.plot, r, *per_window, f"{rec['workload']} seed {rec['seed']}: {args.policy}"

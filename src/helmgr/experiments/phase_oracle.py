@@ -64,8 +64,8 @@ class PhaseOracleResult:
     def in_phase(self, window_s: float = 1.0) -> np.ndarray:
         """Per window: whether the block holding its middle was judged within its own phase kind
         (`horizon_in_phase`)."""
-        keep = horizon_in_phase(self.blocks, self.lookahead_s)
-        return block_windows([b.start for b in self.blocks], self.blocks[-1].end, keep, keep, keep, window_s)[0] > 0
+        return spread([b.start for b in self.blocks], self.blocks[-1].end,
+                      horizon_in_phase(self.blocks, self.lookahead_s), window_s)
 
     def block_table(self) -> list[dict]:
         """Per block, JSON-safe: its span and kind, r*, band and fit, each ratio's P99 (ms)."""
@@ -76,11 +76,17 @@ class PhaseOracleResult:
 def block_windows(starts, end: float, r_star, lo, hi,
                   window_s: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-block r*, band low and band high (blocks starting at `starts`, the last ending at
-    `end`) spread over windows of `window_s`: each window takes the block holding its middle."""
+    `end`) spread over windows of `window_s` (`spread`)."""
+    return tuple(spread(starts, end, np.asarray(v, float), window_s) for v in (r_star, lo, hi))
+
+
+def spread(starts, end: float, values, window_s: float = 1.0) -> np.ndarray:
+    """Per-block `values` (blocks starting at `starts`, the last ending at `end`) over windows of
+    `window_s`: each window takes the block holding its middle."""
     n_win = max(1, int(np.ceil(end / window_s - 1e-9)))
     mid = (np.arange(n_win) + 0.5) * window_s
     k = np.clip(np.searchsorted(np.asarray(starts, float), mid, side="right") - 1, 0, len(starts) - 1)
-    return np.asarray(r_star, float)[k], np.asarray(lo, float)[k], np.asarray(hi, float)[k]
+    return np.asarray(values)[k]
 
 
 def oracle_blocks(phases: Sequence[Phase], block_s: float | None = BLOCK_S) -> tuple[Phase, ...]:
@@ -252,8 +258,12 @@ def window_figures(r, star, lo, hi) -> tuple[float, float]:
     """(mean |r - r*|, mean distance from r to the band [lo, hi]) over the windows both cover."""
     n = min(len(r), len(star))
     r, star, lo, hi = (np.asarray(x, float)[:n] for x in (r, star, lo, hi))
-    return (float(np.nanmean(np.abs(r - star))),
-            float(np.nanmean(np.maximum(np.maximum(lo - r, r - hi), 0.0))))
+    return float(np.nanmean(np.abs(r - star))), float(np.nanmean(_outside(r, lo, hi)))
+
+
+def _outside(r, lo, hi) -> np.ndarray:
+    """How far each r lies outside its band [lo, hi] (0 inside)."""
+    return np.maximum(np.maximum(lo - r, r - hi), 0.0)
 
 
 def in_phase_band_distance(r, lo, hi, keep) -> float | None:
@@ -264,7 +274,7 @@ def in_phase_band_distance(r, lo, hi, keep) -> float | None:
     if not keep.any():
         return None
     r, lo, hi = (np.asarray(x, float)[:n][keep] for x in (r, lo, hi))
-    return float(np.nanmean(np.maximum(np.maximum(lo - r, r - hi), 0.0)))
+    return float(np.nanmean(_outside(r, lo, hi)))
 
 
 def regret(p99_ms: float, oracle: PhaseOracleResult | float) -> float | None:
