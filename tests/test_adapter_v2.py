@@ -124,6 +124,28 @@ def test_a_step_toward_kv_is_capped_at_max_down_and_a_step_toward_emb_is_not():
     assert MarginalAdapter(N_FEATURES).max_down == 0.06          # unset: max_step, as before it existed
 
 
+def test_down_cap_rising_caps_steps_toward_kv_only_on_a_level_entered_from_below():
+    """max_down 0.05 with down_cap "rising", load levels 20 % apart, blocks of 2 negative samples.
+    At 100 req/s (the first level, capped): -0.03, -0.045, -0.05 to -0.125. At 70 req/s (a level
+    entered from above, starting at 0): -0.03, -0.045, -0.0675 uncapped, to -0.1425 ("always":
+    -0.125). Back at 100 (entered from below): its -0.125 and its last step -0.05 return, and the
+    next step, 0.075, is capped again: -0.175."""
+    def run(cap):
+        a = MarginalAdapter(N_FEATURES, bound=0.9, step=0.03, grow=1.5, max_step=0.15, max_down=0.05, block=2,
+                            z=0.0, load_alpha=1.0, down_cap=cap)
+        offsets = []
+        for load, blocks in ((100.0, 3), (70.0, 3), (100.0, 1)):
+            for _ in range(blocks):
+                a.learn(-1.0, load)
+                a.learn(-1.2, load)
+                offsets.append(round(a.offset, 6))
+        return offsets
+    assert run("rising") == pytest.approx([-0.03, -0.075, -0.125, -0.03, -0.075, -0.1425, -0.175])
+    assert run("always") == pytest.approx([-0.03, -0.075, -0.125, -0.03, -0.075, -0.125, -0.175])
+    with pytest.raises(ValueError, match="down_cap 'always' or 'rising', got 'up'"):
+        MarginalAdapter(N_FEATURES, down_cap="up")
+
+
 def test_adapter_v2_rejects_a_step_past_its_bound():
     with pytest.raises(ValueError, match="step"):
         MarginalAdapter(N_FEATURES, bound=0.05, step=0.1, max_step=0.1)
@@ -245,18 +267,19 @@ def test_helm_revision_names_the_tiers_default_settings():
 
 def test_helm_track_runs_adapter_v2_with_its_preset_and_names_it_in_its_revision():
     """helm-track: the blended price and the tracking preset (bound 0.9, steps 0.03 to 0.15, at
-    most 0.05 toward KV, blocks of 3 at z 2) in its controllers and its revision; a setting
-    passed in overrides the preset's one."""
+    most 0.05 toward KV on a level entered from below, blocks of 3 at z 2) in its controllers and
+    its revision; a setting passed in overrides the preset's one."""
     from helmgr.policy.policies import POLICIES, HelmTrack, helm_revision
     from tests.test_node import warm_node
     policy = POLICIES["helm-track"]()
     policy.attach(0, warm_node())
     a = policy.ctl[0].adapter
-    assert (a.bound, a.step, a.max_step, a.max_down, a.block, a.z) == (0.9, 0.03, 0.15, 0.05, 3, 2.0)
+    assert (a.bound, a.step, a.max_step, a.max_down, a.down_cap, a.block, a.z) == (0.9, 0.03, 0.15, 0.05, "rising", 3, 2.0)
     assert policy.sampler.value == "blend"
     rev = helm_revision(HelmTrack)
     assert "adapter=marginal(bound=0.9,step=0.03,block=3,z=2.0,grow=1.5,max_step=0.15," in rev
-    assert "hold_base=True,max_down=0.05,shadow=0.05,levels=cluster,value=blend(0.05))" in rev
+    assert "hold_base=True,max_down=0.05,down_cap=rising,shadow=0.05,levels=cluster,value=blend(0.05))" in rev
+    assert "down_cap" not in helm_revision()                     # "always" is left out, as before it existed
     other = HelmTrack(adapter_kw={"bound": 0.5})
     other.attach(0, warm_node())
     assert (other.ctl[0].adapter.bound, other.ctl[0].adapter.max_down) == (0.5, 0.05)

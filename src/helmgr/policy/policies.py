@@ -438,15 +438,19 @@ class HelmTrack(HelmPolicy):
       0.5-0.7 in trend's discovery, where the oracle's r* is 0.95; blended, it is near r* there.
     - Offsets up to ±0.9, not ±0.25: in trend's feed phases the base is 0.3-0.5 above r*.
     - Faster steps: a block of 3 samples (6 s) at z 2, 0.03 growing ×1.5 to 0.15; toward KV at
-      most 0.05 (`max_down`), since the signal says "grow KV" for 20-30 s at discovery's onset.
-    Chosen on the tuning seeds 101-102 (docs/results/2026-12-06-signal-zero.md). Against `helm`
-    on the evaluation seeds 1-3: trend's band distance 0.079 against 0.133, its mean window P99
-    about 5 % and its P99 0.4-1.2 % lower; steady's P99 0.7-1.0 % higher (it settles at 0.61,
-    where 0.6 is best), burst's within ±0.5 %. Not the default: that is issue 22's call."""
+      most 0.05 (`max_down`), since the signal says "grow KV" for 20-30 s at discovery's onset,
+      but only on a load level entered from below (`down_cap` "rising"): on a falling load the
+      best split falls fast (trend's feed after discovery).
+    Chosen on the tuning seeds 101-102 (docs/results/2026-12-06-signal-zero.md,
+    2026-12-06-zero-track.md). Against `helm` on the evaluation seeds 1-3: trend's band distance
+    0.065-0.067 against 0.127-0.137, its mean window P99 about 5 % and its P99 0.5-1.5 % lower;
+    steady's P99 0.7-1.0 % higher (it settles at 0.61, where 0.6 is best), burst's -0.4 to
+    +0.8 %. Not the default: that is issue 22's call."""
 
     name = "helm-track"
     value = "blend"
-    adapter_preset = {"bound": 0.9, "block": 3, "z": 2.0, "step": 0.03, "max_step": 0.15, "max_down": 0.05}
+    adapter_preset = {"bound": 0.9, "block": 3, "z": 2.0, "step": 0.03, "max_step": 0.15, "max_down": 0.05,
+                      "down_cap": "rising"}
 
 
 class HelmV1(HelmPolicy):
