@@ -306,6 +306,99 @@ class Independent(MemoryPolicy):
         return target
 
 
+class ZeroTrack(MemoryPolicy):
+    """The cluster as adapter v2's multi-depth shadow: the nodes hold one centre split plus fixed
+    offsets spread over ±`spread` (node i of n: −spread + 2·spread·i/(n − 1)), so each EMB refresh
+    gives the counterfactual signal (`MarginalSampler`, priced "blend" at `blend`) at n splits at
+    once. Every `period` s the samples of the last `window` s are fitted S = a + b·r by least
+    squares across the nodes, and the centre moves to the fitted zero −a/b, by at most `up`
+    toward EMB and `down` toward KV; with no fit (a single node, every node on one split, or
+    b ≥ 0) it steps `step` toward the mean sample's sign. Near r_min or r_max the spread shrinks
+    so that no node is pushed past them.
+
+    The signal is a slope at the split a node has, not a distance to the optimum: adapter v2
+    steps on its sign and, to be safe at discovery's onset, slowly. Seen at several splits at
+    once, its zero is a place to jump to. `prefetch`: a move toward EMB larger than it sets
+    `RecoveryRefill.active` (`--refill recovery`) for `prefetch_s`, so the grown EMB cache is
+    copied in the background rather than on misses. An option measured against the phase
+    oracle's band (issue 22; docs/results/2026-12-06-zero-track.md), not part of HELM: it has
+    no base policy and no burst tier."""
+
+    name = "zero-track"
+
+    def __init__(self, spread: float = 0.1, period: float = 2.0, window: float = 4.0, up: float = 0.2,
+                 down: float = 0.15, step: float = 0.05, blend: float = 0.1, prefetch: float = 0.1,
+                 prefetch_s: float = 10.0):
+        if not (0 <= spread < 0.5 and 0 < period <= window and 0 < step <= min(up, down)):
+            raise ValueError(f"zero-track needs 0 <= spread < 0.5, 0 < period <= window and 0 < step <= up, down; "
+                             f"got spread {spread}, period {period}, window {window}, step {step}")
+        self.spread, self.period, self.window, self.up, self.down, self.step = spread, period, window, up, down, step
+        self.prefetch, self.prefetch_s = prefetch, prefetch_s
+        self.sampler = MarginalSampler(value="blend", blend=blend)
+        self.peers: list = []
+        self.nodes: dict[int, object] = {}
+        self.centre: float | None = None
+        self.points: list[tuple[float, float, float]] = []     # (window end s, node's ratio, sample)
+        self.next_fit = period
+        self.prefetch_until = -1.0
+        self.fits = self.sign_steps = 0
+        self.lo, self.hi = 0.0, 1.0                              # the nodes' r_min, r_max (`attach`)
+
+    def attach(self, index, node):
+        self.nodes[index] = node
+        self.sampler.attach(index, node, self.peers)
+        if self.centre is None:
+            self.centre = node.ratio
+        self.lo, self.hi = node.config.r_min, node.config.r_max
+
+    def observe(self, index, w, node):
+        if isinstance(node.refill, RecoveryRefill):
+            node.refill.active = w.t < self.prefetch_until
+        sample = self.sampler.sample(index, w, node)
+        if sample is not None:
+            self.points.append((w.t, node.ratio, sample))
+        if w.t >= self.next_fit:
+            self.next_fit = w.t + self.period
+            self.fit(w.t)
+
+    def fit(self, t: float) -> float | None:
+        """Move the centre by the samples of the last `window` s up to `t`; the fitted zero (None
+        without a fit)."""
+        self.points = [p for p in self.points if p[0] > t - self.window]
+        if len(self.points) < 2:
+            return None
+        _, r, s = (np.asarray(x) for x in zip(*self.points))
+        zero = None
+        if np.ptp(r) > 1e-9:
+            b, a = np.polyfit(r, s, 1)
+            zero = -a / b if b < 0 else None
+        if zero is None:
+            move = self.step if s.mean() > 0 else -self.step
+            self.sign_steps += 1
+        else:
+            move = zero - self.centre
+            self.fits += 1
+        move = min(self.up, max(-self.down, move))
+        if move > self.prefetch:
+            self.prefetch_until = t + self.prefetch_s
+        self.centre = float(min(self.hi, max(self.lo, self.centre + move)))
+        return None if zero is None else float(zero)
+
+    def offset(self, index: int) -> float:
+        """Node `index`'s offset from the centre (shrunk near r_min or r_max)."""
+        n = max(self.nodes) + 1
+        if n < 2 or self.spread == 0:
+            return 0.0
+        room = min(self.spread, self.hi - self.centre, self.centre - self.lo)
+        return (-1.0 + 2.0 * index / (n - 1)) * room
+
+    def decide(self, index, node, now):
+        return None if self.centre is None else self.centre + self.offset(index)
+
+    def report(self):
+        return {"zero_track": {"fits": self.fits, "sign_steps": self.sign_steps, "centre": self.centre}}
+
+
 class HelmPolicy(MemoryPolicy):
     """The three-tier HELM controller (helmgr.controller), one per node, deciding at the end of
     every window; `path` names an exported base policy (default: the one shipped)."""
@@ -484,7 +577,7 @@ def helm_revision(policy: type = HelmPolicy) -> str:
 
 POLICIES = {"static": Static, "adaptive": Adaptive, "latency-driven": LatencyDriven, "independent": Independent,
             "helm": HelmPolicy, "helm-track": HelmTrack, "helm-base": HelmBase, "helm-base+adapter": HelmBaseAdapter,
-            "helm-v1": HelmV1, "helm-base+adapter-v1": HelmBaseAdapterV1}
+            "helm-v1": HelmV1, "helm-base+adapter-v1": HelmBaseAdapterV1, "zero-track": ZeroTrack}
 
 
 def make_policy(name: str) -> MemoryPolicy:
