@@ -111,14 +111,16 @@ def line(a, b, ratios=(0.4, 0.5, 0.6), t=10.0):
     return [(t, r, a + b * r) for r in ratios]
 
 
-@pytest.mark.parametrize("a,centre,zero,after,prefetch", [
-    (2.0, 0.45, 0.5, 0.5, False),       # S = 2 - 4r: zero 0.5, a move of 0.05
-    (3.0, 0.45, 0.75, 0.65, True),      # zero 0.75: +0.3, held to `up` 0.2 (> prefetch 0.1: prefetch)
-    (1.0, 0.6, 0.25, 0.45, False),      # zero 0.25: -0.35, held to `down` 0.15
-    (4.8, 0.9, 1.2, 0.95, True),        # zero 1.2: +0.2 would pass r_max 0.95
+@pytest.mark.parametrize("a,centre,gain,zero,after,prefetch", [
+    (2.0, 0.45, 1.0, 0.5, 0.5, False),      # S = 2 - 4r: zero 0.5, a move of 0.05
+    (3.0, 0.45, 1.0, 0.75, 0.65, True),     # zero 0.75: +0.3, held to `up` 0.2 (> prefetch 0.1: prefetch)
+    (1.0, 0.6, 1.0, 0.25, 0.45, False),     # zero 0.25: -0.35, held to `down` 0.15
+    (4.8, 0.9, 1.0, 1.2, 0.95, True),       # zero 1.2: +0.2 would pass r_max 0.95
+    (3.0, 0.45, 0.3, 0.75, 0.54, False),    # the default gain, 0.3: a third of the way, +0.09
+    (1.0, 0.6, 0.3, 0.25, 0.495, False),    # -0.105
 ])
-def test_zero_track_moves_its_centre_to_the_fitted_zero_within_its_steps(a, centre, zero, after, prefetch):
-    z = zero_track(centre, line(a, -4.0))
+def test_zero_track_moves_its_centre_toward_the_fitted_zero_within_its_steps(a, centre, gain, zero, after, prefetch):
+    z = zero_track(centre, line(a, -4.0), gain=gain)
     assert z.fit(10.0) == pytest.approx(zero)
     assert z.centre == pytest.approx(after) and (z.fits, z.sign_steps) == (1, 0)
     assert z.prefetch_until == (20.0 if prefetch else -1.0)
@@ -156,6 +158,8 @@ def test_zero_track_rejects_settings_it_cannot_keep():
         ZeroTrack(period=5.0, window=4.0)
     with pytest.raises(ValueError, match="step 0.3"):
         ZeroTrack(step=0.3)
+    with pytest.raises(ValueError, match="gain 0"):
+        ZeroTrack(gain=0.0)
 
 
 def test_zero_track_fits_across_two_nodes_and_follows_the_kv_side_down():
