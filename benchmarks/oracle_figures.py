@@ -2,7 +2,7 @@
 
     python benchmarks/oracle_figures.py --compare results/X/compare-seed1.json [--policy helm]
                                         [--adapter '{"hold_base": false}'] [--base policy.npz]
-                                        [--policy-kw '{"value": "blend"}']
+                                        [--policy-kw '{"value": "blend"}'] [--react 20]
 
 Takes a `helmgr compare --json` result that holds the phase oracle (its `oracle_blocks`, `r*` and
 bands per block, and the oracle's own run), runs POLICY under the same router, workload, seed,
@@ -12,8 +12,10 @@ phase kind) and oracle distance (`experiments.phase_oracle`, the code `compare` 
 use), with the stored rows of the compare beside it. One 720-s steady oracle costs about half an
 hour on one core; a change of the controller does not change it, so this measures the change
 against the same oracle in a minute. `--plot` draws the run's ratio against r* and its band;
-`--base` puts another base policy file under a HELM policy (a retrained candidate). Asserts
-nothing.
+`--base` puts another base policy file under a HELM policy (a retrained candidate). `--react S`
+also prints the band distance in phase with the blocks starting less than S s after a phase
+change left out (`band_distance_in_phase_react`: a causal policy's reaction time, issue 22's
+proposal). Asserts nothing.
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ def main() -> None:
     ap.add_argument("--plot", default=None, help="a PNG of the run's mean ratio per window against r* and its band")
     ap.add_argument("--base", default=None, help="a base policy file for a HELM policy (default: the shipped one)")
     ap.add_argument("--policy-kw", default=None, help="a HELM policy's other settings, as JSON (e.g. value)")
+    ap.add_argument("--react", type=float, default=None,
+                    help="also the band distance in phase, less the blocks starting within this many s of a change")
     args = ap.parse_args()
     with open(args.compare) as f:
         rec = json.load(f)
@@ -65,10 +69,11 @@ def main() -> None:
     per_window = block_windows([b["start"] for b in blocks], blocks[-1]["end"], [b["r_star"] for b in blocks],
                                [b["band"][0] for b in blocks], [b["band"][1] for b in blocks])
     dist, band = window_figures(r, *per_window)
-    keep = spread([b["start"] for b in blocks], blocks[-1]["end"],
-                  horizon_in_phase([Phase(b["start"], b["end"], b["kind"]) for b in blocks],
-                                   oracle.get("oracle_lookahead_s", 0.0)))
-    in_phase = in_phase_band_distance(r, per_window[1], per_window[2], keep)
+    phases = [Phase(b["start"], b["end"], b["kind"]) for b in blocks]
+    lookahead = oracle.get("oracle_lookahead_s", 0.0)
+    kept = lambda react: spread([b["start"] for b in blocks], blocks[-1]["end"],   # noqa: E731
+                                horizon_in_phase(phases, lookahead, react))
+    in_phase = in_phase_band_distance(r, per_window[1], per_window[2], kept(0.0))
     if args.plot:
         plot(args.plot, r, *per_window, f"{rec['workload']} seed {rec['seed']}: {args.policy}"
              + (f" over {args.base.rsplit('/', 1)[-1]}" if args.base else ""), band)
@@ -78,12 +83,19 @@ def main() -> None:
            "last_quarter_ratio": round(float(r[int(0.75 * len(r)):].mean()), 3),
            "regret": round(regret(s["p99_ms"], oracle["p99_ms"]), 4), "band_distance": round(band, 4),
            "band_distance_in_phase": in_phase and round(in_phase, 4), "oracle_distance": round(dist, 4),
+           **({} if args.react is None else {"react_s": args.react, "band_distance_in_phase_react": rounded(
+               in_phase_band_distance(r, per_window[1], per_window[2], kept(args.react)))}),
            "mean_window_p99_ms": mean_window_p99(res.series, w.phases, oracle["warmup_s"]),
            "wall_s": round(s["wall_s"], 1),
            "stored": {p: {"p99_ms": round(x["p99_ms"], 3), "regret": x["regret"] and round(x["regret"], 4),
                           "band_distance": x["band_distance"] and round(x["band_distance"], 4)}
                       for p, x in rows.items()}}
     print(json.dumps(out))
+
+
+def rounded(x: float | None) -> float | None:
+    """`x` to 4 decimals; None (no window kept) stays None."""
+    return None if x is None else round(x, 4)
 
 
 def mean_window_p99(series, phases, warmup_s: float) -> dict:

@@ -205,6 +205,9 @@ def test_horizon_in_phase_looks_as_far_as_the_lookahead():
     assert horizon_in_phase(blocks, 0.0).all()
     # 25 s reaches the two blocks after: the two before each change are out
     assert horizon_in_phase(blocks, 25.0).tolist() == [True, True, False, False, True, False, False, True]
+    # a 15-s reaction allowance: also out, the two blocks starting 0 and 10 s after each change (40 s, 70 s)
+    assert horizon_in_phase(blocks, 0.0, 15.0).tolist() == [True, True, True, True, False, False, True, False]
+    assert horizon_in_phase(blocks, 25.0, 15.0).tolist() == [True, True, False, False, False, False, False, False]
 
 
 def test_per_window_takes_the_block_of_the_windows_middle():

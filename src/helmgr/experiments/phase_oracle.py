@@ -202,12 +202,16 @@ def horizon_last(blocks: Sequence[Phase], k: int, lookahead_s: float) -> int:
     return last
 
 
-def horizon_in_phase(blocks: Sequence[Phase], lookahead_s: float) -> np.ndarray:
+def horizon_in_phase(blocks: Sequence[Phase], lookahead_s: float, react_s: float = 0.0) -> np.ndarray:
     """Per block: whether its horizon stays in blocks of its own kind. Where it does not, the
     oracle chose r* for arrivals of the next phase (a burst, trend's other plateau), a change a
-    causal policy cannot see coming; without lookahead every block is in phase."""
+    causal policy cannot see coming; without lookahead every block is in phase. `react_s` (a
+    proposal for issue 22, 0 by default) also leaves out the blocks that start less than that
+    after a change of kind: the time a causal policy needs to see a change that has come."""
     kinds = [b.kind for b in blocks]
+    changes = [b.start for b, a in zip(blocks[1:], blocks) if b.kind != a.kind]
     return np.array([all(kinds[j] == kinds[k] for j in range(k, horizon_last(blocks, k, lookahead_s) + 1))
+                     and not any(c <= blocks[k].start < c + react_s for c in changes)
                      for k in range(len(blocks))], bool)
 
 
