@@ -71,8 +71,11 @@ def main() -> None:
     dist, band = window_figures(r, *per_window)
     phases = [Phase(b["start"], b["end"], b["kind"]) for b in blocks]
     lookahead = oracle.get("oracle_lookahead_s", 0.0)
-    kept = lambda react: spread([b["start"] for b in blocks], blocks[-1]["end"],   # noqa: E731
-                                horizon_in_phase(phases, lookahead, react))
+
+    def kept(react: float) -> np.ndarray:
+        """The windows of the blocks in phase, less those within `react` s of a change."""
+        return spread([b["start"] for b in blocks], blocks[-1]["end"], horizon_in_phase(phases, lookahead, react))
+
     in_phase = in_phase_band_distance(r, per_window[1], per_window[2], kept(0.0))
     if args.plot:
         plot(args.plot, r, *per_window, f"{rec['workload']} seed {rec['seed']}: {args.policy}"

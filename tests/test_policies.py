@@ -101,7 +101,7 @@ def zero_track(centre=0.45, points=(), nodes=8, **kw):
     from helmgr.policy.policies import ZeroTrack
     z = ZeroTrack(**kw)
     z.centre, z.lo, z.hi = centre, 0.05, 0.95
-    z.nodes = dict.fromkeys(range(nodes))
+    z.n_nodes = nodes
     z.points = list(points)
     return z
 

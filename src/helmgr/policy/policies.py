@@ -338,7 +338,7 @@ class ZeroTrack(MemoryPolicy):
         self.prefetch, self.prefetch_s, self.gain = prefetch, prefetch_s, gain
         self.sampler = MarginalSampler(value="blend", blend=blend)
         self.peers: list = []
-        self.nodes: dict[int, object] = {}
+        self.n_nodes = 0                                         # the highest node index seen + 1
         self.centre: float | None = None
         self.points: list[tuple[float, float, float]] = []     # (window end s, node's ratio, sample)
         self.next_fit = period
@@ -347,7 +347,7 @@ class ZeroTrack(MemoryPolicy):
         self.lo, self.hi = 0.0, 1.0                              # the nodes' r_min, r_max (`attach`)
 
     def attach(self, index, node):
-        self.nodes[index] = node
+        self.n_nodes = max(self.n_nodes, index + 1)
         self.sampler.attach(index, node, self.peers)
         if self.centre is None:
             self.centre = node.ratio
@@ -388,11 +388,10 @@ class ZeroTrack(MemoryPolicy):
 
     def offset(self, index: int) -> float:
         """Node `index`'s offset from the centre (shrunk near r_min or r_max)."""
-        n = max(self.nodes) + 1
-        if n < 2 or self.spread == 0:
+        if self.n_nodes < 2 or self.spread == 0:
             return 0.0
         room = min(self.spread, self.hi - self.centre, self.centre - self.lo)
-        return (-1.0 + 2.0 * index / (n - 1)) * room
+        return (-1.0 + 2.0 * index / (self.n_nodes - 1)) * room
 
     def decide(self, index, node, now):
         return None if self.centre is None else self.centre + self.offset(index)
