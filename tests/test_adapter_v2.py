@@ -64,7 +64,7 @@ def test_load_levels_follow_the_node_or_the_cluster_mean_rate():
     reported within two windows (1-s windows): 100; (100 + 200) / 2 = 150; node 0 again at 2 s:
     (120 + 200) / 2 = 160; at 4 s node 1's 1-s window is stale: 90 alone. "cluster" is HELM's
     default; "node" gives None (the controller then takes the node's own)."""
-    from helmgr.policy.policies import HelmPolicy
+    from helmgr.policy.helm import HelmPolicy
     for load, level in ((None, 60), (1.1 ** 48, 48)):
         ctl = Controller(constant_policy(0.0), adapter=MarginalAdapter(N_FEATURES, load_width=0.1))
         ctl.step(stats(0.5, rps=300.0), marginal=1.0, load=load)
@@ -109,43 +109,6 @@ def test_steps_in_one_direction_grow_and_a_turn_starts_again_from_the_first():
     assert a.last_step == pytest.approx(-0.03) and a.applied == 6
 
 
-def test_a_step_toward_kv_is_capped_at_max_down_and_a_step_toward_emb_is_not():
-    """step 0.03, grow 1.5, max_step 0.15, max_down 0.05: three negative blocks step 0.03, then
-    0.045, then 0.05 (0.0675 capped), to -0.125; three positive ones turn and grow uncapped:
-    0.03, 0.045, 0.0675, to -0.0175."""
-    a = MarginalAdapter(N_FEATURES, bound=0.9, step=0.03, grow=1.5, max_step=0.15, max_down=0.05, block=2, z=0.0,
-                        load_width=None)
-    offsets = []
-    for sign in (-1, -1, -1, 1, 1, 1):
-        a.learn(sign * 1.0)
-        a.learn(sign * 1.2)
-        offsets.append(a.offset)
-    assert offsets == pytest.approx([-0.03, -0.075, -0.125, -0.095, -0.05, 0.0175])
-    assert MarginalAdapter(N_FEATURES).max_down == 0.06          # unset: max_step, as before it existed
-
-
-def test_down_cap_rising_caps_steps_toward_kv_only_on_a_level_entered_from_below():
-    """max_down 0.05 with down_cap "rising", load levels 20 % apart, blocks of 2 negative samples.
-    At 100 req/s (the first level, capped): -0.03, -0.045, -0.05 to -0.125. At 70 req/s (a level
-    entered from above, starting at 0): -0.03, -0.045, -0.0675 uncapped, to -0.1425 ("always":
-    -0.125). Back at 100 (entered from below): its -0.125 and its last step -0.05 return, and the
-    next step, 0.075, is capped again: -0.175."""
-    def run(cap):
-        a = MarginalAdapter(N_FEATURES, bound=0.9, step=0.03, grow=1.5, max_step=0.15, max_down=0.05, block=2,
-                            z=0.0, load_alpha=1.0, down_cap=cap)
-        offsets = []
-        for load, blocks in ((100.0, 3), (70.0, 3), (100.0, 1)):
-            for _ in range(blocks):
-                a.learn(-1.0, load)
-                a.learn(-1.2, load)
-                offsets.append(round(a.offset, 6))
-        return offsets
-    assert run("rising") == pytest.approx([-0.03, -0.075, -0.125, -0.03, -0.075, -0.1425, -0.175])
-    assert run("always") == pytest.approx([-0.03, -0.075, -0.125, -0.03, -0.075, -0.125, -0.175])
-    with pytest.raises(ValueError, match="down_cap 'always' or 'rising', got 'up'"):
-        MarginalAdapter(N_FEATURES, down_cap="up")
-
-
 def test_adapter_v2_rejects_a_step_past_its_bound():
     with pytest.raises(ValueError, match="step"):
         MarginalAdapter(N_FEATURES, bound=0.05, step=0.1, max_step=0.1)
@@ -159,8 +122,6 @@ def test_adapter_v2_rejects_a_step_past_its_bound():
         MarginalAdapter(N_FEATURES, load_hysteresis=0.4)
     with pytest.raises(ValueError, match="load_width"):
         MarginalAdapter(N_FEATURES, load_width=0.0)
-    with pytest.raises(ValueError, match="max_down 0.1, max_step 0.06"):
-        MarginalAdapter(N_FEATURES, max_down=0.1)
 
 
 def test_the_controller_adds_the_learned_offset_after_the_decision_that_closed_the_block():
@@ -209,7 +170,7 @@ def test_helm_v2_samples_the_shadows_once_per_emb_refresh():
     shadows (tests/test_engine.py checks it against the Python path). A bias of 0.1 sets every node 0.1 above its controller's decision: the node's
     final ratio is the last decision applied (the fifth window's; the sixth's comes after the
     run) plus 0.1, to the page."""
-    from helmgr.policy.policies import HelmBaseAdapter
+    from helmgr.policy.helm import HelmBaseAdapter
     from helmgr.sim import SimConfig, simulate
     from tests.test_sim import small
 
@@ -237,7 +198,7 @@ def test_a_prefix_recomputed_anywhere_credits_the_ghost_that_evicted_it(shared):
     request, a 100-token prefix, to node B, which holds 60 of it. With the ghosts shared, A is
     credited the 80 - 60 = 20 tokens keeping the prefix would have saved; per node, nobody is."""
     from helmgr.memory.kv_table import ghost_put
-    from helmgr.policy.policies import track_shadows
+    from helmgr.policy.marginal import track_shadows
     from tests.test_node import history, warm_node
     a, b = warm_node(), warm_node()
     a.id, b.id = 0, 1
@@ -256,33 +217,13 @@ def test_helm_revision_names_the_tiers_default_settings():
     """Stored HELM runs are keyed by the revision: a change of adapter v2's or the recovery tier's
     defaults must give a new one (bound 0.25, grow 1.5, the base held; recovery to 0.95 with a
     down-step of 0.05 on three samples today); the base alone names neither tier's settings."""
-    from helmgr.policy.policies import POLICIES, helm_revision
+    from helmgr.policy.helm import helm_revision
+    from helmgr.policy.policies import POLICIES
     full, base = helm_revision(POLICIES["helm"]), helm_revision(POLICIES["helm-base"])
     assert "adapter=marginal(bound=0.25," in full and "grow=1.5" in full and "hold_base=True" in full
     assert "shadow=0.05,levels=cluster,value=tail)" in full
     assert "/recovery=True(ratio=0.95,step=0.1,hold=60.0,miss=0.01,signal=0.05,samples=3,z=2.5)" in full
     assert base.endswith("/adapter=False/recovery=False") and base.split("/")[0] == full.split("/")[0]
-    assert "max_down" not in full
-
-
-def test_helm_track_runs_adapter_v2_with_its_preset_and_names_it_in_its_revision():
-    """helm-track: the blended price and the tracking preset (bound 0.9, steps 0.03 to 0.15, at
-    most 0.05 toward KV on a level entered from below, blocks of 3 at z 2) in its controllers and
-    its revision; a setting passed in overrides the preset's one."""
-    from helmgr.policy.policies import POLICIES, HelmTrack, helm_revision
-    from tests.test_node import warm_node
-    policy = POLICIES["helm-track"]()
-    policy.attach(0, warm_node())
-    a = policy.ctl[0].adapter
-    assert (a.bound, a.step, a.max_step, a.max_down, a.down_cap, a.block, a.z) == (0.9, 0.03, 0.15, 0.05, "rising", 3, 2.0)
-    assert policy.sampler.value == "blend"
-    rev = helm_revision(HelmTrack)
-    assert "adapter=marginal(bound=0.9,step=0.03,block=3,z=2.0,grow=1.5,max_step=0.15," in rev
-    assert "hold_base=True,max_down=0.05,down_cap=rising,shadow=0.05,levels=cluster,value=blend(0.05))" in rev
-    assert "down_cap" not in helm_revision()                     # "always" is left out, as before it existed
-    other = HelmTrack(adapter_kw={"bound": 0.5})
-    other.attach(0, warm_node())
-    assert (other.ctl[0].adapter.bound, other.ctl[0].adapter.max_down) == (0.5, 0.05)
 
 
 def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_seconds():
@@ -292,9 +233,10 @@ def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_second
     40 % of the shadow's 1,000 rows. Priced over every request the sample is
     (1000 row_s - 2k token_s) / 0.05 / 200, positive (grow EMB); by the tail, the EMB side counts
     (0.01 + 0.01) / (0.2 + 0.2) = 5 % of its seconds and the KV side 50 %: 50 - 200 rows' worth,
-    and the sign turns. Blended, 0.05 x 600 + 0.95 x (-150) = -112.5 rows' worth."""
+    and the sign turns."""
     from helmgr.core.window import NodeWindow
-    from helmgr.policy.policies import HelmPolicy, MarginalSampler, shadow_prices
+    from helmgr.policy.helm import HelmPolicy
+    from helmgr.policy.marginal import MarginalSampler, shadow_prices
     from tests.test_node import warm_node
     node = warm_node()
     row_s, token_s = shadow_prices(node.cost, 200)
@@ -307,7 +249,7 @@ def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_second
                           kv_shadow_tokens=k, tail_fetch_s=0.01, tail_recompute_s=0.05)
 
     samples = {}
-    for value in ("mean", "tail", "blend"):
+    for value in ("mean", "tail"):
         policy = HelmPolicy(value=value)
         policy.sampler = MarginalSampler(policy.shadow_share, value)
         policy.sampler.acc[0] = MarginalSampler.open(node.emb.epoch)
@@ -319,18 +261,15 @@ def test_a_tail_priced_sample_weighs_each_cache_by_its_share_of_the_tails_second
     assert samples["mean"] == pytest.approx(600 * row_s / 0.05 / 200, rel=1e-3)
     assert samples["tail"] == pytest.approx((0.05 * 1000 * row_s - 0.5 * 2 * k * token_s) / 0.05 / 200)
     assert samples["tail"] == pytest.approx(-150 * row_s / 0.05 / 200, rel=1e-2)
-    assert samples["blend"] == pytest.approx((0.05 * 600 - 0.95 * 150) * row_s / 0.05 / 200, rel=1e-2)
-    with pytest.raises(ValueError, match="value must be 'mean', 'tail' or 'blend', got 'p99'"):
+    with pytest.raises(ValueError, match="value must be 'mean' or 'tail', got 'p99'"):
         HelmPolicy(value="p99")
 
 
-@pytest.mark.parametrize("value, blend, expected", [("mean", None, 0.2), ("tail", None, -0.06),
-                                                    ("blend", None, 0.05 * 0.2 + 0.95 * -0.06),
-                                                    ("blend", 0.1, 0.1 * 0.2 + 0.9 * -0.06)])
-def test_a_samples_price_from_its_sums(value, blend, expected):
+@pytest.mark.parametrize("value, expected", [("mean", 0.2), ("tail", -0.06)])
+def test_a_samples_price_from_its_sums(value, expected):
     """Sums of 2 s of EMB shadow and 1 s of KV ghost over 100 requests, shadows of 5 %: priced
     over every request (2 - 1) / 0.05 / 100 = 0.2; by the tail, the EMB side at 0.1 / 1 of its
-    seconds and the KV side at 0.5 / 1, (0.2 - 0.5) / 0.05 / 100 = -0.06; blended in between."""
-    from helmgr.policy.policies import MarginalSampler
+    seconds and the KV side at 0.5 / 1, (0.2 - 0.5) / 0.05 / 100 = -0.06."""
+    from helmgr.policy.marginal import MarginalSampler
     acc = [2.0, 1.0, 100, 0, 0.1, 1.0, 0.5, 1.0]
-    assert MarginalSampler(0.05, value, blend).price(acc) == pytest.approx(expected)
+    assert MarginalSampler(0.05, value).price(acc) == pytest.approx(expected)

@@ -66,10 +66,10 @@ def test_env_episodes_are_the_same_on_either_simulator_path(relative):
     np.testing.assert_array_equal(traces["auto"], traces["python"])
 
 
-def test_env_v2_episodes_are_stretches_of_the_scenarios_runs_on_its_nodes():
-    """v2: a node's share of the scenario (an eighth of the regime's rate and users), pipelined
+def test_env_episodes_are_stretches_of_the_default_runs_on_its_nodes():
+    """A node's share of the default cluster (an eighth of the regime's rate and users), pipelined
     batches of 8, the 20-ms SLO, a random stretch of the whole 360-s run; the presets drawn from
-    the mixture. v1: serial nodes at 300 req/s, the model's SLO, a run as long as the episode."""
+    the mixture."""
     from helmgr.workload import default_config
     small = dict(n_items=20_000, n_clusters=8)
     env = HelmEnv(regimes=("trend",), episode_s=3.0, warmup_s=2.0, workload=small,
@@ -79,8 +79,8 @@ def test_env_v2_episodes_are_stretches_of_the_scenarios_runs_on_its_nodes():
         _, info = env.reset(seed=seed)
         c, wc = env.cluster.cfg, env.workload_config
         assert (c.engine, c.max_batch, c.slo_ms, env.slo_s) == ("pipelined", 8, 20.0, 0.02)
-        assert wc.rps == default_config("trend", "v2").rps / 8 == 275.0 and wc.duration_s == 360.0
-        assert wc.n_users == default_config("trend", "v2").n_users // 8
+        assert wc.rps == default_config("trend").rps / 8 == 275.0 and wc.duration_s == 360.0
+        assert wc.n_users == default_config("trend").n_users // 8
         assert 0 <= info["start_s"] <= 360 - 2 - 3 - 1 and (c.hardware, c.model) == (info["hardware"], info["model"])
         drawn.add((info["hardware"], info["model"]))
     assert {h for h, _ in drawn} == {"a100-80g", "h100-80g"} and {m for _, m in drawn} == {"large", "small"}
@@ -92,18 +92,14 @@ def test_env_v2_episodes_are_stretches_of_the_scenarios_runs_on_its_nodes():
     first = next(c for k, c in enumerate(w.chunks(1.0)) if k == start + 2)
     mine = next(env.chunks)
     assert start > 0 and np.array_equal(mine.t, first.t - start) and np.array_equal(mine.user, first.user)
-    v1 = HelmEnv(regimes=("steady",), episode_s=3.0, warmup_s=2.0, workload=small, scenario="v1")
-    v1.reset(seed=1)
-    assert (v1.cluster.cfg.engine, v1.cluster.cfg.max_batch, v1.workload_config.rps) == ("serial", 1, 300.0)
-    assert v1.workload_config.duration_s == 6.0 and v1.slo_s == v1.cluster.profile.model.slo_ms * 1e-3
 
 
 def test_the_recorded_train_command_names_every_setting_off_its_default():
     from helmgr.learn.train import command_flags
     assert command_flags({}) == ""
     assert command_flags({"regimes": ("steady", "trend", "burst"), "episode_s": 60.0, "relative": True,
-                          "scenario": "v1", "hardware": ("a100-80g",), "model": ("large", "small")}) == \
-        " --episode-s 60 --scenario v1 --model large,small --relative"
+                          "hardware": ("a100-80g",), "model": ("large", "small")}) == \
+        " --episode-s 60 --model large,small --relative"
     assert command_flags({"regimes": ("burst",), "hardware": "h100-80g"}) == " --workloads burst --hardware h100-80g"
 
 
@@ -430,7 +426,7 @@ def test_observation_and_reward_by_hand():
 
 def test_helm_policy_drives_every_node_in_the_simulator(tmp_path):
     from helmgr.sim import SimConfig, simulate
-    from helmgr.policy.policies import HelmBase
+    from helmgr.policy.helm import HelmBase
     from tests.test_sim import small
     constant_policy(1.0, max_step=0.05).save(tmp_path / "up.npz")   # always "more EMB"
     r = simulate(SimConfig(nodes=2, ratio=0.3, router="helm", warmup_s=2.0), small(duration_s=6.0),
@@ -446,49 +442,43 @@ def test_helm_policy_drives_every_node_in_the_simulator(tmp_path):
 
 
 def test_burst_events_reach_the_results():
-    """A x3.8 burst from 37.9 s to 41.7 s: both nodes' recovery tiers start at the end of the
-    first whole window inside it (39 s), and the events are in the run's summary."""
+    """A x3.84 burst from 37.24 s to 40.97 s: both nodes' recovery tiers start at the end of the
+    first window the burst mostly fills (37-38 s, 0.76 s of it), and the events are in the run's
+    summary."""
     from helmgr.sim import SimConfig, simulate
-    from helmgr.policy.policies import HelmPolicy, HelmV1
-    from tests.test_sim import small
-    w = small("flash", seed=1, duration_s=60.0)            # the first version's burst
-    assert [(round(b.start, 1), round(b.end, 1)) for b in w.bursts] == [(37.9, 41.7)]
-    for policy in (HelmPolicy(), HelmV1()):
-        r = simulate(SimConfig(nodes=2, ratio=0.5, router="helm", warmup_s=2.0), w, policy=policy)
-        assert r.summary["controller"]["burst_events"] == [{"node": 0, "t": 39.0, "event": "start"},
-                                                           {"node": 1, "t": 39.0, "event": "start"}]
-        assert [c.safety.bad_input for c in r.cluster.policy.ctl.values()] == [0, 0]  # the simulator's windows: all taken
-        if isinstance(policy, HelmV1):
-            # each adapter learned from the windows before the burst (windows 1-38, less the first
-            # two: nothing to credit yet, then the reward baseline) and is frozen since: 36
-            # estimates, no 60-window block full, so no step
-            assert r.summary["controller"]["adapter_estimates"] == 72 and r.summary["controller"]["adapter_steps"] == 0
-        else:
-            # adapter v2: a sample at each window after a refresh (2, 4, ..., 38 s) and none once
-            # the burst froze it: 19 a node
-            assert r.summary["controller"]["adapter_estimates"] == 38
+    from helmgr.policy.helm import HelmPolicy
+    from tests.test_sim import short_burst
+    w = short_burst(seed=1, duration_s=60.0)
+    assert [(round(b.start, 2), round(b.end, 2)) for b in w.bursts] == [(37.24, 40.97)]
+    r = simulate(SimConfig(nodes=2, ratio=0.5, router="helm", warmup_s=2.0), w, policy=HelmPolicy())
+    assert r.summary["controller"]["burst_events"] == [{"node": 0, "t": 38.0, "event": "start"},
+                                                       {"node": 1, "t": 38.0, "event": "start"}]
+    assert [c.safety.bad_input for c in r.cluster.policy.ctl.values()] == [0, 0]  # the simulator's windows: all taken
+    # adapter v2: a sample at each window after a refresh (2, 4, ..., 36 s) and none once the
+    # burst froze it (the window closing at 38 s froze it before its sample): 18 a node
+    assert r.summary["controller"]["adapter_estimates"] == 36
 
 
 def test_recovery_refill_streams_only_while_the_recovery_tier_holds_the_node():
     """`--refill recovery` under HELM: lazy (no refill bytes) until the recovery tier starts at
-    39 s (the burst of test_burst_events_reach_the_results), then a background stream on both
+    38 s (the burst of test_burst_events_reach_the_results), then a background stream on both
     nodes while recovery lasts (it has not handed back by the end): node 0's recovery grows its
     EMB share, node 1's refresh makes rows wanted, and both are streamed in."""
     from helmgr.memory.link import REFILL
-    from helmgr.policy.policies import HelmPolicy
+    from helmgr.policy.helm import HelmPolicy
     from helmgr.sim import SimConfig, simulate
-    from tests.test_sim import small
+    from tests.test_sim import short_burst
     seen = []                                  # after each 1-s chunk: refill bytes and `active`, per node
 
     def watch(cluster):
         seen.append(([n.link.bytes_by_cause[REFILL] for n in cluster.nodes], [n.refill.active for n in cluster.nodes]))
 
     r = simulate(SimConfig(nodes=2, ratio=0.1, router="helm", warmup_s=2.0, refill="recovery"),
-                 small("flash", seed=1, duration_s=45.0), policy=HelmPolicy(), stop=watch)
+                 short_burst(seed=1, duration_s=45.0), policy=HelmPolicy(), stop=watch)
     assert r.summary["sim_path"] == "python"
-    assert [e["t"] for e in r.summary["controller"]["burst_events"]] == [39.0, 39.0]
-    assert all(b == [0, 0] and a == [False, False] for b, a in seen[:38])      # chunks before the start
-    assert all(a == [True, True] for _, a in seen[40:])
+    assert [e["t"] for e in r.summary["controller"]["burst_events"]] == [38.0, 38.0]
+    assert all(b == [0, 0] and a == [False, False] for b, a in seen[:37])      # chunks before the start
+    assert all(a == [True, True] for _, a in seen[39:])
     assert all(x > 0 for x in seen[-1][0])
 
 
@@ -541,7 +531,7 @@ def test_a_base_reading_marginal_ms_gets_shadows_that_change_nothing_else(tmp_pa
     """helm-base tracks the shadows only for a base that reads the counterfactual; tracking them
     changes no request: a ten-input base and its widened twin give the same run."""
     from helmgr.sim import SimConfig, simulate
-    from helmgr.policy.policies import HelmBase
+    from helmgr.policy.helm import HelmBase
     from tests.test_sim import small
     rng = np.random.default_rng(4)
     p10 = MLPPolicy([rng.normal(0, 1, (1, N_FEATURES_V1))], [np.zeros(1)], np.zeros(N_FEATURES_V1),

@@ -9,7 +9,7 @@ import pytest
 
 from helmgr.core.errors import HelmInputError
 from helmgr.sim import SimConfig, simulate
-from helmgr.sim.config import FaultSpec, scenario_cluster
+from helmgr.sim.config import FaultSpec
 from helmgr.sim.engine_layout import INFN
 from helmgr.workload import default_config, synthetic_workload
 
@@ -55,20 +55,17 @@ def assert_same(py, co):
     assert py.series.timeline == co.series.timeline
 
 
-V2 = scenario_cluster("v2")
-
-
-@pytest.mark.parametrize("engine", ["serial", "batched", "pipelined"])
+@pytest.mark.parametrize("engine", ["batched", "pipelined"])
 @pytest.mark.parametrize("router", ["least-loaded", "round-robin", "helm", "prefix-aware"])
 def test_compiled_path_equals_python_path(engine, router):
-    cfg = SimConfig(**(V2 | dict(nodes=4, engine=engine, router=router, seed=3, warmup_s=2.0)))
+    cfg = SimConfig(nodes=4, engine=engine, router=router, seed=3, warmup_s=2.0)
     assert_same(*both(cfg))
 
 
 @pytest.mark.parametrize("regime", ["burst", "trend"])
 def test_compiled_path_equals_python_path_with_the_helm_controller(regime):
-    """The controller with the first version's adapter (`helm-v1`)."""
-    cfg = SimConfig(**(V2 | dict(nodes=4, router="helm", policy="helm-v1", seed=2, warmup_s=2.0, ratio=0.3)))
+    """Full HELM: the controller's three tiers decide on the windows both paths make."""
+    cfg = SimConfig(nodes=4, router="helm", policy="helm", seed=2, warmup_s=2.0, ratio=0.3)
     py, co = both(cfg, regime, rps=300.0, duration=12.0)
     assert len(py.series.timeline) > 4                 # the controller resized the pools during the run
     assert_same(py, co)
@@ -82,8 +79,8 @@ def test_compiled_path_equals_python_path_with_shadow_queues(policy, router, gho
     equal; they are also compared directly."""
     from helmgr.sim.engine import ghost_mode
     from helmgr.sim.engine_layout import GHOSTS_ALL, GHOSTS_OWN
-    cfg = SimConfig(**(V2 | dict(nodes=4, router=router, policy=policy, seed=2, warmup_s=2.0,
-                                 ratio=0.95)))
+    cfg = SimConfig(nodes=4, router=router, policy=policy, seed=2, warmup_s=2.0,
+                                 ratio=0.95)
     py, co = both(cfg, "burst", rps=300.0, duration=12.0)
     assert ghost_mode(co.cluster.nodes) == {"all": GHOSTS_ALL, "own": GHOSTS_OWN}[ghosts]
     shadows = [[(n.stats.kv_shadow_tokens, n.emb.shadow_hits) for n in r.cluster.nodes] for r in (py, co)]
@@ -92,12 +89,12 @@ def test_compiled_path_equals_python_path_with_shadow_queues(policy, router, gho
     assert_same(py, co)
 
 
-@pytest.mark.parametrize("router,policy", [("helm", "static"), ("least-loaded", "helm-v1")])
+@pytest.mark.parametrize("router,policy", [("helm", "static"), ("least-loaded", "helm")])
 def test_compiled_path_equals_python_path_with_sampled_emb(router, policy):
     """EMB caches tracking one id in 4: both paths check, record and scale the same sampled ids
     (and the controller's resizes move the same sampled rows)."""
-    cfg = SimConfig(**(V2 | dict(nodes=3, router=router, policy=policy, seed=5, warmup_s=2.0, ratio=0.4,
-                                 emb_sample=4)))
+    cfg = SimConfig(nodes=3, router=router, policy=policy, seed=5, warmup_s=2.0, ratio=0.4,
+                                 emb_sample=4)
     py, co = both(cfg, "burst", rps=300.0, duration=10.0)
     assert py.cluster.nodes[0].emb.n_items == 2_000_000 // 4
     assert 0.3 < py.summary["emb_hit_rate"] < 0.99
@@ -105,8 +102,8 @@ def test_compiled_path_equals_python_path_with_sampled_emb(router, policy):
 
 
 def test_compiled_path_under_overload_and_tail_first_kv():
-    cfg = SimConfig(**(V2 | dict(nodes=2, router="least-loaded", kv_tail_first=True, seed=1, warmup_s=1.0,
-                                 ratio=0.8, max_batch=2)))
+    cfg = SimConfig(nodes=2, router="least-loaded", kv_tail_first=True, seed=1, warmup_s=1.0,
+                                 ratio=0.8, max_batch=2)
     py, co = both(cfg, rps=4000.0, duration=4.0)
     assert py.summary["max_queue"] > 10                # queues built up (and were carried across chunks)
     assert_same(py, co)
@@ -134,8 +131,8 @@ def test_compiled_path_equals_python_path_on_a_widened_trace(tmp_path, sample):
     for p in ("python", "compiled"):
         w = trace_workload(str(path), "inter", duration_s=30.0, seed=2, candidates=64, clone_users=4,
                            overlays=("widen",))
-        runs[p] = simulate(SimConfig(**(V2 | dict(nodes=3, router="helm", seed=2, warmup_s=2.0, ratio=0.2, path=p,
-                                                  emb_sample=sample))), w)
+        runs[p] = simulate(SimConfig(nodes=3, router="helm", seed=2, warmup_s=2.0, ratio=0.2, path=p,
+                                                  emb_sample=sample), w)
     assert w.history.n_items == 90 and w.history.clones == 4
     assert runs["python"].summary["requests"] > 100
     assert_same(runs["python"], runs["compiled"])
@@ -157,11 +154,11 @@ def test_a_policy_that_repeats_its_ratio_costs_no_sync(monkeypatch):
     that moves no page, so the compiled path neither syncs nor rebuilds the node's bitmaps for
     it, and still equals the Python path where the schedule does move pages."""
     import helmgr.sim.engine as engine
-    from helmgr.policy.policies import Scheduled
+    from helmgr.policy.base import Scheduled
     calls = []
     real = engine.build_bits
     monkeypatch.setattr(engine, "build_bits", lambda *a: (calls.append(1), real(*a))[1])
-    cfg = SimConfig(**(V2 | dict(nodes=3, router="helm", seed=4, warmup_s=1.0, ratio=0.6, policy="scheduled")))
+    cfg = SimConfig(nodes=3, router="helm", seed=4, warmup_s=1.0, ratio=0.6, policy="scheduled")
     runs = {}
     for path in ("python", "compiled"):
         w = synthetic_workload(default_config("burst", rps=300.0, duration_s=6.0), 4)
@@ -198,10 +195,10 @@ def test_a_cluster_on_the_compiled_path_forks_and_pickles_mid_run():
     compiled path, taken mid-run with requests in flight, replay a block exactly as the original."""
     cloudpickle = pytest.importorskip("cloudpickle")
     from helmgr.core.profiles import node_profile
-    from helmgr.experiments.oracle import replay_p99
+    from helmgr.experiments.phase_oracle import replay_p99
     from helmgr.experiments.phase_oracle import Start
     w = synthetic_workload(default_config("burst", rps=300, duration_s=8, n_items=50_000, n_clusters=8), 1)
-    cfg = SimConfig(**(V2 | dict(nodes=3, router="helm", seed=1))).validate(8)
+    cfg = SimConfig(nodes=3, router="helm", seed=1).validate(8)
     c = Start(cfg, w, node_profile(cfg.hardware, cfg.model)).build(0.5)
     chunks = list(w.chunks(1.0))
     for chunk in chunks[:4]:
@@ -218,13 +215,12 @@ FRESH_PROCESS_RUN = """
 from numba.core.registry import CPUDispatcher
 from numba.typed import typedlist
 from helmgr.sim import SimConfig
-from helmgr.sim.config import scenario_cluster
 from helmgr.sim.cluster import Cluster
 from helmgr.core.profiles import node_profile
 from helmgr.experiments.phase_oracle import Start
 from helmgr.workload import default_config, synthetic_workload
 w = synthetic_workload(default_config("burst", rps=300, duration_s=3, n_items=50_000, n_clusters=8), 1)
-cfg = SimConfig(**(scenario_cluster("v2") | dict(nodes=2, router="helm", seed=1))).validate(3)
+cfg = SimConfig(nodes=2, router="helm", seed=1).validate(3)
 c = Start(cfg, w, node_profile(cfg.hardware, cfg.model)).build(0.5)
 chunks = list(w.chunks(1.0))
 c.feed(chunks[0])

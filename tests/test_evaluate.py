@@ -154,8 +154,7 @@ def test_every_figure_has_its_command(done):
     _, out = done
     cmds = assemble(TINY, out["results"], "whole")["commands"]
     assert cmds["steady seed 1: helm @ helm"] == (
-        "helmgr simulate --scenario v2 --workload steady --duration 5 --seed 1 --nodes 2 --engine pipelined "
-        "--max-batch 8 --slo-ms 20 --policy helm --router helm --json")
+        "helmgr simulate --workload steady --duration 5 --seed 1 --nodes 2 --policy helm --router helm --json")
     assert cmds["steady seed 1: oracle @ helm"].startswith("helmgr compare ")
     assert "--policies oracle --routers helm --ratios 0.4,0.8" in cmds["steady seed 1: oracle @ helm"]
     assert cmds["steady seed 1: capacity helm @ helm"].startswith("helmgr capacity ")

@@ -172,7 +172,7 @@ WORKLOAD_OPTS = {
 }
 SIM_OPTS = {
     "--nodes": (pick(1, 2), pick(*NOT_AN_INT, "0", "-1", "100000", "10000000000", "99999999999999999999")),
-    "--policy": (pick("static", "adaptive", "helm", "helm-base", "helm-base+adapter", "helm-v1", "independent",
+    "--policy": (pick("static", "adaptive", "helm", "helm-base", "helm-base+adapter", "independent",
                       "latency-driven"), pick("oracle", "static-best", "magic", "", "HELM")),
     "--ratio": (good_or(floats(0.0, 1.0), "0", "1", "0.5", "1e-300"),
                 pick(*NOT_A_NUMBER, "-0.1", "1.0000001", "2", "-1e-300")),

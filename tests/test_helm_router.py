@@ -346,7 +346,7 @@ def test_a_pipelined_nodes_misses_are_fetched_behind_the_work_before_them(overla
         assert r.route_request(1.0, 7, 1000, np.array([10, 11]), resident) == 0
 
 
-@pytest.mark.parametrize("engine, link_waste", [("serial", 1.0), ("batched", 1.0), ("pipelined", 0.0)])
+@pytest.mark.parametrize("engine, link_waste", [("batched", 1.0), ("pipelined", 0.0)])
 def test_the_cluster_tells_the_router_whether_its_link_overlaps_compute(engine, link_waste):
     cfg = SimConfig(nodes=2, router="helm", engine=engine, max_batch=4, warmup_s=0.0)
     res = simulate(cfg, small(duration_s=2.0))

@@ -165,10 +165,12 @@ def test_block_arrivals_cut_the_stream_at_the_blocks_ends():
 
 # -- the per-policy figures, by hand -------------------------------------------------------------
 def hand_oracle() -> PhaseOracleResult:
-    """Two 2-s blocks: r* 0.3 in [0.2, 0.4], then r* 0.7 in [0.6, 0.8]; the oracle's P99 10 ms."""
+    """Two 2-s blocks: r* 0.3 in [0.2, 0.4], then r* 0.7 in [0.6, 0.8]; the oracle's P99 10 ms; no
+    lookahead."""
     fits = (BlockFit(0.3, 0.2, 0.4, "quadratic"), BlockFit(0.7, 0.6, 0.8, "quadratic"))
     blocks = (Phase(0.0, 2.0, "steady"), Phase(2.0, 4.0, "burst"))
-    return PhaseOracleResult({"p99_ms": 10.0}, None, blocks, fits, np.array([0.1, 0.9]), np.zeros((2, 2)), None)
+    return PhaseOracleResult({"p99_ms": 10.0}, None, blocks, fits, np.array([0.1, 0.9]), np.zeros((2, 2)), None,
+                             lookahead_s=0.0)
 
 
 def test_distances_and_regret_by_hand():
@@ -181,33 +183,40 @@ def test_distances_and_regret_by_hand():
     assert band_distance(timeline, 2, 4.0, o) == pytest.approx(0.2 / 4)
     assert regret(12.0, o) == pytest.approx(0.2)
     assert regret(float("nan"), o) is None
-    # no lookahead: every block is judged in its own phase, so both band distances agree
-    assert figures(held(0.35, 2), 2, 4.0, o, 10.0) == pytest.approx(
+    # no lookahead and no reaction allowance: every block is judged in its own phase, so both band
+    # distances agree
+    assert figures(held(0.35, 2), 2, 4.0, o, 10.0, react_s=0.0) == pytest.approx(
         {"oracle_distance": (0.05 * 2 + 0.35 * 2) / 4, "band_distance": 0.25 * 2 / 4,
          "band_distance_in_phase": 0.25 * 2 / 4, "regret": 0.0})
+    # the 20-s reaction allowance leaves out the burst block (it starts at the change): 0.35 is
+    # inside the steady block's band
+    assert figures(held(0.35, 2), 2, 4.0, o, 10.0)["band_distance_in_phase"] == 0.0
 
 
 def test_in_phase_band_distance_leaves_out_blocks_judged_on_the_next_phase():
     o = dataclasses.replace(hand_oracle(), lookahead_s=2.0)
     # the steady block's 2-s horizon takes in the burst block; the burst block's is itself
-    assert o.in_phase().tolist() == [False, False, True, True]
+    assert o.in_phase(react_s=0.0).tolist() == [False, False, True, True]
     # held 0.35: 0.25 from the burst's band in both of its windows, 0 in the steady block's
-    f = figures(held(0.35, 2), 2, 4.0, o, 10.0)
+    f = figures(held(0.35, 2), 2, 4.0, o, 10.0, react_s=0.0)
     assert f["band_distance"] == pytest.approx(0.25 * 2 / 4) and f["band_distance_in_phase"] == pytest.approx(0.25)
     # held 0.5: 0.1 in each steady window (left out) and in each burst window (kept)
-    assert figures(held(0.5, 2), 2, 4.0, o, 10.0)["band_distance_in_phase"] == pytest.approx(0.1)
+    assert figures(held(0.5, 2), 2, 4.0, o, 10.0, react_s=0.0)["band_distance_in_phase"] == pytest.approx(0.1)
     assert in_phase_band_distance([0.5, 0.5], [0.2, 0.2], [0.4, 0.4], [False, False]) is None
 
 
 def test_horizon_in_phase_looks_as_far_as_the_lookahead():
     kinds = ["feed"] * 4 + ["discovery"] * 3 + ["feed"]
     blocks = [Phase(10.0 * k, 10.0 * (k + 1), kind) for k, kind in enumerate(kinds)]
-    assert horizon_in_phase(blocks, 0.0).all()
+    assert horizon_in_phase(blocks, 0.0, 0.0).all()
     # 25 s reaches the two blocks after: the two before each change are out
-    assert horizon_in_phase(blocks, 25.0).tolist() == [True, True, False, False, True, False, False, True]
+    assert horizon_in_phase(blocks, 25.0, 0.0).tolist() == [True, True, False, False, True, False, False, True]
     # a 15-s reaction allowance: also out, the two blocks starting 0 and 10 s after each change (40 s, 70 s)
     assert horizon_in_phase(blocks, 0.0, 15.0).tolist() == [True, True, True, True, False, False, True, False]
     assert horizon_in_phase(blocks, 25.0, 15.0).tolist() == [True, True, False, False, False, False, False, False]
+    # by default (20 s): the blocks starting 0 and 10 s after each change are out, as with 15 s
+    assert horizon_in_phase(blocks, 30.0).tolist() == horizon_in_phase(blocks, 30.0, 20.0).tolist()
+    assert horizon_in_phase(blocks, 0.0).tolist() == [True, True, True, True, False, False, True, False]
 
 
 def test_per_window_takes_the_block_of_the_windows_middle():
@@ -262,26 +271,42 @@ def test_parallel_replays_agree_with_serial(tiny):
     assert par.summary["p99_ms"] == tiny.summary["p99_ms"]
 
 
-def test_compare_reports_the_phase_oracles_figures_and_keeps_the_greedy_one():
-    from helmgr.experiments.compare import compare
+def test_compare_reports_the_phase_oracles_figures_and_its_steady_check():
+    from helmgr.experiments.compare import compare, oracle_check
+    from helmgr.experiments.phase_oracle import common_band
     from helmgr.workload import WorkloadSpec
     spec = WorkloadSpec("steady", duration_s=4, rps=300)
-    c = compare(spec, {"prefix-aware": SimConfig(nodes=2, warmup_s=0)}, ["static", "static-best", "oracle",
-                                                                          "oracle-greedy"], SMALL_GRID)
+    c = compare(spec, {"prefix-aware": SimConfig(nodes=2, warmup_s=0)}, ["static", "static-best", "oracle"], SMALL_GRID)
     rows = {r["policy"]: r for r in c.rows}
-    assert list(rows) == ["static", "static-best", "oracle", "oracle-greedy"]
+    assert list(rows) == ["static", "static-best", "oracle"]
     oracle = c.oracles["prefix-aware"]
-    assert len(c.r_star) == 4 and len(c.greedy_r_star) == 4
+    assert len(c.r_star) == 4 and oracle.lookahead_s == 30.0
     for r in rows.values():
-        assert {"oracle_distance", "band_distance", "regret", "held_oracle_distance",
-                "greedy_oracle_distance"} <= set(r)
+        assert {"oracle_distance", "band_distance", "band_distance_in_phase", "regret", "held_oracle_distance"} <= set(r)
         assert r["regret"] == pytest.approx(r["p99_ms"] / rows["oracle"]["p99_ms"] - 1)
     static = rows["static"]                                           # holds 0.5 on both nodes
     star, lo, hi = oracle.per_window()
     assert static["oracle_distance"] == pytest.approx(np.mean(np.abs(0.5 - star)))
     assert static["band_distance"] == pytest.approx(np.mean(np.maximum(np.maximum(lo - 0.5, 0.5 - hi), 0)))
-    assert static["greedy_oracle_distance"] == pytest.approx(np.mean(np.abs(0.5 - c.greedy_r_star)))
-    assert rows["oracle"]["regret"] == 0.0 and rows["oracle-greedy"]["greedy_oracle_distance"] == 0.0
+    assert rows["oracle"]["regret"] == 0.0
+    # the steady check: the splits inside every block's band, static-best's regret against 1 %
+    check = oracle_check(c)["prefix-aware"]
+    assert check["common_band"] == common_band(oracle, 0.0)
+    assert check["static_best_regret"] == rows["static-best"]["regret"]
+    assert check["pass"] == (check["common_band"] is not None and check["static_best_regret"] <= 0.01)
+
+
+def test_common_band_is_the_bands_overlap_after_the_warm_up():
+    """Three blocks with bands [0.3, 0.7], [0.5, 0.9], [0.6, 0.8]: after 10 s they share
+    [0.6, 0.8]; from 0 s [0.6, 0.7]; a block with band [0.1, 0.2] leaves no split in all."""
+    from types import SimpleNamespace as NS
+    from helmgr.experiments.phase_oracle import common_band
+    from helmgr.workload import Phase
+    blocks = tuple(Phase(10.0 * k, 10.0 * (k + 1), "steady") for k in range(3))
+    fits = tuple(NS(band_lo=lo, band_hi=hi) for lo, hi in ((0.3, 0.7), (0.5, 0.9), (0.6, 0.8)))
+    o = NS(blocks=blocks, fits=fits)
+    assert common_band(o, 10.0) == [0.6, 0.8] and common_band(o, 0.0) == [0.6, 0.7]
+    assert common_band(NS(blocks=blocks, fits=fits[:2] + (NS(band_lo=0.1, band_hi=0.2),)), 0.0) is None
 
 
 def test_lookahead_horizon_spans_the_blocks_ending_within_it():
@@ -299,11 +324,10 @@ def test_lookahead_horizon_spans_the_blocks_ending_within_it():
 def test_the_compiled_path_replays_the_oracle_as_the_python_path_does(router, regime):
     """Every replay (forks of a cluster mid-run on the compiled path) and the stitched run give
     the same P99s, r* and summary on either path, with lookahead (a replay runs past its block)."""
-    from helmgr.sim.config import scenario_cluster
     w = synthetic_workload(default_config(regime, **(TINY | dict(duration_s=16))), 2)
     runs = {}
     for path in ("python", "auto"):
-        cfg = SimConfig(**(scenario_cluster("v2") | dict(nodes=3, router=router, seed=2, warmup_s=0, path=path)))
+        cfg = SimConfig(nodes=3, router=router, seed=2, warmup_s=0, path=path)
         runs[path] = run_phase_oracle(cfg, w, SMALL_GRID, jobs=1, block_s=5.0, lookahead_s=5.0)
     py, comp = runs["python"], runs["auto"]
     assert comp.cluster.path == "compiled" and py.cluster.path == "python"

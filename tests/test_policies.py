@@ -5,7 +5,7 @@ import pytest
 
 from helmgr.sim import SimConfig, simulate
 from helmgr.core.window import NodeWindow
-from helmgr.policy.policies import Static
+from helmgr.policy.base import Static
 from helmgr.workload import default_config, synthetic_workload
 from helmgr.workload.arrivals import SessionShape
 
@@ -14,7 +14,7 @@ def ratios(result, node=0):
     return [r for t, n, r in result.cluster.rec.timeline if n == node]
 
 
-@pytest.mark.parametrize("policy,least_move", [("adaptive", 0.08), ("latency-driven", 0.12), ("zero-track", 0.1)])
+@pytest.mark.parametrize("policy,least_move", [("adaptive", 0.08), ("latency-driven", 0.12)])
 def test_moves_memory_to_the_embedding_cache_when_only_it_gains(policy, least_move):
     """No KV reuse (every request a new user), flat popularity over 1 M items: only the EMB
     shadow sees hits, so memory should flow to EMB, a step per 2-s interval."""
@@ -28,7 +28,7 @@ def test_moves_memory_to_the_embedding_cache_when_only_it_gains(policy, least_mo
         assert all(b > a for a, b in zip(steps, steps[1:]))
 
 
-@pytest.mark.parametrize("policy,least_move", [("adaptive", 0.08), ("latency-driven", 0.16), ("zero-track", 0.1)])
+@pytest.mark.parametrize("policy,least_move", [("adaptive", 0.08), ("latency-driven", 0.16)])
 def test_moves_memory_to_the_kv_cache_when_only_it_gains(policy, least_move):
     """A catalogue that fits in EMB at any split, and 800 users coming back every ~2 s whose
     prefixes overflow the KV cache at r = 0.7: only the KV shadow (recent evictions) sees hits."""
@@ -80,7 +80,7 @@ def test_marginal_value_prices_both_shadows_by_hand():
     """The counterfactual d(saved s)/dr per request: EMB shadow hits at a row's gather + copy, KV
     ghost tokens at their recompute plus their row's lookup at the window's miss rate."""
     from helmgr.core.costs import CostModel
-    from helmgr.policy.policies import marginal_value, shadow_prices
+    from helmgr.policy.marginal import marginal_value, shadow_prices
     cost = CostModel(row_bytes=1000, kv_bytes_per_token=1, hbm_bw=1e12, pcie_bw=1e9, pcie_latency_s=0.0,
                      host_lookup_s=2e-6, flops=1e9, layers=1, linear_flops=100, attention_flops=1,
                      launch_overhead_s=0.0)
@@ -93,85 +93,3 @@ def test_marginal_value_prices_both_shadows_by_hand():
     assert emb_s == pytest.approx(50 * 3e-6) and kv_s == pytest.approx(200 * (1.055e-7 + 0.1 * 3e-6))
     assert value == pytest.approx((1.5e-4 - 8.11e-5) / 0.05 / 10)
     assert marginal_value(dataclasses.replace(w, completed=0), cost, 0.05) is None
-
-
-def zero_track(centre=0.45, points=(), nodes=8, **kw):
-    """A ZeroTrack with `nodes` nodes between r_min 0.05 and r_max 0.95, its centre at `centre`
-    and samples `points` [(window end s, ratio, sample)], without a cluster."""
-    from helmgr.policy.policies import ZeroTrack
-    z = ZeroTrack(**kw)
-    z.centre, z.lo, z.hi = centre, 0.05, 0.95
-    z.n_nodes = nodes
-    z.points = list(points)
-    return z
-
-
-def line(a, b, ratios=(0.4, 0.5, 0.6), t=10.0):
-    """Samples on S = a + b r at `ratios`, all at `t`."""
-    return [(t, r, a + b * r) for r in ratios]
-
-
-@pytest.mark.parametrize("a,centre,gain,zero,after,prefetch", [
-    (2.0, 0.45, 1.0, 0.5, 0.5, False),      # S = 2 - 4r: zero 0.5, a move of 0.05
-    (3.0, 0.45, 1.0, 0.75, 0.65, True),     # zero 0.75: +0.3, held to `up` 0.2 (> prefetch 0.1: prefetch)
-    (1.0, 0.6, 1.0, 0.25, 0.45, False),     # zero 0.25: -0.35, held to `down` 0.15
-    (4.8, 0.9, 1.0, 1.2, 0.95, True),       # zero 1.2: +0.2 would pass r_max 0.95
-    (3.0, 0.45, 0.3, 0.75, 0.54, False),    # the default gain, 0.3: a third of the way, +0.09
-    (1.0, 0.6, 0.3, 0.25, 0.495, False),    # -0.105
-])
-def test_zero_track_moves_its_centre_toward_the_fitted_zero_within_its_steps(a, centre, gain, zero, after, prefetch):
-    z = zero_track(centre, line(a, -4.0), gain=gain)
-    assert z.fit(10.0) == pytest.approx(zero)
-    assert z.centre == pytest.approx(after) and (z.fits, z.sign_steps) == (1, 0)
-    assert z.prefetch_until == (20.0 if prefetch else -1.0)
-
-
-def test_zero_track_steps_on_the_sign_without_a_fit_and_forgets_old_samples():
-    """One split only (every node on 0.5, mean +1): a step of 0.05 up. A rising line (S = -1 + 2r
-    at 0.3 and 0.4: -0.4, -0.2; a positive slope has no zero to jump to) with mean -0.3: 0.05
-    down. Samples older than the 4-s window (a steep line at t = 5) do not count at t = 10."""
-    z = zero_track(0.5, [(10.0, 0.5, 1.0), (9.0, 0.5, 1.0)])
-    assert z.fit(10.0) is None and z.centre == pytest.approx(0.55) and z.sign_steps == 1
-    z = zero_track(0.5, line(-1.0, 2.0, (0.3, 0.4)) + line(9.0, -10.0, t=5.0))
-    assert z.fit(10.0) is None and z.centre == pytest.approx(0.45)
-    assert len(z.points) == 2
-
-
-def test_zero_track_spreads_the_nodes_around_its_centre_and_shrinks_the_spread_at_the_bounds():
-    """8 nodes, spread 0.1: node i sits at -0.1 + 0.2 i / 7 from the centre; 0.05 from r_max the
-    spread is 0.05; on r_max every node sits there."""
-    z = zero_track(0.5)
-    assert [round(z.offset(i), 4) for i in range(8)] == [-0.1, -0.0714, -0.0429, -0.0143, 0.0143, 0.0429, 0.0714, 0.1]
-    assert z.decide(7, None, 0.0) == pytest.approx(0.6)
-    z.centre = 0.9
-    assert (z.offset(0), z.offset(7)) == pytest.approx((-0.05, 0.05))
-    z.centre = 0.95
-    assert {z.offset(i) for i in range(8)} == {0.0}
-    assert zero_track(0.5, nodes=1).offset(0) == 0.0
-
-
-def test_zero_track_rejects_settings_it_cannot_keep():
-    from helmgr.policy.policies import ZeroTrack
-    with pytest.raises(ValueError, match="spread 0.6"):
-        ZeroTrack(spread=0.6)
-    with pytest.raises(ValueError, match="period 5"):
-        ZeroTrack(period=5.0, window=4.0)
-    with pytest.raises(ValueError, match="step 0.3"):
-        ZeroTrack(step=0.3)
-    with pytest.raises(ValueError, match="gain 0"):
-        ZeroTrack(gain=0.0)
-
-
-def test_zero_track_fits_across_two_nodes_and_follows_the_kv_side_down():
-    """The KV-only workload above (more users) on 2 nodes from 0.7: the nodes sit 0.2 apart
-    around the centre, every fit finds a zero, and the centre falls from 0.7 to below 0.4."""
-    from helmgr.policy.policies import ZeroTrack
-    w = synthetic_workload(default_config("steady", rps=800, duration_s=12, n_items=20_000, n_clusters=16,
-                                          n_users=10000, activity_exponent=0.0,
-                                          session=SessionShape(30.0, 2.0, 4.0)), 0)
-    z = ZeroTrack()
-    r = simulate(SimConfig(nodes=2, ratio=0.7, policy="static", warmup_s=0), w, policy=z)
-    assert ratios(r, 0)[1:2] == [0.6] and ratios(r, 1)[1:2] == [0.8]
-    assert ratios(r, 1)[-1] - ratios(r, 0)[-1] == pytest.approx(0.2)
-    assert z.fits >= 4 and z.sign_steps == 0 and z.centre < 0.4
-    assert r.summary["zero_track"]["fits"] == z.fits

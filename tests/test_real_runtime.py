@@ -5,7 +5,7 @@ import torch
 from helmgr.core.records import NodeConfig
 from helmgr.core.profiles import NodeProfile, load_hardware, load_model
 from helmgr.real.runtime import NodeRuntime, RealRequest, predicted, runtime_model
-from helmgr.policy.policies import Scheduled
+from helmgr.policy.base import Scheduled
 
 torch.set_num_threads(1)
 

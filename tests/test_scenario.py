@@ -56,6 +56,25 @@ def test_overloaded_burst_fails_s3():
     assert p["S3"]["by_kind"]["burst"]["window_slo"] == 0.0 and not p["S3"]["pass"]
 
 
+def test_a_burst_beyond_the_provisioned_peak_is_reported_apart_from_s3():
+    """The second burst at 0.9 runs at 35 ms (over the 30-ms SLO) with a peak utilization of 0.9:
+    beyond the provisioned 0.85, so S3 counts the first burst alone (its windows all meet the SLO,
+    peak 0.8) and reports the second apart; S1-S3 are gated, S4 and S5 reported."""
+    runs = [run(r) for r in (0.3, 0.6, 0.9)]
+    last = runs[2]
+    lat = last.window_p99_s.copy()
+    lat[30:40] = 0.035
+    load = last.window_load.copy()
+    load[30:40] = 0.9
+    runs[2] = PhaseRun(0.9, last.summary, KINDS, last.hists, last.window_phase, lat, load, last.slo_s)
+    p = properties(runs)
+    burst = p["S3"]["by_kind"]["burst"]
+    assert (burst["window_slo"], burst["phases"], burst["beyond_provisioned"], burst["beyond_window_slo"]) == (
+        1.0, 1, 1, 0.0)
+    assert p["S3"]["peak_utilization"] == pytest.approx(0.8) and p["S3"]["pass"]
+    assert [p[s]["gated"] for s in ("S1", "S2", "S3", "S4", "S5")] == [True, True, True, False, False]
+
+
 def test_scenario_check_cli_end_to_end(capsys):
     rc = main(["scenario", "--check", "--workloads", "burst", "--seeds", "1", "--ratios", "0.3,0.8",
                "--duration", "90", "--rps", "150", "--nodes", "2", "--jobs", "1", "--json"])

@@ -20,27 +20,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli_default(regime="steady", **changes):
-    """The spec and cluster `helmgr simulate --workload REGIME` builds (scenario v2's defaults)."""
+    """The spec and cluster `helmgr simulate --workload REGIME` builds (the defaults)."""
     cfg = build_config(8, "static", 0.5, "prefix-aware", "a100-80g", "large", 20.0, "lazy", (), 10.0, 2.0, 8, 0,
                        "pipelined", "auto")
-    spec = workload_spec(regime, default_config(regime, "v2").duration_s, 0, None, None, "inter", None, 1, ())
+    spec = workload_spec(regime, default_config(regime).duration_s, 0, None, None, "inter", None, 1, ())
     return spec, replace(cfg, **changes)
 
 
 def test_the_stored_figures_apply_to_the_default_scenario_only():
-    assert set(sc.REFERENCE) == {("v2", "steady"), ("v2", "burst"), ("v2", "trend")}
+    assert set(sc.REFERENCE) == {"steady", "burst", "trend"}
     for regime in ("steady", "burst", "trend"):
         spec, cfg = cli_default(regime)
-        assert sc.reference(spec, cfg) is sc.REFERENCE[("v2", regime)]
+        assert sc.reference(spec, cfg) is sc.REFERENCE[regime]
         # seed, initial ratio, policy, router and path are free
         assert sc.reference(replace(spec, seed=7), replace(cfg, ratio=0.3, seed=7, path="python")) is not None
         for other in (replace(cfg, nodes=4), replace(cfg, hardware="h100-80g"), replace(cfg, max_batch=1)):
             assert sc.reference(spec, other) is None
-        for other in (replace(spec, rps=999.0), replace(spec, duration_s=60.0), replace(spec, scenario="v1"),
+        for other in (replace(spec, rps=999.0), replace(spec, duration_s=60.0),
                       replace(spec, trace="x.inter")):
             assert sc.reference(other, cfg) is None
     spec, cfg = cli_default()
-    assert sc.reference(replace(spec, rps=default_config("steady", "v2").rps), cfg) is not None
+    assert sc.reference(replace(spec, rps=default_config("steady").rps), cfg) is not None
 
 
 def test_the_stored_figures_are_the_committed_evaluations():
@@ -49,7 +49,7 @@ def test_the_stored_figures_are_the_committed_evaluations():
     seeds, and the capacities at SLO that `helmgr capacity` measured, with the HELM they measured."""
     record = json.loads((ROOT / sc.RECORD / "evaluate.json").read_text())
     config = record["config"]
-    assert config["scenario"] == "v2" and config["duration_s"] is None and config["seeds"] == [1, 2, 3]
+    assert config["duration_s"] is None and config["seeds"] == [1, 2, 3]
     _, cfg = cli_default()
     assert config["cluster"] == json.loads(json.dumps(config_dict(EvalConfig(cluster=cfg))["cluster"]))
     runs = [json.loads(p.read_text()) for p in sorted((ROOT / sc.CAPACITY_RECORD).glob("*.json"))]
@@ -62,26 +62,26 @@ def test_the_stored_figures_are_the_committed_evaluations():
 def test_reference_from_record_by_hand():
     check = {"seeds": {"1": {"ratios": [0.4, 0.8], "p99_ms": [10.0, 9.0]},
                        "2": {"ratios": [0.4, 0.8], "p99_ms": [8.0, 9.5]}}}          # means 9.0 and 9.25
-    record = {"config": {"check_router": "prefix-aware", "scenario": "v2"},
+    record = {"config": {"check_router": "prefix-aware"},
               "scenario_check": {"steady": check, "burst": check},
               "capacity": [{"regime": "steady", "config": "helm@helm", "capacity_rps": 3000.0},
                            {"regime": "steady", "config": "static-best@prefix-aware", "capacity_rps": 2500.0},
                            {"regime": "burst", "config": "helm@helm", "capacity_rps": 2000.0}]}
     assert sc.reference_from_record(record) == {
-        ("v2", "steady"): sc.Reference(0.4, {"helm@helm": 3000.0, "static-best@prefix-aware": 2500.0}),
-        ("v2", "burst"): sc.Reference(0.4, None)}
+        "steady": sc.Reference(0.4, {"helm@helm": 3000.0, "static-best@prefix-aware": 2500.0}),
+        "burst": sc.Reference(0.4, None)}
     with pytest.raises(ValueError, match="least-loaded"):
-        sc.reference_from_record(record | {"config": {"check_router": "least-loaded", "scenario": "v2"}})
+        sc.reference_from_record(record | {"config": {"check_router": "least-loaded"}})
     # capacity runs: full HELM's and static-best's (at the regime's best split, 0.4) fill burst in
     record["config"] |= {"cluster": {"nodes": 8}, "helm_revision": "r"}
-    run = {"scenario": "v2", "workload": "burst", "nodes": 8, "policy": "helm", "router": "helm", "ratio": 0.5,
+    run = {"workload": "burst", "nodes": 8, "policy": "helm", "router": "helm", "ratio": 0.5,
            "capacity_rps": 2100.0}
     base = run | {"policy": "static", "router": "prefix-aware", "ratio": 0.4, "capacity_rps": 1500.0}
     got = sc.reference_from_record(record, [run, base])
-    assert got[("v2", "burst")] == sc.Reference(0.4, {"helm@helm": 2100.0, "static-best@prefix-aware": 1500.0})
-    assert got[("v2", "burst")].helm_revision == "r"
+    assert got["burst"] == sc.Reference(0.4, {"helm@helm": 2100.0, "static-best@prefix-aware": 1500.0})
+    assert got["burst"].helm_revision == "r"
     got = sc.reference_from_record(record, [run | {"helm_revision": "q"}, base])     # the run's HELM, if it names it
-    assert got[("v2", "burst")].helm_revision == "q" and got[("v2", "steady")].helm_revision == "r"
+    assert got["burst"].helm_revision == "q" and got["steady"].helm_revision == "r"
     for bad in (base | {"ratio": 0.8}, run | {"nodes": 4}, run | {"router": "prefix-aware"}):
         with pytest.raises(ValueError, match="capacity run"):
             sc.reference_from_record(record, [bad])
@@ -113,7 +113,7 @@ def test_stored_figures_hold_the_split_and_give_the_headroom(monkeypatch):
     """The stored capacities give the headroom over the run's base rate (150 req/s); HELM's only
     while HELM is the one measured (`showcase.stack_revision`): another base policy, adapter or
     router keeps the baseline's and drops HELM's."""
-    from helmgr.policy.policies import helm_revision
+    from helmgr.policy.helm import helm_revision
     spec, cfg = tiny()
     caps = {"helm@helm": 240.0, "static-best@prefix-aware": 180.0}
     assert sc.stack_revision().startswith(helm_revision() + "/router=helm(")

@@ -42,7 +42,7 @@ def test_select_trains_each_seed_validates_and_ships_the_best(tmp_path):
     best = min(cands.values(), key=lambda c: (c["score_p99_ms"], c["seed"]))
     assert sel["chosen_seed"] == best["seed"]
     # a validation figure is the run of that candidate as helm-base
-    from helmgr.policy.policies import HelmBase
+    from helmgr.policy.helm import HelmBase
     v = cands[2]["validation"][1]
     direct = simulate(replace(cluster, policy="helm-base", seed=101), WorkloadSpec("trend", 3.0, 101, 150.0).build(),
                       policy=HelmBase(path=cands[2]["policy"]))

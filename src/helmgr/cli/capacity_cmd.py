@@ -10,16 +10,15 @@ from rich.table import Table
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
 from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.types import POSITIVE, Finite, parallel_options, seed_list
-from helmgr.cli.workload_cmd import scenario_defaults
+from helmgr.cli.workload_cmd import cluster_defaults
 from helmgr.experiments.capacity import TARGET, TOL, capacity
 from helmgr.experiments.showcase import HELM, stack_revision
-from helmgr.workload import SCENARIOS, WorkloadSpec
+from helmgr.workload import WorkloadSpec
 
 
 @click.command("capacity")
-@click.option("--scenario", type=click.Choice(SCENARIOS), default="v2", show_default=True)
 @click.option("--workload", "regime", default="steady", show_default=True, help="Synthetic regime.")
-@click.option("--duration", type=POSITIVE, default=None, help="Simulated seconds of each probe [default: the scenario's].")
+@click.option("--duration", type=POSITIVE, default=None, help="Simulated seconds of each probe [default: 360].")
 @click.option("--seeds", default="1", show_default=True, help="Comma list of seeds: one bisection each, in parallel.")
 @click.option("--rps", type=POSITIVE, default=None, help="The first rate probed [default: the regime's base rate].")
 @sim_options
@@ -30,8 +29,8 @@ from helmgr.workload import SCENARIOS, WorkloadSpec
 @parallel_options
 @json_option
 @out_option
-@scenario_defaults
-def capacity_cmd(scenario, regime, duration, seeds, rps, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
+@cluster_defaults
+def capacity_cmd(regime, duration, seeds, rps, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
                  faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, tol, target, jobs, ray_address, as_json,
                  out_dir):
     """The highest base request rate at which POLICY + ROUTER keeps window SLO satisfaction >=
@@ -47,13 +46,13 @@ def capacity_cmd(scenario, regime, duration, seeds, rps, nodes, policy, ratio, r
     seed_values = seed_list(seeds)
     cfg = build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, seed_values[0], engine, sim_path, emb_sample)
-    spec = WorkloadSpec(regime, duration, seed_values[0], scenario=scenario)
+    spec = WorkloadSpec(regime, duration, seed_values[0])
     spec.build()                                       # validates the workload options up front
     with progress("bisecting", len(seed_values)) as bar:
         task = bar.add_task(f"capacity of {policy}@{router}: {len(seed_values)} seeds", total=len(seed_values))
         out = capacity(spec, cfg, seed_values, jobs or os.cpu_count() or 1, ray_address, tol, target, rps,
                        lambda: bar.advance(task))
-    result = {"workload": regime, "scenario": scenario, "nodes": nodes, "policy": policy, "router": router,
+    result = {"workload": regime, "nodes": nodes, "policy": policy, "router": router,
               "ratio": ratio, "tol": tol, "target": target, "wall_s": time.perf_counter() - wall,
               "helm_revision": stack_revision() if (policy, router) == HELM else None} | out
     with result_dir(out_dir) as scratch:

@@ -13,7 +13,8 @@ from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out
 from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.types import NON_NEGATIVE, names, parallel_options, ratio_grid
 from helmgr.cli.workload_cmd import workload_options, workload_spec
-from helmgr.experiments.compare import ALL, OFFLINE, compare
+from helmgr.experiments.compare import ALL, OFFLINE, compare, oracle_check
+from helmgr.experiments.phase_oracle import LOOKAHEAD_S
 from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
 
@@ -29,25 +30,28 @@ COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo
 @click.option("--routers", default=None, help="Comma list of routers [default: --router].")
 @click.option("--ratios", default="0.05:0.95:0.05", show_default=True,
               help="Grid for static-best and the oracle: start:stop:step or a comma list.")
-@click.option("--oracle-lookahead", type=NON_NEGATIVE, default=0.0, show_default=True, metavar="S",
+@click.option("--oracle-lookahead", type=NON_NEGATIVE, default=LOOKAHEAD_S, show_default=True, metavar="S",
               help="Judge each oracle block's ratio by its requests and those of the blocks ending within S s after "
-                   "it (0: the block alone, SPEC 5).")
+                   "it (0: the block alone).")
 @parallel_options
 @json_option
 @out_option
-def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
+def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                 nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine,
                 sim_path, emb_sample, policies, routers, ratios, oracle_lookahead, jobs, ray_address, as_json, out_dir):
     """Run every policy on the same workload and seed; P99, SLO and distance from the oracle.
 
     static-best is the grid ratio with the lowest P99 (a sweep of this run, in hindsight). The
     oracle (the phase oracle) cuts the run into blocks (the workload's phases, at most 10 s
-    each), replays each block at every grid ratio from its own state, fits each block's log P99
-    by a convex curve and follows the fit's argmin r*. Each policy's oracle distance
-    (mean |r - r*| per 1-s window), band distance (from the ratios within 2 % of the fit's
-    minimum) and regret (P99 / the oracle's - 1) are reported, and its mean |r - held r*|,
-    held r* being per window the best of the sweep's held ratios. oracle-greedy (by name, not
-    by default) is the first version's per-window oracle.
+    each), replays each block at every grid ratio from its own state (judged with the next 30 s:
+    --oracle-lookahead), fits each block's log P99 by a convex curve and follows the fit's argmin
+    r*. Each policy's oracle distance (mean |r - r*| per 1-s window), band distance (from the
+    ratios within 2 % of the fit's minimum; raw, and in phase: leaving out the blocks whose
+    lookahead leaves their phase kind and the first 20 s after each phase change) and regret
+    (P99 / the oracle's - 1) are reported, and its mean |r - held r*|, held r* being per window
+    the best of the sweep's held ratios. On a workload with one kind of phase (steady) the
+    oracle's check: the splits inside every block's band after the warm-up, and static-best's
+    regret (<= 1 %).
 
     \b
     helmgr compare --workload burst --out results/compare-burst
@@ -60,8 +64,7 @@ def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time
     policy_names = names(policies, known, "policies")
     router_names = names(routers, list(ROUTERS), "routers") if routers else [router]
     grid = ratio_grid(ratios)
-    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
-                         scenario)
+    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     w = spec.build()                                     # validates the workload options up front
     cfgs = {rt: build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                              max_batch, seed, engine, sim_path, emb_sample) for rt in router_names}
@@ -73,8 +76,8 @@ def compare_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time
     rows, timelines, r_star = c.rows, c.timelines, c.r_star
     result = {"workload": w.name, "nodes": nodes, "seed": seed, "grid": grid, "wall_s": time.perf_counter() - wall,
               "r_star": _floats(r_star), "held_r_star": _floats(c.held_r_star),
-              "greedy_r_star": _floats(c.greedy_r_star),
-              "oracle_blocks": {rt: o.block_table() for rt, o in c.oracles.items()} or None, "results": rows}
+              "oracle_blocks": {rt: o.block_table() for rt, o in c.oracles.items()} or None, "results": rows,
+              "oracle_check": oracle_check(c)}
     with result_dir(out_dir) as scratch:
         if scratch is not None:
             from helmgr.experiments.plots import plot_compare

@@ -13,13 +13,14 @@ from rich.table import Table
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, progress, result_dir, stderr, stdout
 from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.types import NON_NEGATIVE, POSITIVE, Finite, names, parallel_options, ratio_grid, seed_list
-from helmgr.cli.workload_cmd import scenario_defaults
+from helmgr.cli.workload_cmd import cluster_defaults
 from helmgr.experiments import commands, report
 from helmgr.experiments.evaluate import DEFAULT_GRID, EvalConfig, config_dict, evaluate
+from helmgr.experiments.phase_oracle import LOOKAHEAD_S
 from helmgr.experiments.scenario import S5_MEASURES
 from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
-from helmgr.workload import REGIMES, SCENARIOS
+from helmgr.workload import REGIMES
 
 # what --quick changes (an option given on the command line wins)
 FULL = {"seeds": "1,2,3", "ratios": ",".join(f"{r:g}" for r in DEFAULT_GRID), "duration": None, "capacity_workloads": None,
@@ -30,11 +31,10 @@ DEFAULT_OUT = Path("results/evaluate")
 
 
 @click.command("evaluate")
-@click.option("--scenario", type=click.Choice(SCENARIOS), default="v2", show_default=True)
 @click.option("--workloads", default="steady,burst,trend", show_default=True, help="Comma list of regimes.")
 @click.option("--seeds", default=None, help=f"Comma list of seeds [default: {FULL['seeds']}; --quick {QUICK['seeds']}].")
 @click.option("--duration", type=POSITIVE, default=None,
-              help=f"Simulated seconds of each run [default: the scenario's; --quick {QUICK['duration']:g}].")
+              help=f"Simulated seconds of each run [default: 360; --quick {QUICK['duration']:g}].")
 @click.option("--policies", default="helm", show_default=True, help="Online memory policies, run under every router.")
 @click.option("--routers", default="least-loaded,prefix-aware,helm", show_default=True, help="Comma list of routers.")
 @click.option("--ratios", default=None, help=f"Static grid (static-best, the oracle, the check) [default: {FULL['ratios']}; "
@@ -43,7 +43,7 @@ DEFAULT_OUT = Path("results/evaluate")
               help="Multiply each regime's base rate by F (e.g. 4 with --nodes 32: the 8-node scenario's load per node).")
 @sim_options
 @click.option("--no-oracle", is_flag=True, help="Skip the phase oracle.")
-@click.option("--oracle-lookahead", type=NON_NEGATIVE, default=0.0, show_default=True, metavar="S",
+@click.option("--oracle-lookahead", type=NON_NEGATIVE, default=LOOKAHEAD_S, show_default=True, metavar="S",
               help="The phase oracle judges each block's ratio by it and the blocks ending within S s after it.")
 @click.option("--no-capacity", is_flag=True, help="Skip capacity at SLO.")
 @click.option("--capacity-workloads", default=None,
@@ -60,8 +60,8 @@ DEFAULT_OUT = Path("results/evaluate")
 @json_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
               show_default=True, help="Results folder: the report, and runs/ (what a rerun resumes from).")
-@scenario_defaults
-def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios, rate_scale, nodes, policy, ratio, router,
+@cluster_defaults
+def evaluate_cmd(workloads, seeds, duration, policies, routers, ratios, rate_scale, nodes, policy, ratio, router,
                  hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, no_oracle,
                  oracle_lookahead, no_capacity, capacity_workloads, capacity_duration, capacity_tol, s5, quick, fresh, jobs, ray_address, as_json, out_dir):
     """Regimes x seeds x policies x routers, static-best per router, the phase oracle, capacity at
@@ -91,7 +91,7 @@ def evaluate_cmd(scenario, workloads, seeds, duration, policies, routers, ratios
                     regimes=regimes, seeds=tuple(seed_list(pick["seeds"])),
                     policies=tuple(names(policies, list(POLICIES), "policies")),
                     routers=tuple(names(routers, list(ROUTERS), "routers")), grid=tuple(ratio_grid(pick["ratios"])),
-                    duration_s=pick["duration"], scenario=scenario, check_router=router,
+                    duration_s=pick["duration"], check_router=router,
                     oracle_routers=() if no_oracle else ("helm",), oracle_lookahead_s=oracle_lookahead,
                     capacity=not no_capacity, capacity_regimes=cap_regimes,
                     capacity_duration_s=pick["capacity_duration"], capacity_tol=pick["capacity_tol"],
@@ -228,7 +228,7 @@ def _beaten(rows: list[dict]) -> list[str]:
 
 def markdown(result: dict, pngs: list[str]) -> str:
     c = result["config"]
-    lines = [f"# Evaluation: scenario {c['scenario']}", "",
+    lines = ["# Evaluation", "",
              f"`{result['command']}` — {result['wall_s']:.0f} s wall ({result['ran']} units run, {result['kept']} kept). "
              f"{c['cluster']['nodes']} nodes, {c['cluster']['hardware']} + {c['cluster']['model']}, "
              + (f"base rates x {c['rate_scale']:g}, " if c.get("rate_scale", 1.0) != 1.0 else "") + "seeds "

@@ -10,12 +10,11 @@ from rich.table import Table
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
 from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.types import POSITIVE, Finite, parallel_options, seed_list
-from helmgr.cli.workload_cmd import scenario_defaults
+from helmgr.cli.workload_cmd import cluster_defaults
 from helmgr.core.errors import HelmInputError
 from helmgr.experiments.plan import CANDIDATES, PlanConfig, plan
 from helmgr.policy import POLICIES
 from helmgr.routing import ROUTERS
-from helmgr.workload import SCENARIOS
 
 FULL = {"seeds": "1,2,3", "duration": 60.0, "tol": 0.02, "candidates": ",".join(f"{p}@{r}" for p, r in CANDIDATES)}
 QUICK = {"seeds": "1", "duration": 20.0, "tol": 0.05, "candidates": "helm@helm,static@prefix-aware"}
@@ -36,7 +35,6 @@ def _pairs(text: str) -> tuple[tuple[str, str], ...]:
 
 @click.command("plan")
 @click.option("--rps", type=POSITIVE, required=True, help="Target request rate of the whole cluster.")
-@click.option("--scenario", type=click.Choice(SCENARIOS), default="v2", show_default=True)
 @click.option("--workload", "traffic", default="steady", show_default=True, help="The traffic to plan for.")
 @click.option("--seeds", default=None, help=f"Comma list of seeds [default: {FULL['seeds']}; --quick {QUICK['seeds']}].")
 @click.option("--duration", type=POSITIVE, default=None,
@@ -50,8 +48,8 @@ def _pairs(text: str) -> tuple[tuple[str, str], ...]:
 @parallel_options
 @json_option
 @out_option
-@scenario_defaults
-def plan_cmd(rps, scenario, traffic, seeds, duration, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
+@cluster_defaults
+def plan_cmd(rps, traffic, seeds, duration, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
              faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, candidates, tol, quick, jobs, ray_address,
              as_json, out_dir):
     """How many nodes serve RPS within the SLO, with which split policy and router, and the
@@ -69,14 +67,14 @@ def plan_cmd(rps, scenario, traffic, seeds, duration, nodes, policy, ratio, rout
     preset = QUICK if quick else FULL
     pc = PlanConfig(rps=rps, cluster=build_config(nodes, "static", ratio, router, hardware, model, slo_ms, refill,
                                                   faults, tick_ms, refresh_s, max_batch, 0, engine, sim_path, emb_sample),
-                    regime=traffic, scenario=scenario, seeds=tuple(seed_list(seeds or preset["seeds"])),
+                    regime=traffic, seeds=tuple(seed_list(seeds or preset["seeds"])),
                     duration_s=duration or preset["duration"], tol=tol or preset["tol"],
                     candidates=_pairs(candidates or preset["candidates"]), quick=quick)
     pc.spec(pc.seeds[0]).build()                     # validates the workload options up front
     with progress("planning", None) as bar:
         task = bar.add_task(f"capacity of {len(pc.candidates)} candidates x {len(pc.seeds)} seeds", total=None)
         result = plan(pc, jobs or os.cpu_count() or 1, ray_address, lambda: bar.advance(task))
-    result = {"workload": traffic, "scenario": scenario, "hardware": hardware, "model": model,
+    result = {"workload": traffic, "hardware": hardware, "model": model,
               "slo_ms": pc.cluster.slo_ms, "quick": quick, "wall_s": time.perf_counter() - wall} | result
     with result_dir(out_dir) as scratch:
         if scratch is not None:

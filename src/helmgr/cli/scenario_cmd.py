@@ -12,20 +12,19 @@ from helmgr.cli.types import POSITIVE, names, parallel_options, ratio_grid, seed
 from helmgr.core.errors import HelmInputError
 from helmgr.experiments.evaluate import DEFAULT_GRID
 from helmgr.experiments.scenario import S5_MEASURES, scenario_check
-from helmgr.cli.workload_cmd import scenario_defaults
-from helmgr.workload import REGIMES, SCENARIOS, WorkloadSpec, default_config
+from helmgr.cli.workload_cmd import cluster_defaults
+from helmgr.workload import REGIMES, WorkloadSpec, default_config
 
 PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
 
 
 @click.command("scenario")
 @click.option("--check", is_flag=True, required=True, help="Run the scenario check (the command's one action).")
-@click.option("--scenario", type=click.Choice(SCENARIOS), default="v2", show_default=True)
 @click.option("--workloads", default="steady,burst,trend", show_default=True,
               help="Comma list of regimes to check (S1 only for one without phases of two kinds).")
 @click.option("--seeds", default="1,2,3", show_default=True, help="Comma list of workload seeds.")
-@click.option("--duration", type=POSITIVE, default=None, help="Simulated seconds [default: the scenario's].")
-@click.option("--rps", type=POSITIVE, default=None, help="Base request rate [default: the scenario's].")
+@click.option("--duration", type=POSITIVE, default=None, help="Simulated seconds [default: 360].")
+@click.option("--rps", type=POSITIVE, default=None, help="Base request rate [default: the regime's, 1,300; trend 2,200].")
 @sim_options
 @click.option("--ratios", default=",".join(f"{r:g}" for r in DEFAULT_GRID), show_default=True,
               help="Static ratios: start:stop:step or a list (default: evaluate's grid, r_min to r_max).")
@@ -35,8 +34,8 @@ PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
 @parallel_options
 @json_option
 @out_option
-@scenario_defaults
-def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy, ratio, router, hardware, model,
+@cluster_defaults
+def scenario_cmd(check, workloads, seeds, duration, rps, nodes, policy, ratio, router, hardware, model,
                  slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, ratios, s5, jobs, ray_address,
                  as_json, out_dir):
     """Does the scenario pose the question? S1-S5 (SPEC 3) per regime and seed, from static sweeps
@@ -44,7 +43,7 @@ def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy
 
     \b
     helmgr scenario --check --workloads burst,trend --seeds 1,2,3 --out results/scenario
-    helmgr scenario --check --scenario v1 --workloads burst --seeds 1 --json
+    helmgr scenario --check --workloads burst --seeds 1 --json
     """
     check_out(out_dir)
     regimes = names(workloads, REGIMES, "workloads")
@@ -54,15 +53,15 @@ def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy
         raise HelmInputError(f"--ratios {ratios!r}: the check needs at least two ratios")
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, 0, engine, sim_path, emb_sample)
-    specs = [WorkloadSpec(r, duration, s, rps, scenario=scenario) for r in regimes for s in seed_values]
+    specs = [WorkloadSpec(r, duration, s, rps) for r in regimes for s in seed_values]
     first = specs[0].build()                           # validates the workload options up front
     with progress("checking", len(specs) * len(grid)) as bar:
-        task = bar.add_task(f"scenario {scenario}: {len(specs)} workloads x {len(grid)} ratios",
+        task = bar.add_task(f"scenario check: {len(specs)} workloads x {len(grid)} ratios",
                             total=len(specs) * len(grid))
         result = scenario_check(specs, cfg, grid, jobs or os.cpu_count() or 1, ray_address,
                                 lambda: bar.advance(task), s5)
-    result = {"scenario": scenario, "nodes": nodes, "engine": engine, "max_batch": max_batch, "router": router,
-              "hardware": hardware, "model": model, "rps": {r: rps or default_config(r, scenario).rps for r in regimes},
+    result = {"nodes": nodes, "engine": engine, "max_batch": max_batch, "router": router,
+              "hardware": hardware, "model": model, "rps": {r: rps or default_config(r).rps for r in regimes},
               "duration_s": first.duration_s} | result
     some = next(iter(result["regimes"].values()))
     result["slo_ms"] = next(iter(some["seeds"].values()))["slo_ms"]
@@ -76,7 +75,7 @@ def scenario_cmd(check, scenario, workloads, seeds, duration, rps, nodes, policy
         emit_json(result)
         return
     for regime, r in result["regimes"].items():
-        t = Table(title=f"scenario {scenario} / {regime}: " + ("PASS" if all(p["pass"] for p in r["summary"].values())
+        t = Table(title=f"scenario check / {regime}: " + ("PASS" if all(p["pass"] for p in r["summary"].values())
                                                               else "FAIL"))
         t.add_column("property")
         for s in r["seeds"]:
@@ -93,7 +92,7 @@ def _fmt(v) -> str:
 
 
 def _markdown(result: dict, pngs: list[str]) -> str:
-    lines = [f"# Scenario check: {result['scenario']}", "",
+    lines = ["# Scenario check", "",
              f"{result['nodes']} nodes, engine {result['engine']} (batches of up to {result['max_batch']}), "
              f"{result['router']} routing, {result['hardware']} + {result['model']}, base rate "
              + ", ".join(f"{r} {v:g}" for r, v in result["rps"].items()) + " req/s, "

@@ -12,7 +12,9 @@ from helmgr.cli.workload_cmd import workload_options, workload_spec
 from helmgr.memory.refill import REFILL_MODES
 from helmgr.core.profiles import available
 from helmgr.policy import POLICIES
+from helmgr.policy.policies import ABLATIONS as POLICY_ABLATIONS
 from helmgr.routing import ROUTERS
+from helmgr.routing.routers import ABLATIONS as ROUTER_ABLATIONS
 from helmgr.sim import SimConfig, parse_fault, simulate
 from helmgr.sim.config import ENGINES, MAX_EMB_SAMPLE, SIM_PATHS
 from helmgr.sim.metrics import TAIL
@@ -26,27 +28,35 @@ SHOWN = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", *TAIL
 SHOWCASE_HELP = " [default: static; with neither --policy nor --router, full HELM beside static-best + prefix-aware]"
 
 
+def _kinds(known, product: str, ablations) -> str:
+    """A registry's names as help text: the product, the baselines, the ablations (labelled)."""
+    baselines = [n for n in known if n != product and n not in ablations]
+    return f"{product} (HELM); baselines: {', '.join(baselines)}; ablations: {', '.join(ablations)}"
+
+
 def sim_options(f=None, *, showcase: bool = False):
     """Options that build the simulated cluster; shared by simulate, sweep, compare and the rest.
     `showcase`: --policy and --router default to None (simulate's full HELM against the baseline)."""
     if f is None:
         return lambda g: sim_options(g, showcase=showcase)
     options = [
-        click.option("--nodes", type=click.IntRange(min=1), default=None, help="GPU nodes [default: the scenario's, 8]."),
+        click.option("--nodes", type=click.IntRange(min=1), default=None, help="GPU nodes [default: 8]."),
         click.option("--policy", type=click.Choice(sorted(POLICIES)), default=None if showcase else "static",
                      show_default=not showcase,
-                     help="Memory policy that sets each node's EMB:KV ratio." + (SHOWCASE_HELP if showcase else "")),
+                     help="Memory policy that sets each node's EMB:KV ratio: "
+                          + _kinds(POLICIES, "helm", POLICY_ABLATIONS) + "." + (SHOWCASE_HELP if showcase else "")),
         click.option("--ratio", type=Finite(0.0, 1.0), default=0.5, show_default=True,
                      help="EMB share of each node's pool (initial; fixed for static)."),
         click.option("--router", type=click.Choice(list(ROUTERS)), default=None if showcase else "prefix-aware",
                      show_default=not showcase,
-                     help="Request router" + (" [default: prefix-aware; see --policy]" if showcase else ".")),
+                     help="Request router: " + _kinds(ROUTERS, "helm", ROUTER_ABLATIONS)
+                          + (". [default: prefix-aware; see --policy]" if showcase else ".")),
         click.option("--hardware", default="a100-80g", show_default=True, callback=profile_checked("hardware"),
                      help=f"Hardware preset ({', '.join(sorted(available('hardware')))}) or profile TOML."),
         click.option("--model", default="large", show_default=True, callback=profile_checked("model"),
                      help=f"Model preset ({', '.join(sorted(available('model')))}) or profile TOML."),
         click.option("--slo-ms", type=POSITIVE, default=None,
-                     help="P99 latency target [default: the scenario's, 20 (v2); v1: the model preset's]."),
+                     help="P99 latency target [default: 20]."),
         click.option("--refill", type=click.Choice(list(REFILL_MODES)), default="lazy", show_default=True,
                      help="How grown EMB capacity is filled: sync (blocks the node), lazy, background, "
                           "or recovery (background while HELM's recovery tier holds the node, else lazy)."),
@@ -57,10 +67,10 @@ def sim_options(f=None, *, showcase: bool = False):
         click.option("--refresh-s", type=POSITIVE, default=2.0, show_default=True,
                      help="EMB cache refresh interval."),
         click.option("--max-batch", type=click.IntRange(1, 65536), default=None,
-                     help="Requests a node takes together when it frees up [default: the scenario's, 8 (v2) or 1 (v1)]."),
+                     help="Requests a node takes together when it frees up [default: 8]."),
         click.option("--engine", type=click.Choice(ENGINES), default=None,
-                     help="Node model: serial (one request at a time, v1), batched, or pipelined (copies of the next "
-                          "batch during this one's compute) [default: the scenario's, pipelined (v2)]."),
+                     help="Node model: batched, or pipelined (two engines: copies of the next batch during this "
+                          "one's compute) [default: pipelined]."),
         click.option("--sim-path", type=click.Choice(SIM_PATHS), default="auto", show_default=True,
                      help="Per-request path: compiled, python, or auto (compiled where the configuration allows; "
                           "the summary's sim_path says which ran). Both give the same results."),
@@ -74,7 +84,7 @@ def sim_options(f=None, *, showcase: bool = False):
 
 
 def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                 max_batch, seed, engine: str = "serial", sim_path: str = "auto", emb_sample: int = 1) -> SimConfig:
+                 max_batch, seed, engine: str = "pipelined", sim_path: str = "auto", emb_sample: int = 1) -> SimConfig:
     return SimConfig(nodes=nodes, policy=policy, ratio=ratio, router=router, hardware=hardware, model=model,
                      slo_ms=slo_ms, refill=refill, faults=tuple(parse_fault(f, nodes) for f in faults),
                      tick_s=tick_ms / 1e3, refresh_s=refresh_s, max_batch=max_batch, seed=seed,
@@ -88,16 +98,15 @@ def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, 
               help="Worker processes for the side-by-side runs [default: all cores].")
 @json_option
 @out_option
-def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
+def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                  nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch,
                  engine, sim_path, emb_sample, jobs, as_json, out_dir):
     """Simulate a cluster serving a workload; report latency, SLO, hit rates and H2D traffic.
 
     With neither --policy nor --router: full HELM (the controller and the HELM router) beside
     static-best + prefix-aware, with each one's capacity headroom where capacity at SLO is stored
-    for this configuration. With no options at all: the default scenario v2 (8 x A100-80G, large
-    HSTU, batches of up to 8 on two engines, steady traffic, 360 s); `--scenario v1` the first
-    version's. Name a policy or a router for one run (the other defaults to static / prefix-aware).
+    for this configuration. With no options at all: the default scenario (8 x A100-80G, large
+    HSTU, batches of up to 8 on two engines, steady traffic, 360 s). Name a policy or a router for one run (the other defaults to static / prefix-aware).
 
     \b
     helmgr simulate --out results/helm                 # HELM vs static-best + prefix-aware, with plots
@@ -108,8 +117,7 @@ def simulate_cmd(scenario, regime, duration, seed, rps, trace, trace_format, tim
     side_by_side = policy is None and router is None
     cfg = build_config(nodes, policy or "static", ratio, router or "prefix-aware", hardware, model, slo_ms, refill,
                        faults, tick_ms, refresh_s, max_batch, seed, engine, sim_path, emb_sample)
-    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
-                         scenario=scenario)
+    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     w = spec.build()                         # a bad trace or fault is refused here, before any work
     cfg.validate(w.duration_s)
     if side_by_side:

@@ -26,7 +26,7 @@ COLUMNS = ("ratio", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfacti
 @parallel_options
 @json_option
 @out_option
-def sweep_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
+def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
               nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine,
               sim_path, emb_sample, ratios, jobs, ray_address, as_json, out_dir):
     """Sweep the static EMB ratio: P99 and SLO attainment per ratio, and the best one.
@@ -39,8 +39,7 @@ def sweep_cmd(scenario, regime, duration, seed, rps, trace, trace_format, time_c
     grid = ratio_grid(ratios)
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, seed, engine, sim_path, emb_sample)
-    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
-                         scenario)
+    spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     w = spec.build()                                    # validates the workload options up front
     jobs = jobs or os.cpu_count() or 1
     with progress("sweeping", len(grid)) as bar:

@@ -11,7 +11,6 @@ from helmgr.core.profiles import available
 from helmgr.core.errors import HelmInputError
 from helmgr.core.files import check_writable
 from helmgr.core.extras import require
-from helmgr.workload import SCENARIOS
 from helmgr.workload.synthetic import parse_regime
 
 
@@ -25,16 +24,13 @@ from helmgr.workload.synthetic import parse_regime
               help="Comma list of regimes episodes are drawn from.")
 @click.option("--episode-s", type=Finite(min=2), default=120.0, show_default=True,
               help="Controlled seconds an episode (after its warm-up), a stretch of the regime's run.")
-@click.option("--scenario", type=click.Choice(SCENARIOS), default="v2", show_default=True,
-              help="The environment's scenario: v2 (a node's share of the v2 cluster, its whole-run regimes), "
-                   "or v1 (the first version's: serial nodes at 300 req/s, 60-s workloads).")
 @click.option("--hardware", default="a100-80g", show_default=True,
               help="Comma list of hardware presets episodes are drawn from.")
 @click.option("--model", default="large", show_default=True, help="Comma list of model presets episodes are drawn from.")
 @click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Where the run's CSV log of reward and losses goes.")
 @click.option("--nodes", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Nodes of the scenario's cluster an episode runs (each its share of the rate and users) under "
+              help="Nodes of the default cluster an episode runs (each its share of the rate and users) under "
                    "the router, each deciding its own ratio and paid its own reward: one transition a node "
                    "(1: a node alone).")
 @click.option("--envs", "n_envs", type=click.IntRange(1, 256), default=1, show_default=True,
@@ -52,13 +48,13 @@ from helmgr.workload.synthetic import parse_regime
               help="Train one policy per seed (in parallel, --jobs), validate each, write the best to --out "
                    "(instead of --seed).")
 @click.option("--validate-seeds", default="101,102,103", show_default=True,
-              help="With --seeds: the workload seeds of the validation runs (v2 regimes on the 8-node cluster).")
+              help="With --seeds: the workload seeds of the validation runs (the regimes on the 8-node cluster).")
 @click.option("--validate-duration", type=Finite(min=1), default=None,
-              help="With --seeds: simulated seconds of each validation run [default: the scenario's].")
+              help="With --seeds: simulated seconds of each validation run [default: 360].")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="With --seeds: worker processes for the training runs and the validation runs [default: all cores].")
 @json_option
-def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardware, model, runs_dir, nodes, n_envs,
+def train_cmd(timesteps, seed, out_path, workloads, episode_s, hardware, model, runs_dir, nodes, n_envs,
               relative, init_path, checkpoint_every, target_kl, seeds, validate_seeds, validate_duration, jobs,
               as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
@@ -81,7 +77,7 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, scenario, hardwar
     if nodes > 1 and n_envs > 1:
         raise HelmInputError(f"--nodes {nodes} runs one cluster as {nodes} environments; --envs {n_envs} "
                              "cannot be used with it")
-    env = {"regimes": regimes, "episode_s": episode_s, "relative": relative, "scenario": scenario, "nodes": nodes,
+    env = {"regimes": regimes, "episode_s": episode_s, "relative": relative, "nodes": nodes,
            "hardware": tuple(presets["hardware"]), "model": tuple(presets["model"])}
     if init_path is not None:
         check_init(init_path)

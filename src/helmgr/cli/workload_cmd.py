@@ -8,8 +8,8 @@ import click
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, markdown_table, out_option, progress,
                                result_dir, stderr, stdout, table)
 from helmgr.cli.types import POSITIVE as positive, SEED, checked
-from helmgr.sim.config import scenario_cluster
-from helmgr.workload import FORMATS, OVERLAYS, SCENARIOS, WorkloadSpec, default_config, describe
+from helmgr.sim.config import SimConfig
+from helmgr.workload import FORMATS, OVERLAYS, WorkloadSpec, default_config, describe
 from helmgr.workload.spec import TRACE_DURATION_S
 from helmgr.workload.trace import WIDEN
 
@@ -17,17 +17,14 @@ from helmgr.workload.trace import WIDEN
 def workload_options(f):
     """Options that pick a workload; shared by every command that runs one."""
     options = [
-        click.option("--scenario", type=click.Choice(SCENARIOS), default="v2", show_default=True,
-                     help="Defaults of the workload and the cluster: v2, or v1 (the first version's: serial "
-                          "nodes, 120 s, trend = drift, burst = flash)."),
         click.option("--workload", "regime", default="steady", show_default=True,
-                     help="Synthetic regime: steady, trend, burst, flash, drift, or a combination such as trend+burst."),
+                     help="Synthetic regime: steady, trend, burst, or trend+burst."),
         click.option("--duration", type=positive, default=None,
-                     help="Simulated seconds [default: the scenario's, 360 (v2) or 120 (v1, traces)]."),
+                     help="Simulated seconds [default: 360; a trace: 120]."),
         click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed."),
         click.option("--rps", type=positive, default=None,
-                     help="Base request rate of the synthetic workload [default: the regime's; v2: 1,300, trend "
-                          "2,200; v1: 2,400]."),
+                     help="Base request rate of the synthetic workload, whole cluster [default: the regime's: "
+                          "1,300; trend 2,200]."),
         click.option("--trace", type=click.Path(dir_okay=False), default=None, help="Replay this log instead of the synthetic workload."),
         click.option("--trace-format", type=click.Choice(FORMATS), default="inter", show_default=True,
                      help="inter: RecBole atomic file; sequences: 'user item item ...' per line."),
@@ -40,25 +37,28 @@ def workload_options(f):
         click.option("--widen-catalogue", is_flag=True,
                      help="Give clone k of --clone-users K its own item ids (i + k x items): K x the catalogue."),
     ]
-    f = widened(scenario_defaults(checked(f)))      # --allow-large; the run's estimate is checked first
+    f = widened(cluster_defaults(checked(f)))      # --allow-large; the run's estimate is checked first
     for option in reversed(options):
         f = option(f)
     return f
 
 
-def scenario_defaults(f):
-    """Fill the options left unset from --scenario: on commands that pick one workload, --duration
-    (the scenario's, or a trace's default); on commands that build a cluster, the cluster fields
-    the scenario sets (--nodes, --max-batch, --engine, --slo-ms)."""
+CLUSTER_OPTIONS = ("nodes", "max_batch", "engine", "slo_ms")     # left unset: SimConfig's default
+
+
+def cluster_defaults(f):
+    """Fill the options left unset: on commands that pick one workload, --duration (the regime's,
+    or a trace's default); on commands that build a cluster, --nodes, --max-batch, --engine and
+    --slo-ms from `SimConfig`'s defaults (the default scenario's cluster)."""
     @functools.wraps(f)
     def command(*args, **options):
-        scenario = options["scenario"]
         if "regime" in options and options.get("duration") is None:
             options["duration"] = (TRACE_DURATION_S if options.get("trace") is not None
-                                   else default_config(options["regime"], scenario).duration_s)
-        for key, value in scenario_cluster(scenario).items():
+                                   else default_config(options["regime"]).duration_s)
+        default = SimConfig()
+        for key in CLUSTER_OPTIONS:
             if key in options and options[key] is None:
-                options[key] = value
+                options[key] = getattr(default, key)
         return f(*args, **options)
     return command
 
@@ -77,21 +77,17 @@ def widened(f):
 
 
 def workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users,
-                  overlay, scenario: str = "v2") -> WorkloadSpec:
+                  overlay) -> WorkloadSpec:
     """The workload options as a picklable spec (what worker processes build their stream from)."""
     return WorkloadSpec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users,
-                        tuple(overlay), scenario)
-
-
-def build_workload(*options, scenario: str = "v2"):
-    return workload_spec(*options, scenario=scenario).build()
+                        tuple(overlay))
 
 
 @click.command()
 @workload_options
 @json_option
 @out_option
-def workload(scenario, regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay, as_json,
+def workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay, as_json,
              out_dir):
     """Generate a request stream and describe it: rates, users, prefixes, item skew, hot-set turnover.
 
@@ -100,8 +96,8 @@ def workload(scenario, regime, duration, seed, rps, trace, trace_format, time_co
     helmgr workload --trace ml-100k.inter --trace-format inter --clone-users 8 --out results/ml100k
     """
     check_out(out_dir)
-    w = build_workload(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
-                       scenario=scenario)
+    w = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users,
+                      overlay).build()
     with progress("generating", None) as bar:
         task = bar.add_task("generating", total=int(-(-w.duration_s // 1.0)))
         summary, series = describe(w.chunks(1.0), w.duration_s, w.n_items, on_chunk=lambda: bar.advance(task),

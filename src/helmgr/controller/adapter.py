@@ -200,16 +200,7 @@ class MarginalAdapter:
     own error and steps against it. Two integrators with different rests wind up: on 720-s
     steady runs without the hold, every offset sat at the bound while the plan climbed past
     0.9, and the split drifted to 0.66 where static-best is 0.55-0.6
-    (docs/results/2026-12-05-anti-windup.md).
-
-    `max_down` caps a step toward KV (a negative one) below `max_step`: the cost of too small an
-    EMB share is a wall (trend's discovery and bursts: 0.3 costs 30-50 % of a block's P99 where
-    0.95 is best), of too large a one a slope (trend's feed: 0.95 costs 40-70 %), and at
-    discovery's onset the signal says "grow KV" for 20-30 s before it turns. None: `max_step`.
-    `down_cap` "rising" lets it bind only on a load level entered from below (or the first):
-    the wall waits where the load climbs, while on a falling load (trend's feed after discovery)
-    the split that is best falls fast. HELM's tracking preset (`policy.policies.HelmTrack`)
-    sets both."""
+    (docs/results/2026-12-05-anti-windup.md)."""
 
     n_features: int
     bound: float = 0.25
@@ -222,9 +213,6 @@ class MarginalAdapter:
     load_alpha: float = 0.3                          # the level's rate: EWMA weight per sample (one EMB refresh, 2 s)
     load_hysteresis: float = 0.75                    # a level is left this many widths from its centre
     hold_base: bool = True                           # the base's steps against the offset shrink with it
-    max_down: float | None = None                    # the longest step toward KV (None: max_step)
-    down_cap: str = "always"                         # where max_down binds: "always", or "rising" (a level
-                                                     # entered from below, or the first)
     explore: bool = field(init=False, default=False)
     params: np.ndarray = field(init=False)
     offset: float = field(init=False, default=0.0)
@@ -236,7 +224,6 @@ class MarginalAdapter:
     levels: dict = field(init=False, default_factory=dict)   # level -> (offset, last_step) of the others
     _load: float | None = field(init=False, default=None)    # the arrival rate, EWMA over samples
     last_step: float = field(init=False, default=0.0)  # the last move (signed; 0 before any)
-    rising: bool = field(init=False, default=True)   # the level in effect was entered from below (or is the first)
 
     def __post_init__(self):
         if not (self.bound > 0 and 0 < self.step <= self.bound):
@@ -249,13 +236,6 @@ class MarginalAdapter:
         if not (self.grow >= 1.0 and self.step <= self.max_step <= self.bound):
             raise ValueError(f"adapter v2 needs grow >= 1 and step <= max_step <= bound, got grow {self.grow}, "
                              f"max_step {self.max_step}")
-        if self.max_down is None:
-            self.max_down = self.max_step
-        if not 0 < self.max_down <= self.max_step:
-            raise ValueError(f"adapter v2 needs 0 < max_down <= max_step, got max_down {self.max_down}, "
-                             f"max_step {self.max_step}")
-        if self.down_cap not in ("always", "rising"):
-            raise ValueError(f"adapter v2 needs down_cap 'always' or 'rising', got {self.down_cap!r}")
         if not ((self.load_width is None or self.load_width > 0) and 0 < self.load_alpha <= 1
                 and self.load_hysteresis >= 0.5):     # below 0.5 widths, leaving a level could round back to it
             raise ValueError(f"adapter v2 needs load_width > 0 (or None), 0 < load_alpha <= 1 and load_hysteresis "
@@ -287,8 +267,6 @@ class MarginalAdapter:
         size = self.step
         if self.last_step and (self.last_step > 0) == (mean > 0):
             size = min(abs(self.last_step) * self.grow, self.max_step)
-        if mean < 0 and (self.down_cap == "always" or self.rising):
-            size = min(size, self.max_down)
         offset = min(self.bound, max(-self.bound, self.offset + math.copysign(size, mean)))
         if offset == self.offset:
             return swapped
@@ -316,7 +294,6 @@ class MarginalAdapter:
         if abs(x - self.level) <= self.load_hysteresis:
             return False
         self.levels[self.level] = (self.offset, self.last_step)
-        self.rising = round(x) > self.level
         self.level = round(x)
         offset, self.last_step = self.levels.pop(self.level, (0.0, 0.0))
         self.samples = []

@@ -84,15 +84,13 @@ def policy_digest(path) -> str:
 def tier_settings(adapter_kw: dict | None = None) -> tuple[str, str]:
     """Adapter v2's (its defaults, with `adapter_kw` over them) and the recovery tier's default
     settings, as `name=value,...` strings (what a stored HELM result depends on besides the base
-    policy: `policies.helm_revision`). `max_down` is named only when set and `down_cap`
-    only when not "always" (revisions before them had neither)."""
+    policy: `policies.helm_revision`)."""
     import dataclasses
     import inspect
     kw = adapter_kw or {}
     fields = [(f.name, kw.get(f.name, f.default)) for f in dataclasses.fields(MarginalAdapter)
               if f.init and f.name != "n_features"]
-    adapter = ",".join(f"{k}={v}" for k, v in fields
-                       if not (k == "max_down" and v is None or k == "down_cap" and v == "always"))
+    adapter = ",".join(f"{k}={v}" for k, v in fields)
     params = inspect.signature(Controller.__init__).parameters
     recovery = ",".join(f"{k.removeprefix('recovery_')}={p.default}" for k, p in params.items()
                         if k.startswith("recovery_"))

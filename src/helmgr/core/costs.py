@@ -103,7 +103,7 @@ class CostModel:
         return self.prefix_flops(tokens, cached) + self.candidate_flops(candidates, cached + tokens)
 
     def compute_s(self, tokens: int, cached: int, candidates: int) -> float:
-        """One request served alone at the flat per-request efficiency (the serial engine)."""
+        """One request served alone at the flat per-request efficiency (`Node.serve`, the real path)."""
         flops = self.prefix_flops(tokens, cached) + self.candidate_flops(candidates, cached + tokens)
         return flops / self.flops + self.launch_overhead_s
 

@@ -38,7 +38,7 @@ class Service(NamedTuple):
     unfilled_misses: int    # of which on rows a resize/refresh left unfilled
     fetch_s: float          # host gathers + H2D copies before compute, link queueing included
     recompute_s: float      # prefix positions recomputed
-    launch: float           # when its compute began (its batch's launch; serial: when its rows were in)
+    launch: float           # when its compute began (its batch's launch; one served alone: when its rows were in)
 
 
 class NodeStats:

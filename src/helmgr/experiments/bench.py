@@ -114,7 +114,7 @@ def controller_bench(policy_path=None, steps: int = 20000, seed: int = 1, cold_m
 # -- the simulator's own speed (SPEC 4, Speed) -------------------------------------------------
 SIM_PHASES = ("generation", "setup", "compiled", "routing", "node_model", "emb_refresh", "windows_policy", "summary",
               "event_loop")
-RPS_PER_NODE = 162.5                      # the default scenario's per-node load (v2: 1,300 req/s on 8 nodes)
+RPS_PER_NODE = 162.5                      # the default scenario's per-node load (1,300 req/s on 8 nodes)
 
 
 class PhaseClock:
@@ -227,29 +227,27 @@ def _phase_run(cfg, make_workload) -> dict:
 def sim_bench(sizes=(8, 32, 128), routers=("least-loaded", "helm"), duration_s: float = 10.0,
               max_requests: int = 150_000, seed: int = 1, on_done=None, paths=("auto",), samples=(1,),
               policies=("static",)) -> dict:
-    """Simulated requests per wall-second of the default (steady, v2) scenario at each cluster size,
-    162.5 req/s per node on the v2 node model, one row per router x size: `simulate` end to end on one core (chunk
+    """Simulated requests per wall-second of the default scenario (steady) at each cluster size,
+    162.5 req/s per node on the default node model, one row per router x size: `simulate` end to end on one core (chunk
     generation included, as the run draws them; building the workload's tables not), then an
     instrumented run of the same configuration for the split by phase and the memory per node.
     Each size runs min(duration_s, max_requests / (162.5 x nodes)) simulated seconds, so 128 nodes
     stays a few seconds long. `samples`: the EMB caches' sampling (SimConfig.emb_sample), a row each;
     `policies`: the memory policies (static at 0.5, full HELM `helm`, ...), a row each."""
     from helmgr.sim import SimConfig, simulate
-    from helmgr.sim.config import scenario_cluster
     from helmgr.workload import default_config, synthetic_workload
-    v2 = scenario_cluster("v2")
 
     def workload(nodes: int, seconds: float):
         return synthetic_workload(default_config("steady", rps=RPS_PER_NODE * nodes, duration_s=seconds), seed)
     runs = [(pol, rt, path, k) for pol in policies for rt in routers for path in paths for k in samples]
     for pol, rt, path, k in runs:                        # compile / load the kernels outside the timings
-        simulate(SimConfig(**(v2 | dict(nodes=2, router=rt, seed=seed, path=path, emb_sample=k, policy=pol))),
+        simulate(SimConfig(nodes=2, router=rt, seed=seed, path=path, emb_sample=k, policy=pol),
                  workload(2, 1.0))
     rows = []
     for nodes in sizes:
         seconds = min(duration_s, max_requests / (RPS_PER_NODE * nodes))
         for pol, rt, path, k in runs:
-            cfg = SimConfig(**(v2 | dict(nodes=nodes, router=rt, seed=seed, path=path, emb_sample=k, policy=pol)))
+            cfg = SimConfig(nodes=nodes, router=rt, seed=seed, path=path, emb_sample=k, policy=pol)
             r = simulate(cfg, workload(nodes, seconds))
             s = r.summary
             ids = sum(n.stats.ids for n in r.cluster.nodes)

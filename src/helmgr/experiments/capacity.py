@@ -159,7 +159,7 @@ def capacity_tasks(spec: WorkloadSpec, cfg: SimConfig, seeds: Sequence[int], tol
 
 def base_rate(spec: WorkloadSpec) -> float:
     """The synthetic workload's base rate: its `rps`, or its regime's default."""
-    return spec.rps or default_config(spec.regime, spec.scenario).rps
+    return spec.rps or default_config(spec.regime).rps
 
 
 def summarize_capacity(brackets: Sequence[Bracket], seeds: Sequence[int]) -> dict:

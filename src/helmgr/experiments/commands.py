@@ -1,28 +1,30 @@
-"""The helmgr command line that reproduces each figure of an evaluation (SPEC 12: the report names
-the exact command of every figure)."""
+"""The helmgr command line that reproduces each figure of an evaluation (the report names the exact
+command of every figure)."""
 from __future__ import annotations
 
 from helmgr.experiments.evaluate import EvalConfig, Unit
+from helmgr.experiments.phase_oracle import LOOKAHEAD_S
 from helmgr.sim import SimConfig
 
 DEFAULTS = SimConfig()
 
 
 def cluster_flags(cfg: SimConfig) -> str:
-    """The cluster options, each one the run sets (the scenario fills nodes, engine, batch, SLO)."""
-    flags = [f"--nodes {cfg.nodes}", f"--engine {cfg.engine}", f"--max-batch {cfg.max_batch}"]
-    if cfg.slo_ms is not None:
-        flags.append(f"--slo-ms {cfg.slo_ms:g}")
-    for name, flag in (("hardware", "--hardware"), ("model", "--model"), ("refill", "--refill")):
+    """The cluster options the run sets away from the defaults (`SimConfig()`), each after a space."""
+    flags = []
+    for name, flag in (("nodes", "--nodes"), ("engine", "--engine"), ("max_batch", "--max-batch"),
+                       ("hardware", "--hardware"), ("model", "--model"), ("refill", "--refill")):
         if getattr(cfg, name) != getattr(DEFAULTS, name):
             flags.append(f"{flag} {getattr(cfg, name)}")
+    if cfg.slo_ms != DEFAULTS.slo_ms and cfg.slo_ms is not None:
+        flags.append(f"--slo-ms {cfg.slo_ms:g}")
     if cfg.tick_s != DEFAULTS.tick_s:
         flags.append(f"--tick-ms {cfg.tick_s * 1e3:g}")
     if cfg.refresh_s != DEFAULTS.refresh_s:
         flags.append(f"--refresh-s {cfg.refresh_s:g}")
     if cfg.emb_sample != DEFAULTS.emb_sample:
         flags.append(f"--emb-sample {cfg.emb_sample}")
-    return " ".join(flags)
+    return "".join(f" {f}" for f in flags)
 
 
 def grid_flag(grid) -> str:
@@ -31,7 +33,7 @@ def grid_flag(grid) -> str:
 
 def workload_flags(ev: EvalConfig, regime: str, duration: float | None, rate: bool = True) -> str:
     """The workload options; `rate` False where the command names its own (capacity's start)."""
-    flags = f"--scenario {ev.scenario} --workload {regime}"
+    flags = f"--workload {regime}"
     rps = ev.rps(regime) if rate else None
     return flags + (f" --duration {duration:g}" if duration is not None else "") + (
         f" --rps {rps:g}" if rps is not None else "")
@@ -42,29 +44,29 @@ def unit_command(ev: EvalConfig, unit: Unit) -> str:
     cluster = cluster_flags(ev.cluster)
     wl = workload_flags(ev, unit.regime, ev.duration_s)
     if unit.kind == "run":
-        return f"helmgr simulate {wl} --seed {unit.seed} {cluster} --policy {unit.policy} --router {unit.router} --json"
+        return f"helmgr simulate {wl} --seed {unit.seed}{cluster} --policy {unit.policy} --router {unit.router} --json"
     if unit.kind == "point":
-        return (f"helmgr simulate {wl} --seed {unit.seed} {cluster} --policy static --ratio {unit.ratio:g} "
+        return (f"helmgr simulate {wl} --seed {unit.seed}{cluster} --policy static --ratio {unit.ratio:g} "
                 f"--router {unit.router} --json")
     if unit.kind == "oracle":
-        ahead = f" --oracle-lookahead {ev.oracle_lookahead_s:g}" if ev.oracle_lookahead_s else ""
-        return (f"helmgr compare {wl} --seed {unit.seed} {cluster} --policies oracle --routers {unit.router} "
+        ahead = f" --oracle-lookahead {ev.oracle_lookahead_s:g}" if ev.oracle_lookahead_s != LOOKAHEAD_S else ""
+        return (f"helmgr compare {wl} --seed {unit.seed}{cluster} --policies oracle --routers {unit.router} "
                 f"{grid_flag(ev.grid)}{ahead} --json")
     task = unit.payload
     policy = "static" if unit.policy == "static-best" else unit.policy
     ratio = f" --ratio {unit.ratio:g}" if unit.ratio is not None else ""
-    return (f"helmgr capacity {workload_flags(ev, unit.regime, ev.capacity_duration_s, rate=False)} --seeds {unit.seed} "
+    return (f"helmgr capacity {workload_flags(ev, unit.regime, ev.capacity_duration_s, rate=False)} --seeds {unit.seed}"
             f"{cluster} --policy {policy}{ratio} --router {unit.router} --rps {task.start:g} --tol {task.tol:g} --json")
 
 
 def static_best_command(ev: EvalConfig, regime: str, seed: int, router: str) -> str:
-    return (f"helmgr sweep {workload_flags(ev, regime, ev.duration_s)} --seed {seed} {cluster_flags(ev.cluster)} "
+    return (f"helmgr sweep {workload_flags(ev, regime, ev.duration_s)} --seed {seed}{cluster_flags(ev.cluster)} "
             f"--router {router} {grid_flag(ev.grid)} --json")
 
 
 def check_command(ev: EvalConfig, regime: str) -> str:
     dur = f" --duration {ev.duration_s:g}" if ev.duration_s is not None else ""
     dur += f" --rps {ev.rps(regime):g}" if ev.rps(regime) is not None else ""
-    return (f"helmgr scenario --check --scenario {ev.scenario} --workloads {regime} "
-            f"--seeds {','.join(map(str, ev.seeds))}{dur} {cluster_flags(ev.cluster)} --router {ev.check_router} "
+    return (f"helmgr scenario --check --workloads {regime} "
+            f"--seeds {','.join(map(str, ev.seeds))}{dur}{cluster_flags(ev.cluster)} --router {ev.check_router} "
             f"{grid_flag(ev.grid)} --json")

@@ -1,6 +1,6 @@
 """Every policy (and router) on one workload and seed, side by side: static-best from a sweep of
 the same run, the phase oracle's r* (`oracle`) and each policy's distance from it, band
-distance and regret; the first version's per-window oracle runs by name as `oracle-greedy`."""
+distance and regret."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -8,9 +8,9 @@ from typing import Callable
 
 import numpy as np
 
-from helmgr.experiments.oracle import run_oracle
 from helmgr.experiments.parallel import run_all
-from helmgr.experiments.phase_oracle import PhaseOracleResult, figures, held, oracle_blocks, run_phase_oracle
+from helmgr.experiments.phase_oracle import (LOOKAHEAD_S, PhaseOracleResult, common_band, figures, held,
+                                             oracle_blocks, run_phase_oracle)
 from helmgr.experiments.sweep import held_r_star, run_point, static_best, sweep_tasks
 from helmgr.policy import POLICIES
 from helmgr.sim import SimConfig, simulate
@@ -18,7 +18,7 @@ from helmgr.sim.metrics import Series, oracle_distance
 from helmgr.workload import WorkloadSpec
 
 ALL = ("static", "static-best", "independent", "adaptive", "latency-driven", "oracle")
-OFFLINE = ("static-best", "oracle", "oracle-greedy")     # hindsight baselines: not policies a run can follow
+OFFLINE = ("static-best", "oracle")     # hindsight baselines: not policies a run can follow
 
 # track(label, total) -> advance(k): a progress bar's task; advance moves it k steps
 Track = Callable[[str, int], Callable[[int], None]]
@@ -30,7 +30,6 @@ class Comparison:
     timelines: dict                     # (policy, router) -> Series, None for static-best
     r_star: np.ndarray | None = None    # the phase oracle's, per window (of the last router)
     held_r_star: np.ndarray | None = None
-    greedy_r_star: np.ndarray | None = None
     oracles: dict = field(default_factory=dict)   # router -> PhaseOracleResult
 
 
@@ -52,8 +51,9 @@ def _quiet(label: str, total: int) -> Callable[[int], None]:
 
 
 def compare(spec: WorkloadSpec, cfgs: dict[str, SimConfig], names: list[str], grid: list[float], jobs: int = 1,
-            track: Track = _quiet, ray_address: str | None = None, oracle_lookahead_s: float = 0.0) -> Comparison:
-    """Run `names` (policies, plus "static-best", "oracle" and "oracle-greedy") under each router
+            track: Track = _quiet, ray_address: str | None = None,
+            oracle_lookahead_s: float = LOOKAHEAD_S) -> Comparison:
+    """Run `names` (policies, plus "static-best" and "oracle") under each router
     of `cfgs`: the policy runs and the static-best sweeps in one batch of independent runs
     (experiments.parallel: `jobs` processes, or Ray at `ray_address`), then the oracles, whose
     blocks (windows) run in order."""
@@ -82,8 +82,6 @@ def compare(spec: WorkloadSpec, cfgs: dict[str, SimConfig], names: list[str], gr
             out.timelines[("static-best", rt)] = None
         if "oracle" in names:
             _phase_oracle(out, spec, cfg, grid, jobs, track, ray_address, oracle_lookahead_s)
-        if "oracle-greedy" in names:
-            _greedy(out, spec, cfg, grid, jobs, track, ray_address)
     add_distances(out)
     return out
 
@@ -99,7 +97,7 @@ def _progress(track: Track, label: str, total: int) -> Callable[[int], None]:
 
 
 def _phase_oracle(out: Comparison, spec: WorkloadSpec, cfg: SimConfig, grid, jobs: int, track: Track,
-                  ray_address: str | None, lookahead_s: float = 0.0) -> None:
+                  ray_address: str | None, lookahead_s: float) -> None:
     w = spec.build()
     done = _progress(track, f"{cfg.router}: oracle blocks", len(oracle_blocks(w.phases)))
     o = run_phase_oracle(cfg, w, grid, jobs, on_progress=done, ray_address=ray_address, lookahead_s=lookahead_s)
@@ -109,28 +107,35 @@ def _phase_oracle(out: Comparison, spec: WorkloadSpec, cfg: SimConfig, grid, job
     out.r_star = o.per_window()[0]
 
 
-def _greedy(out: Comparison, spec: WorkloadSpec, cfg: SimConfig, grid, jobs: int, track: Track,
-            ray_address: str | None) -> None:
-    w = spec.build()
-    done = _progress(track, f"{cfg.router}: oracle-greedy", int(-(-w.duration_s // 1)))
-    o = run_oracle(cfg, w, grid, jobs, on_progress=done, ray_address=ray_address)
-    out.rows.append(o.summary)
-    out.timelines[("oracle-greedy", cfg.router)] = o.series
-    out.greedy_r_star = o.r_star
-
-
 def add_distances(c: Comparison) -> None:
     """Each row's figures against the phase oracle of its router (`oracle_distance`,
     `band_distance`, `regret`), and its mean |r - r*| per window against the held r*
-    (`held_oracle_distance`) and the greedy oracle's (`greedy_oracle_distance`)."""
+    (`held_oracle_distance`)."""
     for row in c.rows:
         series = c.timelines.get((row["policy"], row["router"]))
         timeline = held(row["ratio"], row["nodes"]) if series is None else series.timeline  # static-best: held
         oracle: PhaseOracleResult | None = c.oracles.get(row["router"])
         if oracle is not None:
             row.update(figures(timeline, row["nodes"], row["duration_s"], oracle, row["p99_ms"]))
-        for key, ref, own in (("held_oracle_distance", c.held_r_star, None),
-                              ("greedy_oracle_distance", c.greedy_r_star, "oracle-greedy")):
-            if ref is None:
-                continue
-            row[key] = 0.0 if row["policy"] == own else oracle_distance(timeline, row["nodes"], row["duration_s"], ref)
+        if c.held_r_star is not None:
+            row["held_oracle_distance"] = oracle_distance(timeline, row["nodes"], row["duration_s"], c.held_r_star)
+
+
+STEADY_REGRET = 0.01       # the oracle's check on a stationary run: static-best within 1 % of its P99
+
+
+def oracle_check(c: Comparison) -> dict | None:
+    """The phase oracle's sanity check on a workload with one kind of phase (steady), per router:
+    the splits that lie inside every block's band after the warm-up (`common_band`; a flat
+    optimum lets the fitted argmin wander, so r*'s spread is not the test) and static-best's
+    regret, which must be at most `STEADY_REGRET`. None when no such oracle ran."""
+    out = {}
+    for router, o in c.oracles.items():
+        if len({b.kind for b in o.blocks}) != 1:
+            continue
+        band = common_band(o, o.summary["warmup_s"])
+        best = next((r for r in c.rows if r["policy"] == "static-best" and r["router"] == router), None)
+        regret = None if best is None else best.get("regret")
+        out[router] = {"common_band": band, "static_best_regret": regret, "regret_threshold": STEADY_REGRET,
+                       "pass": band is not None and regret is not None and regret <= STEADY_REGRET}
+    return out or None

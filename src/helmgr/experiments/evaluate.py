@@ -31,10 +31,11 @@ import numpy as np
 
 from helmgr.experiments.capacity import CapacityTask, base_rate, bisect_task
 from helmgr.experiments.parallel import run_all
-from helmgr.experiments.phase_oracle import oracle_blocks, run_phase_oracle
+from helmgr.experiments.phase_oracle import LOOKAHEAD_S, oracle_blocks, run_phase_oracle
 from helmgr.experiments.scenario import PhaseRun, phase_point
 from helmgr.experiments.showcase import stack_revision
-from helmgr.policy.policies import POLICIES, HelmPolicy, helm_revision
+from helmgr.policy.helm import HelmPolicy, helm_revision
+from helmgr.policy.policies import POLICIES
 from helmgr.routing.helm import Helm
 from helmgr.routing.routers import ROUTERS
 from helmgr.sim import SimConfig, simulate
@@ -63,10 +64,9 @@ class EvalConfig:
     routers: tuple[str, ...] = ("least-loaded", "prefix-aware", "helm")
     grid: tuple[float, ...] = DEFAULT_GRID
     duration_s: float | None = None                # None: the scenario's
-    scenario: str = "v2"
     check_router: str = "prefix-aware"             # the scenario check's static runs
     oracle_routers: tuple[str, ...] = ("helm",)
-    oracle_lookahead_s: float = 0.0                # phase_oracle.run_phase_oracle's lookahead
+    oracle_lookahead_s: float = LOOKAHEAD_S        # phase_oracle.run_phase_oracle's lookahead
     capacity: bool = True
     capacity_regimes: tuple[str, ...] | None = None    # None: every regime
     capacity_duration_s: float | None = None       # each bisection probe's simulated seconds (None: the runs')
@@ -76,10 +76,10 @@ class EvalConfig:
 
     def rps(self, regime: str) -> float | None:
         """The base rate a run gets: None (the regime's default) unless the rate is scaled."""
-        return None if self.rate_scale == 1.0 else default_config(regime, self.scenario).rps * self.rate_scale
+        return None if self.rate_scale == 1.0 else default_config(regime).rps * self.rate_scale
 
     def spec(self, regime: str, seed: int, duration: float | None = None) -> WorkloadSpec:
-        return WorkloadSpec(regime, duration or self.duration_s, seed, self.rps(regime), scenario=self.scenario)
+        return WorkloadSpec(regime, duration or self.duration_s, seed, self.rps(regime))
 
     def cfg(self, policy: str, router: str, seed: int, ratio: float | None = None) -> SimConfig:
         return replace(self.cluster, policy=policy, router=router, seed=seed,

@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from helmgr.experiments.capacity import TARGET, CapacityTask, base_rate, bisect_task, run_probe, summarize_capacity
 from helmgr.experiments.parallel import run_all
 from helmgr.sim import SimConfig
-from helmgr.sim.config import scenario_cluster
 from helmgr.workload import WorkloadSpec
 
 CANDIDATES = (("helm", "helm"), ("static", "prefix-aware"), ("static", "least-loaded"))
@@ -32,7 +31,6 @@ class PlanConfig:
     rps: float                                   # the target rate, whole cluster
     cluster: SimConfig                           # hardware, model, SLO, engine; nodes = the probe cluster's
     regime: str = "steady"
-    scenario: str = "v2"
     seeds: tuple[int, ...] = (1,)
     duration_s: float | None = 60.0              # each probe's simulated seconds
     tol: float = 0.02
@@ -40,7 +38,7 @@ class PlanConfig:
     quick: bool = False
 
     def spec(self, seed: int, rps: float | None = None) -> WorkloadSpec:
-        return WorkloadSpec(self.regime, self.duration_s, seed, rps, scenario=self.scenario)
+        return WorkloadSpec(self.regime, self.duration_s, seed, rps)
 
     def cfg(self, policy: str, router: str, nodes: int, seed: int) -> SimConfig:
         return replace(self.cluster, policy=policy, router=router, nodes=nodes, seed=seed)
@@ -71,7 +69,7 @@ def _check(args: tuple[PlanConfig, str, str, int, int]) -> dict:
 
 def plan(pc: PlanConfig, jobs: int = 1, ray_address: str | None = None, on_done=None) -> dict:
     probe_nodes = pc.cluster.nodes
-    base = base_rate(pc.spec(pc.seeds[0])) * probe_nodes / scenario_cluster(pc.scenario)["nodes"]
+    base = base_rate(pc.spec(pc.seeds[0])) * probe_nodes / SimConfig().nodes     # the regime's rate is for the default cluster
     caps = _capacities(pc, pc.candidates, probe_nodes, base, jobs, ray_address, on_done)
     table = []
     for (policy, router), c in zip(pc.candidates, caps):

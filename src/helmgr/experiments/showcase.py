@@ -3,7 +3,7 @@ the HELM router) beside static-best + prefix-aware, the strongest static baselin
 deployment would run, with each one's capacity headroom where it was measured for this HELM.
 
 Static-best is a hindsight sweep; a sweep of the default scenario costs nine runs, so for the
-runs the evaluation measured (a v2 regime at its default rate and duration on the scenario's
+runs the evaluation measured (a regime at its default rate and duration on the default
 cluster, any seed) the split is the evaluation's (`RECORD`) and the capacities are those its
 record measured or `helmgr capacity` measured for the same HELM (`CAPACITY_RECORD`), kept in
 `REFERENCE` and checked against the committed records by `tests/test_showcase.py`. Any other
@@ -17,10 +17,9 @@ from helmgr.experiments.capacity import base_rate
 from helmgr.experiments.compare import run_series
 from helmgr.experiments.parallel import run_all
 from helmgr.experiments.sweep import static_best
-from helmgr.policy.policies import helm_revision
+from helmgr.policy.helm import helm_revision
 from helmgr.routing.helm import Helm
 from helmgr.sim import SimConfig
-from helmgr.sim.config import scenario_cluster
 from helmgr.sim.metrics import Series
 from helmgr.workload import WorkloadSpec, default_config
 
@@ -41,7 +40,7 @@ class Reference:
     helm_revision: str | None = field(default=None, compare=False)   # the HELM measured (stack_revision)
 
 
-# (scenario, regime) -> Reference: `reference_from_record` of RECORD's evaluate.json (seeds 1-3,
+# regime -> Reference: `reference_from_record` of RECORD's evaluate.json (seeds 1-3,
 # 360-s runs) and CAPACITY_RECORD's capacity runs (seeds 1-3, 360-s probes), checked by
 # tests/test_showcase.py
 _MEASURED = ("3f024ede94ea3e49/adapter=marginal(bound=0.25,step=0.02,block=5,z=2.5,grow=1.5,max_step=0.06,"
@@ -51,12 +50,12 @@ _MEASURED = ("3f024ede94ea3e49/adapter=marginal(bound=0.25,step=0.02,block=5,z=2
              "router=helm(d=2,kv_term=True,emb_term=True,sample=32,waste=None,link_waste=None,home_slack=None,"
              "home_slack_s=None,home_by_load=True,overlap=True,HOME_SLACK=1.0,RHO_SPAN_S=0.5,MAX_WASTE=1000.0,"
              "BLOCK=4096)")
-REFERENCE: dict[tuple[str, str], Reference] = {
-    ("v2", "steady"): Reference(0.6, {"helm@helm": 4325.559108849516, "static-best@prefix-aware": 3025.6846328217016},
+REFERENCE: dict[str, Reference] = {
+    "steady": Reference(0.6, {"helm@helm": 4325.559108849516, "static-best@prefix-aware": 3025.6846328217016},
                                 _MEASURED),
-    ("v2", "burst"): Reference(0.8, {"helm@helm": 1529.3160891453658, "static-best@prefix-aware": 1372.3387318687242},
+    "burst": Reference(0.8, {"helm@helm": 1529.3160891453658, "static-best@prefix-aware": 1372.3387318687242},
                                _MEASURED),
-    ("v2", "trend"): Reference(0.8, {"helm@helm": 3145.1493444623343, "static-best@prefix-aware": 2732.087186561665},
+    "trend": Reference(0.8, {"helm@helm": 3145.1493444623343, "static-best@prefix-aware": 2732.087186561665},
                                _MEASURED),
 }
 
@@ -67,7 +66,7 @@ def stack_revision() -> str:
     return f"{helm_revision()}/router={Helm.revision()}"
 
 
-def reference_from_record(record: dict, capacity_runs: Sequence[dict] = ()) -> dict[tuple[str, str], Reference]:
+def reference_from_record(record: dict, capacity_runs: Sequence[dict] = ()) -> dict[str, Reference]:
     """REFERENCE as an evaluation's `evaluate.json` gives it (how REFERENCE is refreshed): per
     regime, the scenario check's prefix-aware ratio with the lowest P99 averaged over seeds, and
     the capacities of full HELM and static-best + prefix-aware where they were measured: by the
@@ -88,9 +87,9 @@ def reference_from_record(record: dict, capacity_runs: Sequence[dict] = ()) -> d
         best[regime] = float(seeds[0]["ratios"][int(np.argmin(mean))])
     for run in capacity_runs:
         regime, nodes = run["workload"], config["cluster"]["nodes"]
-        if run["scenario"] != config["scenario"] or run["nodes"] != nodes or regime not in best:
-            raise ValueError(f"a capacity run of {run['scenario']} {regime} on {run['nodes']} nodes is not of "
-                             f"the record's scenario ({config['scenario']}, {nodes} nodes)")
+        if run["nodes"] != nodes or regime not in best:
+            raise ValueError(f"a capacity run of {regime} on {run['nodes']} nodes is not of the record's "
+                             f"cluster ({nodes} nodes, regimes {', '.join(best)})")
         if (run["policy"], run["router"]) == HELM:
             caps[(regime, pairs[0])] = run["capacity_rps"]
             if run.get("helm_revision"):
@@ -103,23 +102,23 @@ def reference_from_record(record: dict, capacity_runs: Sequence[dict] = ()) -> d
     out = {}
     for regime, ratio in best.items():
         measured = {k: caps[(regime, k)] for k in pairs if (regime, k) in caps}
-        out[(config["scenario"], regime)] = Reference(ratio, measured if len(measured) == len(pairs) else None,
+        out[regime] = Reference(ratio, measured if len(measured) == len(pairs) else None,
                                                       revision.get(regime, config.get("helm_revision")))
     return out
 
 
 def reference(spec: WorkloadSpec, cfg: SimConfig) -> Reference | None:
-    """The stored figures for this run, if they were measured for it: a synthetic regime of the
-    scenario at its default rate and duration, on the scenario's cluster (seed, initial ratio,
-    policy, router and simulation path aside)."""
-    ref = REFERENCE.get((spec.scenario, spec.regime))
+    """The stored figures for this run, if they were measured for it: a synthetic regime at its
+    default rate and duration, on the default cluster (seed, initial ratio, policy, router and
+    simulation path aside)."""
+    ref = REFERENCE.get(spec.regime)
     if ref is None or spec.trace is not None:
         return None
-    default = default_config(spec.regime, spec.scenario)
+    default = default_config(spec.regime)
     if spec.rps not in (None, default.rps) or spec.duration_s not in (None, default.duration_s):
         return None
     free = dict(policy="static", ratio=0.5, router=BASELINE_ROUTER, seed=0, path="auto")
-    return ref if replace(cfg, **free) == replace(SimConfig(**scenario_cluster(spec.scenario)), **free) else None
+    return ref if replace(cfg, **free) == replace(SimConfig(), **free) else None
 
 
 @dataclass

@@ -3,7 +3,7 @@ training episode drew (SPEC 6, issue 22).
 
 `select_policy` trains one policy per seed (`learn.train.train`, seeds in parallel), runs every
 candidate as the base policy alone (`helm-base`: the tier training makes, with the safety step)
-on the cluster it will serve — by default the v2 scenario's 8 nodes under the HELM router —
+on the cluster it will serve — by default the default cluster's 8 nodes under the HELM router —
 for each validation regime and seed, and keeps the candidate with the lowest geometric mean of
 the validation P99s (a run with nothing measured, or overloaded, scores infinity). Training
 draws each episode's workload seed from 31 bits, so validation seeds 101–103 are ones it has
@@ -25,7 +25,6 @@ from helmgr.controller.mlp import MLPPolicy
 from helmgr.core.jsonsafe import dumps
 from helmgr.experiments.parallel import run_all
 from helmgr.sim import SimConfig, simulate
-from helmgr.sim.config import scenario_cluster
 from helmgr.workload import WorkloadSpec
 
 VALIDATION_FIELDS = ("p99_ms", "window_slo_satisfaction", "mean_ratio", "utilization", "overloaded")
@@ -35,13 +34,13 @@ VALIDATION_FIELDS = ("p99_ms", "window_slo_satisfaction", "mean_ratio", "utiliza
 class SelectConfig:
     seeds: tuple[int, ...]
     timesteps: int
-    env: dict = field(default_factory=dict)        # HelmEnv options (regimes, scenario, presets, relative, ...)
+    env: dict = field(default_factory=dict)        # HelmEnv options (regimes, presets, relative, ...)
     n_envs: int = 1                                # environments per training run
     validate_seeds: tuple[int, ...] = (101, 102, 103)
     validate_regimes: tuple[str, ...] = ("steady", "burst", "trend")
-    validate_duration_s: float | None = None       # None: the scenario's
+    validate_duration_s: float | None = None       # None: the regime's (360 s)
     validate_rps: float | None = None              # None: each regime's
-    cluster: SimConfig | None = None               # None: the scenario's cluster, HELM router
+    cluster: SimConfig | None = None               # None: the default cluster, HELM router
     incumbent: bool = True                         # validate the shipped policy beside them (never chosen)
     init: str | None = None                        # a policy file every seed's actor starts from (learn.train)
     checkpoint_every: int | None = None            # transitions between exports into each run's folder
@@ -56,7 +55,7 @@ class SelectConfig:
     def validation_cluster(self) -> SimConfig:
         if self.cluster is not None:
             return self.cluster
-        return SimConfig(**scenario_cluster(self.env.get("scenario", "v2")), router="helm")
+        return SimConfig(router="helm")
 
 
 def _train(args: tuple) -> dict:
@@ -67,7 +66,7 @@ def _train(args: tuple) -> dict:
 
 
 def _validate(args: tuple[str, WorkloadSpec, SimConfig]) -> dict:
-    from helmgr.policy.policies import HelmBase
+    from helmgr.policy.helm import HelmBase
     path, spec, cfg = args
     summary = simulate(replace(cfg, policy="helm-base"), spec.build(), policy=HelmBase(path=path)).summary
     return {k: summary[k] for k in VALIDATION_FIELDS}
@@ -97,7 +96,7 @@ def validate(paths: list[str], sc: SelectConfig, jobs: int = 1, labels: list[str
     """Each policy file as the base alone (`helm-base`) on `sc`'s validation cluster, for each
     validation regime and seed: per file, its runs (`validation`) and their `score_p99_ms`."""
     cfg = sc.validation_cluster()
-    specs = [WorkloadSpec(r, sc.validate_duration_s, v, sc.validate_rps, scenario=sc.env.get("scenario", "v2"))
+    specs = [WorkloadSpec(r, sc.validate_duration_s, v, sc.validate_rps)
              for r in sc.validate_regimes for v in sc.validate_seeds]
     labels = labels or [Path(p).name for p in paths]
     tasks = [(str(p), spec, replace(cfg, seed=spec.seed)) for p in paths for spec in specs]

@@ -1,20 +1,18 @@
-"""A Gymnasium environment over the simulator, for training the base policy (SPEC 6).
+"""A Gymnasium environment over the simulator, for training the base policy.
 
 One episode: a regime, a hardware and a model preset and a seed drawn from the mixture given,
-served by a small cluster — by default one node carrying its share of the scenario's cluster
-(v2: one eighth of the regime's rate and users, the full 2 M-item table, pipelined batches of up
-to 8, the scenario's 20-ms SLO). The episode is a stretch of the regime's whole run (v2: 360 s,
+served by a small cluster — by default one node carrying its share of the default cluster
+(one eighth of the regime's rate and users, the full 2 M-item table, pipelined batches of up
+to 8, the 20-ms SLO). The episode is a stretch of the regime's whole run (360 s,
 so trend's phases and day and burst's events keep their real lengths), starting at a random
 time: `warmup_s` at a random starting ratio, then `episode_s` of control. One step = one control
 window (1 s): the action in [-1, 1] moves every node's ratio by up to `max_step`, the cluster runs
 the window, and the agent sees node 0's observation (controller.observe.FEATURES), built by the
 controller's own compiled code (`observe.Observer`; its "marginal_ms" from the counterfactual
-samples of the shadows HELM tracks, `policy.policies.MarginalSampler`), and is paid
+samples of the shadows HELM tracks, `policy.marginal.MarginalSampler`), and is paid
 `observe.reward` for it. `step_nodes` takes one action per node and gives every node's
 observation and pay: `learn.vec.NodesVecEnv` trains on a whole cluster that way. Seeded: the
-same `reset(seed)` and actions give the same observations and rewards. `scenario="v1"` is the
-first version's environment (serial nodes, 300 req/s and 125,000 users a node, the model preset's
-SLO, a workload as long as the episode).
+same `reset(seed)` and actions give the same observations and rewards.
 
 With `relative=True` the pay is the reward minus that of a twin cluster forked at the end of the
 warm-up and held at the starting ratio, fed the same requests: what the policy's moves gained
@@ -34,8 +32,10 @@ from helmgr.controller.observe import N_FEATURES, Observer, reward
 from helmgr.core.window import WindowStats
 from helmgr.core.profiles import node_profile
 from helmgr.sim.cluster import Cluster
-from helmgr.sim.config import SimConfig, scenario_cluster
-from helmgr.policy.policies import HelmPolicy, MarginalSampler, MemoryPolicy
+from helmgr.sim.config import SimConfig
+from helmgr.policy.base import MemoryPolicy
+from helmgr.policy.helm import HelmPolicy
+from helmgr.policy.marginal import MarginalSampler
 from helmgr.routing.routers import make_router
 from helmgr.workload import default_config, synthetic_workload
 
@@ -75,21 +75,20 @@ class HelmEnv(gym.Env):
                  users_per_node: int | None = None, episode_s: float = 120.0, warmup_s: float | None = None,
                  max_step: float = 0.05, router: str = "helm", hardware: str | tuple[str, ...] = "a100-80g",
                  model: str | tuple[str, ...] = "large", r_min: float = 0.05, r_max: float = 0.95,
-                 workload: dict | None = None, relative: bool = False, scenario: str = "v2",
-                 sim_path: str = "auto"):
-        self.regimes, self.nodes, self.scenario = tuple(regimes), nodes, scenario
+                 workload: dict | None = None, relative: bool = False, sim_path: str = "auto"):
+        self.regimes, self.nodes = tuple(regimes), nodes
         self.sim_path = sim_path                   # the simulator's path (SimConfig.path): the same episodes
         self.rps_per_node, self.users_per_node = rps_per_node, users_per_node
-        if warmup_s is None:                       # v1's environment warmed up for 10 s
-            warmup_s = 10.0 if scenario == "v1" else 15.0
+        if warmup_s is None:
+            warmup_s = 15.0
         self.episode_s, self.warmup_s, self.max_step = episode_s, warmup_s, max_step
         self.hardwares = (hardware,) if isinstance(hardware, str) else tuple(hardware)
         self.models = (model,) if isinstance(model, str) else tuple(model)
         self.router, self.r_min, self.r_max = router, r_min, r_max
         self.workload = dict(workload or {})       # more default_config overrides (tests: a small item table)
         self.relative = relative
-        self.cluster_fields = scenario_cluster(scenario)       # v2: engine, batch, SLO; v1: serial nodes
-        self.share = 1.0 / self.cluster_fields.get("nodes", 8)  # of the scenario's cluster, per node
+        self.base_cfg = SimConfig()                # the default cluster: engine, batch, SLO
+        self.share = 1.0 / self.base_cfg.nodes      # of the default cluster, per node
         self.twin: Cluster | None = None
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (N_FEATURES,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
@@ -98,14 +97,10 @@ class HelmEnv(gym.Env):
 
     def _synthetic(self, regime: str, wseed: int, rng) -> tuple:
         """The episode's workload and the time its warm-up starts at."""
-        base = default_config(regime, self.scenario, **self.workload)
-        if self.scenario == "v1":                  # the first version's: 300 req/s a node, as long as the episode
-            rps, users = self.rps_per_node or 300.0, self.users_per_node or 125_000
-            duration = self.warmup_s + self.episode_s + 1.0
-        else:
-            rps = self.rps_per_node or base.rps * self.share
-            users = self.users_per_node or int(base.n_users * self.share)
-            duration = max(base.duration_s, self.warmup_s + self.episode_s + 1.0)
+        base = default_config(regime, **self.workload)
+        rps = self.rps_per_node or base.rps * self.share
+        users = self.users_per_node or int(base.n_users * self.share)
+        duration = max(base.duration_s, self.warmup_s + self.episode_s + 1.0)
         cfg = self.workload_config = replace(base, rps=rps * self.nodes, n_users=users * self.nodes, duration_s=duration)
         latest = int(duration - self.warmup_s - self.episode_s - 1.0)
         return synthetic_workload(cfg, wseed), int(rng.integers(latest + 1)) if latest > 0 else 0
@@ -120,17 +115,14 @@ class HelmEnv(gym.Env):
         self.regime = self.regimes[int(rng.integers(len(self.regimes)))]
         wseed = int(rng.integers(1 << 31))
         ratio = float(rng.uniform(0.2, 0.9))
-        # drawn after the first version's three draws, and only where there is a choice, so that
-        # v1 episodes are the first version's
+        # drawn only where there is a choice (episodes of one preset keep their earlier draws)
         hardware, model = (x[int(rng.integers(len(x)))] if len(x) > 1 else x[0] for x in (self.hardwares, self.models))
         w, start = self._synthetic(self.regime, wseed, rng)
         profile = node_profile(hardware, model)
-        slo_ms = self.cluster_fields.get("slo_ms") or profile.model.slo_ms
+        slo_ms = self.base_cfg.slo_ms or profile.model.slo_ms
         self.slo_s = slo_ms * 1e-3
-        fields = {k: v for k, v in self.cluster_fields.items() if k != "nodes"}
-        cfg = SimConfig(**(fields | dict(nodes=self.nodes, hardware=hardware, model=model, ratio=ratio,
-                                         router=self.router, seed=w.seed, warmup_s=0.0, r_min=self.r_min,
-                                         r_max=self.r_max, slo_ms=slo_ms, path=self.sim_path)))
+        cfg = replace(self.base_cfg, nodes=self.nodes, hardware=hardware, model=model, ratio=ratio, router=self.router,
+                      seed=w.seed, warmup_s=0.0, r_min=self.r_min, r_max=self.r_max, slo_ms=slo_ms, path=self.sim_path)
         self.recorder = _Recorder()
         self.cluster = Cluster(cfg.validate(), w, profile, make_router(self.router), self.recorder)
         self.cluster.begin()

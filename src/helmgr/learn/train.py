@@ -130,8 +130,6 @@ def command_flags(env_kwargs: dict) -> str:
         flags.append(f"--nodes {env_kwargs['nodes']}")
     if env_kwargs.get("episode_s", 120.0) != 120.0:
         flags.append(f"--episode-s {env_kwargs['episode_s']:g}")
-    if env_kwargs.get("scenario", "v2") != "v2":
-        flags.append(f"--scenario {env_kwargs['scenario']}")
     for kind, default in (("hardware", "a100-80g"), ("model", "large")):
         value = env_kwargs.get(kind, default)
         listed = (value,) if isinstance(value, str) else tuple(value)

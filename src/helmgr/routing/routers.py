@@ -128,6 +128,7 @@ class PrefixAware(Router):
 
 ROUTERS = {r.name: r for r in (RoundRobin, LeastLoaded, PowerOfTwo, Affinity, PrefixAware, Helm, HelmKV, HelmEmb,
                                HelmLoad)}
+ABLATIONS = ("helm-kv", "helm-emb", "helm-load")     # the HELM router with one term: to measure each term
 
 
 def make_router(name: str) -> Router:

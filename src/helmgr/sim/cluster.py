@@ -17,7 +17,7 @@ import numpy as np
 from helmgr.core.errors import HelmInputError
 from helmgr.core.profiles import NodeProfile
 from helmgr.core.records import NodeConfig, Request
-from helmgr.policy.policies import MemoryPolicy
+from helmgr.policy.base import MemoryPolicy
 from helmgr.routing.residency import ResidencyReporter
 from helmgr.routing.routers import Router
 from helmgr.sim.config import SimConfig

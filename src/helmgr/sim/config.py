@@ -57,31 +57,21 @@ def check_faults(faults: tuple[FaultSpec, ...], duration_s: float | None = None)
             raise HelmInputError(f"--fail-node {_show(a)} and {_show(b)} overlap on node {a.node}")
 
 
-ENGINES = ("serial", "batched", "pipelined")
+ENGINES = ("batched", "pipelined")
 MAX_EMB_SAMPLE = 1024
 SIM_PATHS = ("auto", "compiled", "python")     # auto: compiled when the configuration allows it
-# The cluster side of each scenario (the workload side: workload.default_config). v1: the first
-# version's one-at-a-time serial node; v2: batches on the batch-efficiency curve, two engines.
-SCENARIO_CLUSTER = {"v1": dict(nodes=8, engine="serial", max_batch=1),
-                    "v2": dict(nodes=8, engine="pipelined", max_batch=8, slo_ms=20.0)}
-
-
-def scenario_cluster(scenario: str) -> dict:
-    """The SimConfig fields a scenario sets, or a named error."""
-    if scenario not in SCENARIO_CLUSTER:
-        raise HelmInputError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIO_CLUSTER)})")
-    return dict(SCENARIO_CLUSTER[scenario])
-
-
 @dataclass(frozen=True, slots=True)
 class SimConfig:
+    """One run's cluster. The defaults are the default scenario's: 8 A100-80G nodes serving the large
+    model in batches of up to 8 on two engines, a 20-ms P99 target."""
+
     nodes: int = 8
     hardware: str = "a100-80g"
     model: str = "large"
     policy: str = "static"
     ratio: float = 0.5                 # initial (and, for `static`, fixed) EMB share
     router: str = "prefix-aware"
-    slo_ms: float | None = None        # None: the model preset's SLO
+    slo_ms: float | None = 20.0        # None: the model preset's SLO
     seed: int = 0
     tick_s: float = 0.010              # controller tick
     window_s: float = 1.0              # metrics/control window
@@ -92,9 +82,9 @@ class SimConfig:
     emb_policy: str = "lfu"
     kv_tail_first: bool = False
     host_kv_gib: float = 0.0
-    max_batch: int = 1                 # requests a node takes together when it frees up ...
+    max_batch: int = 8                 # requests a node takes together when it frees up ...
     token_budget: int = 32768          # ... while their tokens (prefix + new + candidates) fit in this
-    engine: str = "serial"             # serial | batched | pipelined (service.BatchServer)
+    engine: str = "pipelined"          # batched | pipelined (service.BatchServer)
     r_min: float = 0.05
     r_max: float = 0.95
     faults: tuple[FaultSpec, ...] = ()

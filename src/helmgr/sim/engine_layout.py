@@ -16,8 +16,8 @@ from numba.typed import List
 
 # routing modes
 LEAST_LOADED, ROUND_ROBIN, EXTERNAL, HELM, PREFIX_AWARE = 0, 1, 2, 3, 4
-SERIAL, BATCHED, PIPELINED = 0, 1, 2
-ENGINE_CODES = {"serial": SERIAL, "batched": BATCHED, "pipelined": PIPELINED}
+BATCHED, PIPELINED = 1, 2
+ENGINE_CODES = {"batched": BATCHED, "pipelined": PIPELINED}
 
 # what `step` returns
 CHUNK_DONE, BOUNDARY, NEED_ROUTE, NEED_DRAWS = 0, 1, 2, 3

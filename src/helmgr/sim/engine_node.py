@@ -224,23 +224,6 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
     """BatchServer.serve for `batch[:nb]` (request slots) taken at `now`: sets each request's
     service; returns (end of the batch, when the node may take its next batch)."""
     blocked = F[n, BLK]
-    if G[ENG] == SERIAL:
-        t = now
-        launch = C[LAUNCH_S]
-        end = now
-        for b in range(nb):
-            s = batch[b]
-            start = t if t >= blocked else blocked
-            _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HIST)
-            ready = _fetch(n, s, start, F, I, RI, C, CI)
-            ids, tokens, cf = RI[s, R_IDS], RI[s, R_TOKENS], RI[s, R_CF]
-            flops = _request_flops(CI, tokens, cf, RI[s, R_NCANDS])
-            end = ready + ids * CI[ROW_BYTES] / C[HBM_BW] + (flops / C[FLOPS] + C[LAUNCH_S])
-            rec = _account(n, s, end - start, ready - start, C[FLOPS], F, I, RI, CI, KVM, KVT, KVL)
-            RF[s, R_START], RF[s, R_END], RF[s, R_FETCH], RF[s, R_RECOMP] = start, end, ready - start, rec
-            RF[s, R_LAUNCH] = ready
-            t = end - launch
-        return end, end
     start = now if now >= blocked else blocked
     t = ready = start
     flops = 0.0

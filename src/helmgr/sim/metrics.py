@@ -8,6 +8,7 @@ import numpy as np
 from helmgr.core.records import Request, Service
 from helmgr.core.window import p99 as window_p99
 from helmgr.memory.link import CAUSES
+from helmgr.sim.bursts import burst_peaks, burst_worst, peak_load, window_load_series
 
 
 class Column:
@@ -170,47 +171,6 @@ def node_load_peak(node, start, end, n_nodes: int, span_s: float = 10.0, from_s:
 NAN = float("nan")
 OVERLOAD_UTILIZATION = 0.98      # a busier engine this busy over the whole run has no headroom left ...
 OVERLOAD_BACKLOG_S = 1.0         # ... and a run that ends more than a second of throughput behind is backlogged
-PEAK_SPAN_WINDOWS = 10           # peak utilization: the busiest 10 consecutive windows
-
-
-def window_load(loads) -> np.ndarray:
-    """Per recorded window (rows of `Recorder.window_loads`): the up nodes' mean busier-engine
-    share (NaN where no node was up)."""
-    loads = np.asarray(loads, float).reshape(len(loads), -1)
-    up = np.isfinite(loads)
-    mean = np.where(up, loads, 0.0).sum(axis=1) / np.maximum(up.sum(axis=1), 1)
-    return np.where(up.any(axis=1), mean, np.nan)
-
-
-def window_load_series(window_t, loads, window_s: float, n_windows: int) -> np.ndarray:
-    """`window_load` laid out by metrics window: entry k covers [k w, (k + 1) w) (the window closing
-    at t covers [t - w, t)); NaN where none closed."""
-    out = np.full(n_windows, np.nan)
-    if len(loads):
-        k = np.round(np.asarray(window_t, float) / window_s).astype(np.int64) - 1
-        ok = (k >= 0) & (k < n_windows)
-        out[k[ok]] = window_load(loads)[ok]
-    return out
-
-
-def rolling_peak(values: np.ndarray, span: int = PEAK_SPAN_WINDOWS) -> float:
-    """The largest mean of `span` consecutive values (of all of them if fewer); NaN if none."""
-    if not len(values):
-        return NAN
-    k = min(span, len(values))
-    return float(np.convolve(values, np.ones(k) / k, mode="valid").max())
-
-
-def peak_load(window_t, loads, from_s: float = 0.0, span: int = PEAK_SPAN_WINDOWS) -> float:
-    """The cluster's peak utilization: over every `span` consecutive windows ending after
-    `from_s`, the up nodes' mean busier-engine share; the largest. NaN with no such window."""
-    keep = np.asarray(window_t, float) > from_s
-    if not len(loads) or not keep.any():
-        return NAN
-    per_window = window_load(loads)[keep]
-    return rolling_peak(per_window[np.isfinite(per_window)], span)
-
-
 _NO_REQUEST = "no request completed after the warm-up"
 # what the P99 is made of (tail_profile)
 TAIL = ("tail_wait_ms", "tail_service_ms", "tail_fetch_ms", "tail_behind_ms", "tail_compute_ms", "tail_cold_share",
@@ -247,22 +207,6 @@ def tail_profile(latency, wait, fetch, compute, prefix, kv, burst, p99) -> dict:
             "tail_cold_share": float(np.mean(kv[with_prefix] == 0)) if with_prefix.any() else 0.0,
             "tail_recompute_tokens": float((prefix - kv)[tail].mean()),
             "tail_burst_share": float(burst[tail].mean())}
-
-
-def burst_windows(burst, window_s: float, n_windows: int) -> tuple[int, int]:
-    """The windows [k0, k1) a burst overlaps, among the run's `n_windows`."""
-    return min(int(burst.start // window_s), n_windows), min(int(np.ceil(burst.end / window_s)), n_windows)
-
-
-def burst_worst(p99, busy, bursts, window_s: float) -> list[float]:
-    """Each burst's worst window P99 (in p99's unit) over the busy windows it overlaps; NaN for a
-    burst without one. A burst is violated when its worst is over the SLO."""
-    out = []
-    for b in bursts:
-        k0, k1 = burst_windows(b, window_s, len(p99))
-        seen = p99[k0:k1][busy[k0:k1]]
-        out.append(float(seen.max()) if seen.size else float("nan"))
-    return out
 
 
 def p99_block_se(arrival, latency, block_s: float = 10.0, reps: int = 200, seed: int = 0) -> float:
@@ -313,7 +257,9 @@ def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_
                                                                             (rec.ids, rec.misses, rec.prefix, rec.kv_tokens)))
     busy = (counts > 0) & (starts >= warmup_s - 1e-9)
     ok = latency <= slo_s
-    violated = [w > slo_s for w in burst_worst(p99, busy, bursts, window_s)]
+    worst = burst_worst(p99, busy, bursts, window_s)
+    violated = [w > slo_s for w in worst]
+    loads = window_load_series(rec.window_t, rec.window_loads, window_s, len(p99))
     link = {c: sum(n.link.bytes_by_cause[c] for n in nodes) for c in CAUSES}
     node_span = duration * rec.n_nodes
     backlog = int(np.count_nonzero(np.asarray(rec.end) > duration))
@@ -343,6 +289,8 @@ def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_
         "unfilled_misses": int(np.sum(rec.unfilled)),
         "rerouted": rerouted,
         "bursts": len(bursts),
+        "burst_worst_p99_ms": [None if not np.isfinite(w) else w * 1e3 for w in worst],
+        "burst_peak_utilization": burst_peaks(loads, bursts, window_s),
         "utilization": utilization,
         "compute_utilization": float(sum(n.stats.busy_s for n in nodes) / node_span),
         "link_utilization": float(sum(n.link.busy_s for n in nodes) / node_span),

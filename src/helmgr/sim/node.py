@@ -142,7 +142,8 @@ class Node:
     def serve(self, now: float, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray,
               history: History) -> Service:
         """Serve one request starting at `now` (or when a sync refill releases the node): the
-        serial engine — its rows fetched, then its compute at the flat per-request efficiency.
+        request alone (the node contract's `serve`, `core.backend.NodeBackend`; the simulator serves
+        batches, `serve_batch`) — its rows fetched, then its compute at the flat per-request efficiency.
 
         `new_ids` must be `history(user, prefix_len, prefix_len + len(new_ids))`: a request's new
         tokens are the next positions of its user's history."""

@@ -9,7 +9,8 @@ from helmgr.core.profiles import NodeProfile, node_profile
 from helmgr.sim.cluster import Cluster
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Series, summarize
-from helmgr.policy.policies import MemoryPolicy, make_policy
+from helmgr.policy.base import MemoryPolicy
+from helmgr.policy.policies import make_policy
 from helmgr.routing.routers import Router, make_router
 from helmgr.workload import Workload
 

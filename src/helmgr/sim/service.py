@@ -9,10 +9,8 @@ from helmgr.sim.node import Node
 
 
 class BatchServer:
-    """How a node serves the batch it takes, by the config's engine (SPEC 2.5):
+    """How a node serves the batch it takes, by the config's engine:
 
-    - `serial` (the first version): the batch's requests one after the other, each its rows then
-      its compute at the flat per-request efficiency, sharing their kernel launches;
     - `batched`: one compute for the whole batch on the batch-efficiency curve, after every
       request's rows are resident; the node takes its next batch when this one ends;
     - `pipelined` (two engines): as `batched`, but the node takes its next batch as soon as this
@@ -30,17 +28,8 @@ class BatchServer:
         if self.cfg.bypass_caches:
             served = self._exponential(node, batch, now)
             return served, served[-1][1].end
-        engine = self.cfg.engine
-        if engine != "serial":
-            services, launch = node.serve_batch(now, batch, self.history, compute_free)
-            return list(zip(batch, services)), launch if engine == "pipelined" else services[-1].end
-        t, launch, history = now, node.cost.launch_overhead_s, self.history
-        served = []
-        for req in batch:
-            svc = node.serve(t, req.user, req.prefix_len, req.items, req.cands, history)
-            served.append((req, svc))
-            t = svc.end - launch
-        return served, served[-1][1].end
+        services, launch = node.serve_batch(now, batch, self.history, compute_free)
+        return list(zip(batch, services)), launch if self.cfg.engine == "pipelined" else services[-1].end
 
     def _exponential(self, node: Node, batch: list[Request], now: float) -> list[tuple[Request, Service]]:
         begin = max(now, node.blocked_until)

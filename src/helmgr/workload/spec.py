@@ -14,7 +14,7 @@ TRACE_DURATION_S = 120.0
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
     regime: str = "steady"                 # synthetic regime (ignored when `trace` is set)
-    duration_s: float | None = None        # None: the scenario's default (a trace: 120 s)
+    duration_s: float | None = None        # None: the regime's default, 360 s (a trace: 120 s)
     seed: int = 0
     rps: float | None = None               # None: the regime's default rate
     trace: str | None = None               # replay this log instead
@@ -22,7 +22,6 @@ class WorkloadSpec:
     time_compression: float | None = None
     clone_users: int = 1
     overlays: tuple[str, ...] = ()
-    scenario: str = "v2"                   # the synthetic defaults: v2, or v1 (the first version's)
 
     def build(self) -> Workload:
         if self.trace is not None:
@@ -32,4 +31,4 @@ class WorkloadSpec:
         parse_regime(self.regime)
         overrides = ({"duration_s": self.duration_s} if self.duration_s is not None else {}) | (
             {"rps": self.rps} if self.rps is not None else {})
-        return synthetic_workload(default_config(self.regime, self.scenario, **overrides), self.seed)
+        return synthetic_workload(default_config(self.regime, **overrides), self.seed)

@@ -1,4 +1,4 @@
-"""The synthetic generator (SPEC 3): the embedded default workload, in five regimes.
+"""The synthetic generator: the embedded default workload, in three regimes.
 
 - steady: stationary session arrivals and popularity;
 - trend:  a compressed day whose traffic mix moves: the share of discovery traffic (new,
@@ -6,12 +6,8 @@
           and a high `discovery` one, while the total rate follows a diurnal curve;
 - burst:  steady traffic plus trending events of x1.5-x3 for 20-90 s, made of mostly new
           sessions (cold KV) whose candidates lean on the event's trending set;
-- flash:  the first version's bursts, flash crowds of x3-x5 for seconds (a robustness option);
-- drift:  the first version's trend, popularity drift (the items behind each rank rotate, so the
-          hot set turns over) and a slow ramp of traffic.
-Regimes combine with '+', e.g. `trend+burst`. `default_config(regime, scenario)` gives a
-scenario's defaults: `v2` (the default) or `v1`, the first version's, where `trend` and `burst`
-name `drift` and `flash`.
+Regimes combine with '+', e.g. `trend+burst`. `default_config(regime)` gives the default
+scenario's settings for a regime (trend runs its day at its own base rate).
 """
 from __future__ import annotations
 
@@ -31,10 +27,7 @@ from helmgr.workload.popularity import ItemSpace
 from helmgr.workload.stream import TrendEvent, Trending, Workload, burst_events
 from helmgr.workload.users import SyntheticUsers
 
-REGIMES = ("steady", "trend", "burst", "flash", "drift")
-VERSIONS = (("burst", "flash"), ("trend", "drift"))     # two versions of one regime: never combined
-SCENARIOS = ("v1", "v2")
-V1_NAMES = {"trend": "drift", "burst": "flash"}
+REGIMES = ("steady", "trend", "burst")
 
 
 def parse_regime(name: str) -> frozenset[str]:
@@ -45,16 +38,13 @@ def parse_regime(name: str) -> frozenset[str]:
                              "or a combination such as trend+burst)")
     if len(set(parts)) < len(parts):
         raise HelmInputError(f"workload {name!r} names a regime twice")
-    for a, b in VERSIONS:
-        if a in parts and b in parts:
-            raise HelmInputError(f"workload {name!r}: {b!r} is the first version of {a!r}; combine either "
-                                 "with the other regimes, not both")
     return frozenset(p for p in parts if p != "steady")
 
 
 @dataclass(frozen=True, slots=True)
 class SyntheticConfig:
-    """Knobs of the synthetic generator. Defaults describe the default scenario, v2 (docs/workloads.md)."""
+    """Knobs of the synthetic generator. Defaults describe the default scenario's steady and burst
+    regimes; `default_config("trend")` sets trend's rate and phases (docs/workloads.md)."""
 
     regime: str = "steady"
     duration_s: float = 360.0            # several trend phases or bursts
@@ -79,7 +69,7 @@ class SyntheticConfig:
     trend_discovery_share: float = 0.6   # discovery share in discovery phases
     diurnal: float = 0.4                 # rate x (1 + diurnal x sin(2 pi t / day - pi / 2)): trough at 0, peak mid-day
     day_s: float | None = None           # None: the run is one day
-    trend_drift_per_s: float = 0.0       # trend: item ranks rotated per second (drift's popularity drift)
+    trend_drift_per_s: float = 0.0       # trend: item ranks rotated per second (popularity drift)
     discovery_session: SessionShape = SessionShape(mean_requests=1.5, think_s=2.0, new_tokens=4.0)
     discovery_new_share: float = 0.9     # share of discovery sessions from new users (cold KV)
     discovery_trend_share: tuple[float, float] = (0.2, 0.5)   # candidates from the phase's trending set, start -> end
@@ -89,15 +79,8 @@ class SyntheticConfig:
     burst_len_s: tuple[float, float] = (20.0, 90.0)
     burst_mult: tuple[float, float] = (1.5, 3.0)
     burst_ramp_s: float = 0.0            # a burst's extra rate rises linearly over this many seconds (0: a step)
-    burst_new_share: float = 0.9         # burst and flash: share of burst sessions from new users
+    burst_new_share: float = 0.9         # burst: share of burst sessions from new users
     burst_session: SessionShape = SessionShape(mean_requests=1.0, think_s=1.0, new_tokens=4.0)
-    # flash: the first version's bursts
-    flash_every_s: float = 40.0
-    flash_len_s: tuple[float, float] = (2.0, 6.0)
-    flash_mult: tuple[float, float] = (3.0, 5.0)
-    # drift: the first version's trend
-    drift_per_s: float = 30.0            # item ranks rotated per second
-    ramp: float = 0.5                    # traffic grows by this share over the run
     trending: Trending = field(default_factory=Trending)
 
     @property
@@ -109,14 +92,14 @@ class SyntheticConfig:
         parse_regime(self.regime)
         for name, value in {"duration": self.duration_s, "rps": self.rps, "len-median": self.len_median,
                             "think-s": self.session.think_s, "burst-every-s": self.burst_every_s,
-                            "flash-every-s": self.flash_every_s, "trend-phase-s": self.trend_phase_s,
+                            "trend-phase-s": self.trend_phase_s,
                             "discovery-think-s": self.discovery_session.think_s, "day-s": self.day}.items():
             number(name, value, POSITIVE)
         for name, value in {"users": self.n_users, "items": self.n_items, "clusters": self.n_clusters,
                             "candidates": self.candidates, "len-cap": self.len_cap}.items():
             number(name, value, Range(1), integer=True)
-        for name in ("head_exponent", "tail_exponent", "activity_exponent", "len_sigma", "drift_per_s", "ramp",
-                     "trend_drift_per_s", "burst_ramp_s"):
+        for name in ("head_exponent", "tail_exponent", "activity_exponent", "len_sigma", "trend_drift_per_s",
+                     "burst_ramp_s"):
             number(name, getattr(self, name), NON_NEGATIVE)
         number("trend_ramp_s", self.trend_ramp_s, Range(0.0, self.trend_phase_s))
         for name in ("cand_head_share", "hist_head_share", "burst_new_share", "trend_feed_share",
@@ -131,7 +114,6 @@ class SyntheticConfig:
 
     def _ranges(self) -> None:
         pairs = {"burst_len_s": (self.burst_len_s, POSITIVE), "burst_mult": (self.burst_mult, Range(1.0)),
-                 "flash_len_s": (self.flash_len_s, POSITIVE), "flash_mult": (self.flash_mult, Range(1.0)),
                  "discovery_trend_share": (self.discovery_trend_share, Range(0.0, 1.0))}
         if self.burst_first_s is not None:
             pairs["burst_first_s"] = (self.burst_first_s, NON_NEGATIVE)
@@ -146,8 +128,7 @@ def _rate(cfg: SyntheticConfig, overlays: frozenset[str]):
     """The total request rate of the regular traffic, per second, at times t."""
     if "trend" in overlays:
         return lambda t: cfg.rps * (1.0 + cfg.diurnal * np.sin(2.0 * np.pi * np.asarray(t) / cfg.day - np.pi / 2))
-    ramp = cfg.ramp if "drift" in overlays else 0.0
-    return lambda t: cfg.rps * (1.0 + ramp * np.asarray(t) / cfg.duration_s)
+    return lambda t: cfg.rps + 0.0 * np.asarray(t)          # constant, shaped like t
 
 
 def _spinup(shape: SessionShape) -> float:
@@ -173,12 +154,6 @@ def _trend(cfg: SyntheticConfig, rate, population: Population, new_users: NewUse
     return sources, phases, events
 
 
-BURST_KINDS = {
-    "burst": lambda cfg: dict(every_s=cfg.burst_every_s, len_s=cfg.burst_len_s, mult=cfg.burst_mult,
-                              first_s=cfg.burst_first_s, clip=True),
-    "flash": lambda cfg: dict(every_s=cfg.flash_every_s, len_s=cfg.flash_len_s, mult=cfg.flash_mult),
-}
-
 
 def synthetic_workload(config: SyntheticConfig = SyntheticConfig(), seed: int = 0) -> Workload:
     cfg = config.validate()
@@ -198,14 +173,14 @@ def synthetic_workload(config: SyntheticConfig = SyntheticConfig(), seed: int = 
     else:
         sources = [SessionSource(rate, cfg.session, population, _spinup(cfg.session))]
         phases, events = whole(cfg.duration_s), []
-    kind = next((k for k in BURST_KINDS if k in overlays), None)      # at most one (parse_regime)
     bursts = []
-    if kind is not None:
+    if "burst" in overlays:
         bursts = burst_schedule(np.random.default_rng([seed, 2]), cfg.duration_s, n_items=cfg.n_items,
-                                **BURST_KINDS[kind](cfg))
+                                every_s=cfg.burst_every_s, len_s=cfg.burst_len_s, mult=cfg.burst_mult,
+                                first_s=cfg.burst_first_s, clip=True)
         sources.append(BurstSource(bursts, rate, cfg.burst_session, population, cfg.burst_new_share, cfg.n_users,
                                    new_users, ramp_s=cfg.burst_ramp_s))
-    drift = cfg.drift_per_s if "drift" in overlays else cfg.trend_drift_per_s if "trend" in overlays else 0.0
+    drift = cfg.trend_drift_per_s if "trend" in overlays else 0.0
     return Workload(
         name=cfg.regime, duration_s=cfg.duration_s, seed=seed, space=space, users=users, history=history,
         candidates=candidates, sources=sources, bursts=bursts, trending=cfg.trending, drift_per_s=drift,
@@ -215,29 +190,13 @@ def synthetic_workload(config: SyntheticConfig = SyntheticConfig(), seed: int = 
     )
 
 
-V2_TREND_RPS = 2200.0        # trend's base rate (its day peaks at 1.4x), whole cluster
-V2_TREND_PHASE_S = 120.0     # trend: feed, discovery, feed
+TREND_RPS = 2200.0        # trend's base rate (its day peaks at 1.4x), whole cluster
+TREND_PHASE_S = 120.0     # trend: feed, discovery, feed
 
 
-def _v1(regime: str) -> SyntheticConfig:
-    """The first version's defaults: two-minute runs at 2,400 req/s over 1 M items, `trend` and
-    `burst` naming drift and flash."""
-    return SyntheticConfig(regime="+".join(V1_NAMES.get(p.strip(), p.strip()) for p in regime.split("+")),
-                           duration_s=120.0, rps=2400.0, n_items=1_000_000)
-
-
-def _v2(regime: str) -> SyntheticConfig:
-    """The operating point of docs/tradeoff.md: trend's day runs at its own base rate."""
+def default_config(regime: str = "steady", **overrides) -> SyntheticConfig:
+    """The default scenario's settings for `regime`, with `overrides` (SyntheticConfig fields) on
+    top: the operating point of docs/tradeoff.md, where trend's day runs at its own base rate."""
     trend = "trend" in {p.strip() for p in regime.split("+")}
-    return SyntheticConfig(regime=regime, **({"rps": V2_TREND_RPS, "trend_phase_s": V2_TREND_PHASE_S} if trend else {}))
-
-
-SCENARIO_DEFAULTS = {"v1": _v1, "v2": _v2}
-
-
-def default_config(regime: str = "steady", scenario: str = "v2", **overrides) -> SyntheticConfig:
-    """A scenario's defaults for `regime`, with `overrides` (SyntheticConfig fields) on top. In
-    v1, `burst` is flash: tune its bursts with the flash_* fields."""
-    if scenario not in SCENARIO_DEFAULTS:
-        raise HelmInputError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
-    return replace(SCENARIO_DEFAULTS[scenario](regime), **overrides)
+    base = {"rps": TREND_RPS, "trend_phase_s": TREND_PHASE_S} if trend else {}
+    return SyntheticConfig(regime=regime, **(base | overrides))
