@@ -17,7 +17,6 @@ import time
 from helmgr.experiments.evaluate import DEFAULT_GRID
 from helmgr.experiments.phase_oracle import run_phase_oracle
 from helmgr.sim import SimConfig
-from helmgr.sim.config import scenario_cluster
 from helmgr.workload import default_config, synthetic_workload
 
 
@@ -35,12 +34,12 @@ def main() -> None:
     tiny = synthetic_workload(default_config(args.workload, duration_s=12.0, rps=300.0), args.seed)
     for router in args.routers.split(","):             # compile / load the kernels outside the timings
         for path in args.sim_path.split(","):
-            cfg = SimConfig(**(scenario_cluster("v2") | dict(nodes=2, router=router, seed=args.seed, path=path)))
+            cfg = SimConfig(nodes=2, router=router, seed=args.seed, path=path)
             run_phase_oracle(cfg, tiny, [0.3, 0.6], jobs=1)
     rows = []
     for router in args.routers.split(","):
         for path in args.sim_path.split(","):
-            cfg = SimConfig(**(scenario_cluster("v2") | dict(router=router, seed=args.seed, path=path)))
+            cfg = SimConfig(router=router, seed=args.seed, path=path)
             t = time.perf_counter()
             r = run_phase_oracle(cfg, w, list(DEFAULT_GRID), jobs=1, lookahead_s=args.lookahead)
             rows.append({"workload": args.workload, "duration_s": args.duration, "router": router, "path": path,

@@ -61,10 +61,9 @@ def main() -> None:
     args = ap.parse_args()
     from helmgr.experiments.bench import RPS_PER_NODE
     from helmgr.sim import SimConfig, simulate
-    from helmgr.sim.config import scenario_cluster
     from helmgr.workload import default_config, synthetic_workload
-    cfg = SimConfig(**(scenario_cluster("v2") | dict(nodes=args.nodes, router=args.router, seed=1,
-                                                     emb_sample=args.emb_sample, policy="static")))
+    cfg = SimConfig(nodes=args.nodes, router=args.router, seed=1,
+                                                     emb_sample=args.emb_sample, policy="static")
 
     def workload():
         return synthetic_workload(default_config("steady", rps=RPS_PER_NODE * args.nodes, duration_s=args.duration), 1)
