@@ -14,7 +14,8 @@ from helmgr.controller.safety import Safety
 from tests.controller_reference import ReferenceController
 
 TINY = dict(episode_s=4.0, warmup_s=2.0, rps_per_node=80.0, users_per_node=4000,
-            workload={"n_items": 20_000, "n_clusters": 8})
+            workload={"n_items": 20_000, "n_clusters": 8, "duration_s": 8.0})   # runs of 8 s: an episode
+                                                                                         # starts in its first second
 
 
 def constant_policy(value: float, max_step: float = 0.02) -> MLPPolicy:
@@ -152,7 +153,7 @@ def test_a_warm_start_decides_as_the_file_and_is_held_while_the_critic_learns(tm
 
 def test_nodes_vec_env_gives_each_node_its_own_action_observation_and_pay():
     from helmgr.learn.vec import NodesVecEnv
-    venv = NodesVecEnv(**(TINY | dict(nodes=2, relative=True)))
+    venv = NodesVecEnv(**(TINY | dict(nodes=2, relative=True, workload={"n_items": 20_000, "n_clusters": 8})))
     venv.seed(7)
     obs = venv.reset()
     env = venv.env

@@ -15,7 +15,8 @@ from helmgr.workload import WorkloadSpec
 pytest.importorskip("stable_baselines3")
 
 TINY_ENV = dict(episode_s=4.0, warmup_s=2.0, rps_per_node=80.0, users_per_node=4000,
-                workload={"n_items": 20_000, "n_clusters": 8})
+                workload={"n_items": 20_000, "n_clusters": 8, "duration_s": 8.0})   # runs of 8 s: an episode
+                                                                                         # starts in its first second
 
 
 def test_score_is_the_geometric_mean_and_infinite_for_a_run_without_a_figure():
