@@ -140,7 +140,7 @@ def test_compare_json_is_the_same_with_one_or_two_workers(capsys):
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (the [serve] extra)")
 def test_a_sweep_on_a_local_ray_instance_gives_the_same_json(capsys):
     import ray
-    argv = ("sweep", *TINY, "--ratios", "0.3,0.7", "--json")
+    argv = ("sweep", *TINY, "--ratios", "0.3,0.7", "--sim-path", "python", "--json")   # (workers load no kernels)
     serial = cli_json(capsys, *argv, "--jobs", "1")
     try:
         on_ray = cli_json(capsys, *argv, "--jobs", "2", "--ray-address", "local")
