@@ -229,3 +229,23 @@ def test_a_scaled_rate_reaches_every_unit_and_its_command():
                                                                      5200.0, 0.02)))
     assert cap.count("--rps") == 1 and "--rps 5200 --tol 0.02" in cap
     assert "--duration 5 --rps 8800 " in commands.check_command(ev, "trend")
+
+
+def test_burst_violations_are_judged_on_the_bursts_static_best_under_helm_provisions():
+    """Two bursts; static-best under the HELM router peaks at 0.80 and 0.90 in them (the second
+    beyond the provisioned 0.85), under prefix-aware at 0.70 and 0.80 (not the reference). A run
+    violating only the second burst violates no provisioned one; one violating the first, half
+    of all and all of the provisioned."""
+    from helmgr.experiments.report import _provisioned
+    from helmgr.sim.bursts import violation_share
+    ref = {"summary": {"burst_peak_utilization": [0.8, 0.9]}}
+    other = {"summary": {"burst_peak_utilization": [0.7, 0.8]}}
+    found = [(other, "static-best", "prefix-aware"), (ref, "static-best", "helm")]
+    keep = _provisioned(found)
+    assert keep == [True, False]
+    second = {"slo_ms": 20.0, "burst_worst_p99_ms": [12.0, 31.0]}
+    first = {"slo_ms": 20.0, "burst_worst_p99_ms": [25.0, 15.0]}
+    assert violation_share(second, keep) == 0.0 and violation_share(second) == 0.5
+    assert violation_share(first, keep) == 1.0 and violation_share(first) == 0.5
+    assert _provisioned([(other, "static-best", "prefix-aware")]) == [True, True]     # no HELM sweep: the first
+    assert _provisioned([({"summary": {}}, "static-best", "helm")]) is None           # stored before the fields

@@ -39,7 +39,7 @@ from helmgr.policy.policies import POLICIES
 from helmgr.routing.helm import Helm
 from helmgr.routing.routers import ROUTERS
 from helmgr.sim import SimConfig, simulate
-from helmgr.sim.metrics import window_ratios
+from helmgr.sim.metrics import slim, window_ratios
 from helmgr.workload import WorkloadSpec, default_config
 
 # the system-level pairs whose capacity is measured: full HELM and the paper's static baselines
@@ -150,7 +150,7 @@ def policy_run(args: tuple[WorkloadSpec, SimConfig]) -> dict:
     w = spec.build()
     result = simulate(cfg, w)
     s = result.summary
-    return {"summary": {k: v for k, v in s.items() if not isinstance(v, (list, dict))},
+    return {"summary": slim(s),
             "window_ratio": window_ratios(result.series.timeline, cfg.nodes, w.duration_s),
             "window_p99_ms": np.asarray(result.series.window_p99_ms, float)}
 

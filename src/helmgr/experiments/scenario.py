@@ -38,7 +38,7 @@ import numpy as np
 
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.bursts import rolling_peak, window_load_series
-from helmgr.sim.metrics import window_stats
+from helmgr.sim.metrics import slim, window_stats
 from helmgr.workload import WorkloadSpec
 
 BINS = np.geomspace(1e-5, 1e3, 4001)              # seconds; 0.46 % a bin
@@ -100,8 +100,7 @@ def phase_point(args: tuple[WorkloadSpec, SimConfig]) -> PhaseRun:
     mid = win_start + cfg.window_s / 2
     window_phase = np.where(win_start >= warm - 1e-9, np.searchsorted(starts, mid, side="right") - 1, -1)
     load = window_load_series(rec.window_t, rec.window_loads, cfg.window_s, len(win_start))
-    slim = {k: v for k, v in summary.items() if not isinstance(v, (list, dict))}
-    return PhaseRun(cfg.ratio, slim, [p.kind for p in phases], hists, window_phase, p99, load,
+    return PhaseRun(cfg.ratio, slim(summary), [p.kind for p in phases], hists, window_phase, p99, load,
                     summary["slo_ms"] / 1e3)
 
 

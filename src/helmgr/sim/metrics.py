@@ -179,6 +179,7 @@ TAIL = ("tail_wait_ms", "tail_service_ms", "tail_fetch_ms", "tail_behind_ms", "t
 UNMEASURED = {"p50_ms": _NO_REQUEST, "p95_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "p999_ms": _NO_REQUEST,
               "slo_attainment": _NO_REQUEST,
               "window_slo_satisfaction": "no window after the warm-up had a completed request",
+              "mean_window_p99_ms": "no window after the warm-up had a completed request",
               "emb_hit_rate": "no EMB lookup after the warm-up",
               "kv_hit_rate": "no request after the warm-up had a prefix to cache",
               "mean_ratio": "no node was up",
@@ -237,6 +238,14 @@ def p99_block_se(arrival, latency, block_s: float = 10.0, reps: int = 200, seed:
     return float(np.std(out))
 
 
+BURST_FIELDS = ("burst_worst_p99_ms", "burst_peak_utilization")    # the lists a slim summary keeps
+
+
+def slim(summary: dict) -> dict:
+    """A summary's scalar fields and its per-burst lists (BURST_FIELDS): what a stored run keeps."""
+    return {k: v for k, v in summary.items() if not isinstance(v, (list, dict)) or k in BURST_FIELDS}
+
+
 def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_s: float, bursts,
               wall_s: float, rerouted: int, warmup_s: float = 0.0) -> tuple[dict, Series]:
     """Totals count every request; latency, SLO, hit-rate and rate figures cover the requests
@@ -276,6 +285,7 @@ def summarize(rec: Recorder, nodes: list, duration: float, slo_s: float, window_
         "slo_ms": slo_s * 1e3,
         "slo_attainment": float(ok.mean()) if measured else NAN,
         "window_slo_satisfaction": float(np.mean(p99[busy] <= slo_s)) if busy.any() else NAN,
+        "mean_window_p99_ms": float(np.mean(p99[busy]) * 1e3) if busy.any() else NAN,
         "throughput_rps": measured / span,
         "goodput_rps": float(ok.sum()) / span,
         "emb_hit_rate": float(1.0 - misses.sum() / ids.sum()) if ids.sum() else NAN,
