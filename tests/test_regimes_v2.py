@@ -193,3 +193,19 @@ def test_describe_reports_phases_and_discovery_share():
     assert 0.2 < s["discovery_share"] < 0.45
     assert s["phase_discovery_share"]["discovery"] > 0.4 > 0.15 > s["phase_discovery_share"]["feed"]
     assert s["phase_rps"]["burst"] > 1.3 * s["phase_rps"]["feed"]
+
+
+def test_a_compressed_regime_keeps_its_whole_shape():
+    """Twice shorter: 180 s, trend's phases 60 s (feed, discovery, feed) with 5-s ramps, the day
+    the run; the bursts' first start in 15-30 s, gaps 50 s x U(0.5, 1.5), lengths 10-45 s."""
+    trend = default_config("trend").compressed(2.0)
+    assert (trend.duration_s, trend.trend_phase_s, trend.trend_ramp_s, trend.day) == (180.0, 60.0, 5.0, 180.0)
+    assert trend.rps == 2200.0 and trend.session == default_config("trend").session
+    burst = default_config("burst").compressed(2.0)
+    assert (burst.burst_first_s, burst.burst_every_s, burst.burst_len_s) == ((15.0, 30.0), 50.0, (10.0, 45.0))
+    w = WorkloadSpec("trend", seed=1, rps=100.0, time_compression=2.0).build()
+    assert w.duration_s == 180.0 and [(p.start, p.end, p.kind) for p in w.phases] == [
+        (0.0, 60.0, "feed"), (60.0, 120.0, "discovery"), (120.0, 180.0, "feed")]
+    assert WorkloadSpec("burst", 90.0, seed=1, rps=100.0, time_compression=2.0).build().duration_s == 90.0
+    with pytest.raises(HelmInputError, match="time-compression"):
+        default_config("steady").compressed(0.0)

@@ -19,6 +19,8 @@ from helmgr.workload import WorkloadSpec
 @click.command("capacity")
 @click.option("--workload", "regime", default="steady", show_default=True, help="Synthetic regime.")
 @click.option("--duration", type=POSITIVE, default=None, help="Simulated seconds of each probe [default: 360].")
+@click.option("--time-compression", type=POSITIVE, default=None, metavar="F",
+              help="The regime's whole shape (run, phases, bursts, day) F times shorter.")
 @click.option("--seeds", default="1", show_default=True, help="Comma list of seeds: one bisection each, in parallel.")
 @click.option("--rps", type=POSITIVE, default=None, help="The first rate probed [default: the regime's base rate].")
 @sim_options
@@ -30,7 +32,7 @@ from helmgr.workload import WorkloadSpec
 @json_option
 @out_option
 @cluster_defaults
-def capacity_cmd(regime, duration, seeds, rps, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
+def capacity_cmd(regime, duration, time_compression, seeds, rps, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
                  faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, tol, target, jobs, ray_address, as_json,
                  out_dir):
     """The highest base request rate at which POLICY + ROUTER keeps window SLO satisfaction >=
@@ -46,7 +48,7 @@ def capacity_cmd(regime, duration, seeds, rps, nodes, policy, ratio, router, har
     seed_values = seed_list(seeds)
     cfg = build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, seed_values[0], engine, sim_path, emb_sample)
-    spec = WorkloadSpec(regime, duration, seed_values[0])
+    spec = WorkloadSpec(regime, duration, seed_values[0], time_compression=time_compression)
     spec.build()                                       # validates the workload options up front
     with progress("bisecting", len(seed_values)) as bar:
         task = bar.add_task(f"capacity of {policy}@{router}: {len(seed_values)} seeds", total=len(seed_values))

@@ -23,9 +23,9 @@ from helmgr.routing import ROUTERS
 from helmgr.workload import REGIMES
 
 # what --quick changes (an option given on the command line wins)
-FULL = {"seeds": "1,2,3", "ratios": ",".join(f"{r:g}" for r in DEFAULT_GRID), "duration": None, "capacity_workloads": None,
-        "capacity_duration": None, "capacity_tol": 0.02}
-QUICK = {"seeds": "1", "ratios": "0.3,0.5,0.7,0.9", "duration": 150.0, "capacity_workloads": "steady",
+FULL = {"seeds": "1,2,3", "ratios": ",".join(f"{r:g}" for r in DEFAULT_GRID), "time_compression": None,
+        "capacity_workloads": None, "capacity_duration": None, "capacity_tol": 0.02}
+QUICK = {"seeds": "1", "ratios": "0.3,0.5,0.7,0.9", "time_compression": 2.0, "capacity_workloads": "steady",
          "capacity_duration": 40.0, "capacity_tol": 0.05}
 DEFAULT_OUT = Path("results/evaluate")
 
@@ -34,7 +34,10 @@ DEFAULT_OUT = Path("results/evaluate")
 @click.option("--workloads", default="steady,burst,trend", show_default=True, help="Comma list of regimes.")
 @click.option("--seeds", default=None, help=f"Comma list of seeds [default: {FULL['seeds']}; --quick {QUICK['seeds']}].")
 @click.option("--duration", type=POSITIVE, default=None,
-              help=f"Simulated seconds of each run [default: 360; --quick {QUICK['duration']:g}].")
+              help="Simulated seconds of each run [default: 360 / --time-compression].")
+@click.option("--time-compression", type=POSITIVE, default=None, metavar="F",
+              help=f"Each regime's whole shape (run, phases, bursts, day) F times shorter [default: 1; --quick "
+                   f"{QUICK['time_compression']:g}].")
 @click.option("--policies", default="helm", show_default=True, help="Online memory policies, run under every router.")
 @click.option("--routers", default="least-loaded,prefix-aware,helm", show_default=True, help="Comma list of routers.")
 @click.option("--ratios", default=None, help=f"Static grid (static-best, the oracle, the check) [default: {FULL['ratios']}; "
@@ -54,14 +57,15 @@ DEFAULT_OUT = Path("results/evaluate")
 @click.option("--capacity-tol", type=Finite(0, 1, min_open=True, max_open=True), default=None,
               help=f"Capacity bisection tolerance [default: {FULL['capacity_tol']:g}; --quick {QUICK['capacity_tol']:g}].")
 @click.option("--s5", type=click.Choice(S5_MEASURES), default="whole", show_default=True, help="The check's S5 measure.")
-@click.option("--quick", is_flag=True, help="A first look: one seed, 4 ratios, shorter runs and a coarser capacity.")
+@click.option("--quick", is_flag=True, help="A first look: one seed, 4 ratios, each regime's whole shape in half the "
+                                           "time (180-s runs), and a coarser capacity on steady.")
 @click.option("--fresh", is_flag=True, help="Rerun every unit (ignore what the results folder holds).")
 @parallel_options
 @json_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
               show_default=True, help="Results folder: the report, and runs/ (what a rerun resumes from).")
 @cluster_defaults
-def evaluate_cmd(workloads, seeds, duration, policies, routers, ratios, rate_scale, nodes, policy, ratio, router,
+def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers, ratios, rate_scale, nodes, policy, ratio, router,
                  hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, no_oracle,
                  oracle_lookahead, no_capacity, capacity_workloads, capacity_duration, capacity_tol, s5, quick, fresh, jobs, ray_address, as_json, out_dir):
     """Regimes x seeds x policies x routers, static-best per router, the phase oracle, capacity at
@@ -80,7 +84,8 @@ def evaluate_cmd(workloads, seeds, duration, policies, routers, ratios, rate_sca
     if policy != "static":
         raise click.UsageError(f"--policy {policy!r}: evaluate runs the online policies of --policies (a comma list)")
     preset = QUICK if quick else FULL
-    pick = {"seeds": seeds, "ratios": ratios, "duration": duration, "capacity_workloads": capacity_workloads,
+    pick = {"seeds": seeds, "ratios": ratios, "time_compression": time_compression,
+            "capacity_workloads": capacity_workloads,
             "capacity_duration": capacity_duration, "capacity_tol": capacity_tol}
     pick = {k: preset[k] if v is None else v for k, v in pick.items()}
     regimes = tuple(names(workloads, REGIMES, "workloads"))
@@ -91,7 +96,7 @@ def evaluate_cmd(workloads, seeds, duration, policies, routers, ratios, rate_sca
                     regimes=regimes, seeds=tuple(seed_list(pick["seeds"])),
                     policies=tuple(names(policies, list(POLICIES), "policies")),
                     routers=tuple(names(routers, list(ROUTERS), "routers")), grid=tuple(ratio_grid(pick["ratios"])),
-                    duration_s=pick["duration"], check_router=router,
+                    duration_s=duration, time_compression=pick["time_compression"], check_router=router,
                     oracle_routers=() if no_oracle else ("helm",), oracle_lookahead_s=oracle_lookahead,
                     capacity=not no_capacity, capacity_regimes=cap_regimes,
                     capacity_duration_s=pick["capacity_duration"], capacity_tol=pick["capacity_tol"],

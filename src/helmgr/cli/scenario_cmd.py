@@ -25,6 +25,8 @@ PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
 @click.option("--seeds", default="1,2,3", show_default=True, help="Comma list of workload seeds.")
 @click.option("--duration", type=POSITIVE, default=None, help="Simulated seconds [default: 360].")
 @click.option("--rps", type=POSITIVE, default=None, help="Base request rate [default: the regime's, 1,300; trend 2,200].")
+@click.option("--time-compression", type=POSITIVE, default=None, metavar="F",
+              help="Each regime's whole shape (run, phases, bursts, day) F times shorter.")
 @sim_options
 @click.option("--ratios", default=",".join(f"{r:g}" for r in DEFAULT_GRID), show_default=True,
               help="Static ratios: start:stop:step or a list (default: evaluate's grid, r_min to r_max).")
@@ -35,7 +37,7 @@ PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
 @json_option
 @out_option
 @cluster_defaults
-def scenario_cmd(check, workloads, seeds, duration, rps, nodes, policy, ratio, router, hardware, model,
+def scenario_cmd(check, workloads, seeds, duration, rps, time_compression, nodes, policy, ratio, router, hardware, model,
                  slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, ratios, s5, jobs, ray_address,
                  as_json, out_dir):
     """Does the scenario pose the question? S1-S5 (SPEC 3) per regime and seed, from static sweeps
@@ -53,7 +55,7 @@ def scenario_cmd(check, workloads, seeds, duration, rps, nodes, policy, ratio, r
         raise HelmInputError(f"--ratios {ratios!r}: the check needs at least two ratios")
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, 0, engine, sim_path, emb_sample)
-    specs = [WorkloadSpec(r, duration, s, rps) for r in regimes for s in seed_values]
+    specs = [WorkloadSpec(r, duration, s, rps, time_compression=time_compression) for r in regimes for s in seed_values]
     first = specs[0].build()                           # validates the workload options up front
     with progress("checking", len(specs) * len(grid)) as bar:
         task = bar.add_task(f"scenario check: {len(specs)} workloads x {len(grid)} ratios",

@@ -29,7 +29,8 @@ def workload_options(f):
         click.option("--trace-format", type=click.Choice(FORMATS), default="inter", show_default=True,
                      help="inter: RecBole atomic file; sequences: 'user item item ...' per line."),
         click.option("--time-compression", type=positive, default=None,
-                     help="Divide the log's time by this [default: fit the whole log into --duration]."),
+                     help="A log: divide its time by this [default: fit the whole log into --duration]. A "
+                          "synthetic regime: its whole shape (run, phases, bursts, day) this many times shorter."),
         click.option("--clone-users", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Replay each log user this many times under new ids, with jittered times."),
         click.option("--overlay", type=click.Choice(OVERLAYS), multiple=True,
@@ -53,8 +54,9 @@ def cluster_defaults(f):
     @functools.wraps(f)
     def command(*args, **options):
         if "regime" in options and options.get("duration") is None:
+            tc = options.get("time_compression")
             options["duration"] = (TRACE_DURATION_S if options.get("trace") is not None
-                                   else default_config(options["regime"]).duration_s)
+                                   else default_config(options["regime"]).duration_s / (tc or 1.0))
         default = SimConfig()
         for key in CLUSTER_OPTIONS:
             if key in options and options[key] is None:

@@ -33,7 +33,7 @@ def grid_flag(grid) -> str:
 
 def workload_flags(ev: EvalConfig, regime: str, duration: float | None, rate: bool = True) -> str:
     """The workload options; `rate` False where the command names its own (capacity's start)."""
-    flags = f"--workload {regime}"
+    flags = f"--workload {regime}" + (f" --time-compression {ev.time_compression:g}" if ev.time_compression else "")
     rps = ev.rps(regime) if rate else None
     return flags + (f" --duration {duration:g}" if duration is not None else "") + (
         f" --rps {rps:g}" if rps is not None else "")
@@ -66,6 +66,7 @@ def static_best_command(ev: EvalConfig, regime: str, seed: int, router: str) -> 
 
 def check_command(ev: EvalConfig, regime: str) -> str:
     dur = f" --duration {ev.duration_s:g}" if ev.duration_s is not None else ""
+    dur += f" --time-compression {ev.time_compression:g}" if ev.time_compression else ""
     dur += f" --rps {ev.rps(regime):g}" if ev.rps(regime) is not None else ""
     return (f"helmgr scenario --check --workloads {regime} "
             f"--seeds {','.join(map(str, ev.seeds))}{dur}{cluster_flags(ev.cluster)} --router {ev.check_router} "

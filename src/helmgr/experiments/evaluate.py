@@ -63,7 +63,8 @@ class EvalConfig:
     policies: tuple[str, ...] = ("helm",)
     routers: tuple[str, ...] = ("least-loaded", "prefix-aware", "helm")
     grid: tuple[float, ...] = DEFAULT_GRID
-    duration_s: float | None = None                # None: the scenario's
+    duration_s: float | None = None                # None: the regime's (360 s / time_compression)
+    time_compression: float | None = None          # each regime's whole shape this many times shorter (WorkloadSpec)
     check_router: str = "prefix-aware"             # the scenario check's static runs
     oracle_routers: tuple[str, ...] = ("helm",)
     oracle_lookahead_s: float = LOOKAHEAD_S        # phase_oracle.run_phase_oracle's lookahead
@@ -79,7 +80,8 @@ class EvalConfig:
         return None if self.rate_scale == 1.0 else default_config(regime).rps * self.rate_scale
 
     def spec(self, regime: str, seed: int, duration: float | None = None) -> WorkloadSpec:
-        return WorkloadSpec(regime, duration or self.duration_s, seed, self.rps(regime))
+        return WorkloadSpec(regime, duration or self.duration_s, seed, self.rps(regime),
+                            time_compression=self.time_compression)
 
     def cfg(self, policy: str, router: str, seed: int, ratio: float | None = None) -> SimConfig:
         return replace(self.cluster, policy=policy, router=router, seed=seed,

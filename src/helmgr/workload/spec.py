@@ -2,7 +2,7 @@
 stream from a small, picklable value."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from helmgr.workload.stream import Workload
 from helmgr.workload.synthetic import default_config, parse_regime, synthetic_workload
@@ -19,7 +19,8 @@ class WorkloadSpec:
     rps: float | None = None               # None: the regime's default rate
     trace: str | None = None               # replay this log instead
     trace_format: str = "inter"
-    time_compression: float | None = None
+    time_compression: float | None = None  # a trace: its time divided by this (None: fit into the duration);
+                                           # synthetic: the regime's whole shape this many times shorter
     clone_users: int = 1
     overlays: tuple[str, ...] = ()
 
@@ -29,6 +30,9 @@ class WorkloadSpec:
             return trace_workload(self.trace, self.trace_format, duration, self.seed, self.time_compression,
                                   self.clone_users, tuple(self.overlays))
         parse_regime(self.regime)
+        cfg = default_config(self.regime)
+        if self.time_compression is not None:              # the whole shape, shorter
+            cfg = cfg.compressed(self.time_compression)
         overrides = ({"duration_s": self.duration_s} if self.duration_s is not None else {}) | (
             {"rps": self.rps} if self.rps is not None else {})
-        return synthetic_workload(default_config(self.regime, **overrides), self.seed)
+        return synthetic_workload(replace(cfg, **overrides), self.seed)

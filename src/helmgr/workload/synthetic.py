@@ -87,6 +87,17 @@ class SyntheticConfig:
     def day(self) -> float:
         return self.duration_s if self.day_s is None else self.day_s
 
+    def compressed(self, factor: float) -> "SyntheticConfig":
+        """The same regime `factor` times shorter: the run, trend's phases, ramps and day, the bursts'
+        starts, gaps, lengths and ramps all divided by `factor` (sessions and rates unchanged), so a
+        short run keeps the whole shape of the long one instead of its first stretch."""
+        number("time-compression", factor, POSITIVE)
+        return replace(self, duration_s=self.duration_s / factor, trend_phase_s=self.trend_phase_s / factor,
+                       trend_ramp_s=self.trend_ramp_s / factor, day_s=None if self.day_s is None else self.day_s / factor,
+                       burst_every_s=self.burst_every_s / factor, burst_len_s=_div(self.burst_len_s, factor),
+                       burst_first_s=None if self.burst_first_s is None else _div(self.burst_first_s, factor),
+                       burst_ramp_s=self.burst_ramp_s / factor)
+
     def validate(self) -> "SyntheticConfig":
         """Every knob a finite number of its type and in range (core.validate), or a named error."""
         parse_regime(self.regime)
@@ -122,6 +133,10 @@ class SyntheticConfig:
             number(f"{name}[1]", hi, allowed)
             if lo > hi:
                 raise HelmInputError(f"{name} ({lo:g}, {hi:g}): the low end is above the high end")
+
+
+def _div(pair: tuple[float, float], factor: float) -> tuple[float, float]:
+    return pair[0] / factor, pair[1] / factor
 
 
 def _rate(cfg: SyntheticConfig, overlays: frozenset[str]):
