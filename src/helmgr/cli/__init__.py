@@ -1,6 +1,6 @@
 """The `helmgr` command. Every command documents its options in `--help`.
 
-Exit codes (SPEC 10): 0 ok; 2 bad input, with one line on stderr naming the bad value; 1 an
+Exit codes: 0 ok; 2 bad input, with one line on stderr naming the bad value; 1 an
 internal error (with its traceback, since it is a bug).
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from helmgr.cli.calibrate_cmd import calibrate_cmd
 from helmgr.cli.capacity_cmd import capacity_cmd
 from helmgr.cli.compare_cmd import compare_cmd
 from helmgr.cli.evaluate_cmd import evaluate_cmd
+from helmgr.cli.notuning_cmd import notuning_cmd
 from helmgr.cli.plan_cmd import plan_cmd
 from helmgr.cli.profile_cmd import profile
 from helmgr.cli.scenario_cmd import scenario_cmd
@@ -36,6 +37,7 @@ cli.add_command(compare_cmd)
 cli.add_command(sweep_cmd)
 cli.add_command(scenario_cmd)
 cli.add_command(evaluate_cmd)
+cli.add_command(notuning_cmd)
 cli.add_command(capacity_cmd)
 cli.add_command(plan_cmd)
 cli.add_command(workload)
