@@ -1,4 +1,4 @@
-"""The KV cache (SPEC 2.3): users' prefix K/V, LRU over users, sized in bytes.
+"""The KV cache: users' prefix K/V, LRU over users, sized in bytes.
 
 An entry is a user and the number of leading history positions whose K/V is cached. With
 `tail_first`, eviction trims whole pages off the tail of the least recently used user, so a

@@ -1,4 +1,4 @@
-"""Adapter v2 (SPEC 6): the offset learned from the shadows' marginal value."""
+"""Adapter v2: the offset learned from the shadows' marginal value."""
 import math
 
 import numpy as np

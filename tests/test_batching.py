@@ -1,4 +1,4 @@
-"""Batched service and the two engines (SPEC 2.5 v2), against timelines worked out by hand.
+"""Batched service and the two engines, against timelines worked out by hand.
 
 The tiny profile (tests/conftest.py): 100 TFLOP/s peak, launches 10 x 5 us, rows of 64 B, a link of
 10 GB/s with 10 us per copy. A request of 100 new tokens and no prefix or candidates costs

@@ -1,4 +1,4 @@
-"""Controller safety for any input (SPEC 6): whatever a stack reports, `step` returns a finite
+"""Controller safety for any input: whatever a stack reports, `step` returns a finite
 ratio in [r_min, r_max]; a window with a non-finite or impossible value is counted
 (`safety.bad_input`), answered by the fallback (the ratio set last; before any, the reported ratio
 clamped if it is a ratio, else `Safety.start`) and learned from by nothing; a field that is not a

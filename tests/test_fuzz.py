@@ -1,4 +1,4 @@
-"""Fuzz every command (issue 23, Deliver 6; SPEC 10, 11): generated options, trace files and profile
+"""Fuzz every command (issue 23, Deliver 6): generated options, trace files and profile
 files, mixing small valid values with bad ones (nan, inf, negative, huge, wrong types, unknown
 names, malformed fault specs and grids, binary and near-valid files).
 

@@ -1,4 +1,4 @@
-"""The layers of SPEC 13 point one way: every import in the package, lazy ones inside functions
+"""The layers of docs/layout.md point one way: every import in the package, lazy ones inside functions
 included, goes to the same layer or one below, and no two modules import each other in a cycle."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The phase oracle (SPEC 5 v2): the block fit, its guards, the per-policy figures by hand, and a
+"""The phase oracle (docs/concepts.md): the block fit, its guards, the per-policy figures by hand, and a
 tiny simulated run (serial and parallel replays agree)."""
 import dataclasses
 

@@ -15,7 +15,7 @@ def test_presets_exist():
 
 @pytest.mark.parametrize("name,kib", [("small", 6), ("large", 32)])
 def test_kv_bytes_per_token_matches_spec(name, kib):
-    # SPEC 2.6: small ~6 KiB (3 x 4 x 256 x 2), large ~32 KiB (8 x 4 x 512 x 2)
+    # small ~6 KiB (3 x 4 x 256 x 2), large ~32 KiB (8 x 4 x 512 x 2)
     assert load_model(name).kv_bytes_per_token == kib * 1024
 
 

@@ -1,4 +1,4 @@
-"""Catalogue widening (SPEC 3): clone k of a replayed log reads item i as i + k x n_items."""
+"""Catalogue widening: clone k of a replayed log reads item i as i + k x n_items."""
 import hashlib
 
 import numpy as np

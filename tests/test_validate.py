@@ -1,4 +1,4 @@
-"""The validation layer (SPEC 10, 11; issue 23): every bad input is exit 2 with one line on stderr
+"""The validation layer (issue 23): every bad input is exit 2 with one line on stderr
 naming the value, never a traceback; a run past a resource limit is refused before it starts
 unless --allow-large."""
 import json

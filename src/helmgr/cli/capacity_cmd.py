@@ -1,4 +1,4 @@
-"""`helmgr capacity`: capacity at SLO of one policy + router (SPEC 4), one bisection per seed."""
+"""`helmgr capacity`: capacity at SLO of one policy + router, one bisection per seed."""
 from __future__ import annotations
 
 import os

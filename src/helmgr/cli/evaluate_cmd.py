@@ -1,4 +1,4 @@
-"""`helmgr evaluate`: the published table in one command (SPEC 12), resumable."""
+"""`helmgr evaluate`: the published table in one command (docs/evaluation.md), resumable."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""`helmgr plan`: nodes, split policy and router for a target rate and SLO (SPEC 12)."""
+"""`helmgr plan`: nodes, split policy and router for a target rate and SLO."""
 from __future__ import annotations
 
 import os

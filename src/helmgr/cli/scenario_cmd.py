@@ -1,4 +1,4 @@
-"""`helmgr scenario --check`: S1-S5 of SPEC 3 on a scenario's regimes and seeds."""
+"""`helmgr scenario --check`: the scenario check S1-S5 (docs/concepts.md) on a scenario's regimes and seeds."""
 from __future__ import annotations
 
 import os
@@ -31,7 +31,7 @@ PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
 @click.option("--ratios", default=",".join(f"{r:g}" for r in DEFAULT_GRID), show_default=True,
               help="Static ratios: start:stop:step or a list (default: evaluate's grid, r_min to r_max).")
 @click.option("--s5", type=click.Choice(S5_MEASURES), default="whole", show_default=True,
-              help="S5 as SPEC 3 defines it (the whole run's P99 and windows), or per phase kind (the worst kind's "
+              help="S5 on the whole run (its P99 and windows), or per phase kind (the worst kind's "
                    "P99 at the single best ratio over its own best; docs/tradeoff.md says why).")
 @parallel_options
 @json_option
@@ -40,7 +40,7 @@ PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
 def scenario_cmd(check, workloads, seeds, duration, rps, time_compression, nodes, policy, ratio, router, hardware, model,
                  slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, ratios, s5, jobs, ray_address,
                  as_json, out_dir):
-    """Does the scenario pose the question? S1-S5 (SPEC 3) per regime and seed, from static sweeps
+    """Does the scenario pose the question? S1-S5 (docs/concepts.md) per regime and seed, from static sweeps
     cut by the workload's phases; pass/fail, plots with --out.
 
     \b

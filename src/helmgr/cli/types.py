@@ -1,4 +1,4 @@
-"""Option types and the checks a command runs before any work (SPEC 10: a bad value is one line
+"""Option types and the checks a command runs before any work (a bad value is one line
 naming it, exit 2).
 
 click's FloatRange lets `inf` and `nan` through (`nan` compares false with every bound), so every

@@ -1,4 +1,4 @@
-"""The three-tier HELM controller (SPEC 6): base policy (PPO, exported), residual adapter,
+"""The three-tier HELM controller (docs/controller.md): base policy (PPO, exported), residual adapter,
 burst-aware recovery, safety, run as one compiled step. `Controller.default().step(stats)` is
 the library API."""
 from helmgr.core.jitcache import clear_if_stale

@@ -1,4 +1,4 @@
-"""The online residual adapter (SPEC 6, tier 2): a small correction added to the base tier's plan.
+"""The online residual adapter (the controller's tier 2): a small correction added to the base tier's plan.
 
 `output = bound * tanh(w . x + b)`, so it never moves the ratio by more than `bound` (default
 0.05) on its own, and with `w = b = 0` at start it is an exact no-op. It learns from window
@@ -157,7 +157,7 @@ def learn(st, lc, r, old, new):
 
 @dataclass(slots=True, eq=False)
 class MarginalAdapter:
-    """Adapter v2 (SPEC 6): the same bounded offset around the base tier's plan, learned from the
+    """Adapter v2: the same bounded offset around the base tier's plan, learned from the
     counterfactual marginal value of memory instead of from window rewards.
 
     A sample is the latency a larger EMB share would save, in seconds per request per unit of r
@@ -188,7 +188,7 @@ class MarginalAdapter:
     The bound is ±0.25 (v1: ±0.05): issue 22's test of a wrong base is one biased by ±0.15,
     the shipped base sits ≈ 0.2 above steady's best split, and a step here is taken on evidence,
     not on a noisy reward. The defaults (bound 0.25, steps 0.02 growing ×1.5 to 0.06; load levels
-    0.2 wide) were chosen on the tuning seeds 101-102 by `benchmarks/tune_tiers.py`
+    0.2 wide) were chosen on the tuning seeds 101-102
     (docs/results/2026-12-02-tiers.md, 2026-12-02-trend-peak.md).
     `params` is swapped whole (`[0..., atanh(offset / bound)]`, what the kernel's `offset`
     reads), never edited.

@@ -1,4 +1,4 @@
-"""The three-tier HELM controller for one node (SPEC 6), as a plain library object.
+"""The three-tier HELM controller for one node, as a plain library object.
 
     ctl = helmgr.Controller.default()          # the shipped base policy, adapter and recovery on
     ratio = ctl.step(stats)                    # stats: a WindowStats of the node's last window

@@ -1,4 +1,4 @@
-"""Burst detection for the recovery tier (SPEC 6, tier 3): EWMA z-scores and CUSUM.
+"""Burst detection for the recovery tier (the controller's tier 3): EWMA z-scores and CUSUM.
 
 Each signal (arrival rate, EMB miss rate, KV miss rate) keeps an exponentially weighted baseline
 mean and variance; a tick's z-score is its distance from the baseline in baseline standard
@@ -9,7 +9,7 @@ shift of about `2k` standard deviations in a few ticks while single outliers dec
 - Once it has `1/alpha` points, each update is winsorized at `clip` standard deviations, so one
   spike the detector let through cannot inflate the variance and blind it to the next.
 - The standard deviation is never taken below `rel_floor` of the mean (default 0.1): a burst is
-  a step of x2 or more (SPEC: x3-x5), so a rise of a few percent (a window's noise, a traffic
+  a step of x2 or more, so a rise of a few percent (a window's noise, a traffic
   ramp) stays a sigma or so, however steady the signal was while the baseline formed.
 - The baseline is fast (alpha 0.1: ~10 ticks of memory), so slow drifts (a ramp, a hot set
   turning over) become the normal; a burst is a step, and a step is what the z-score sees.

@@ -1,4 +1,4 @@
-"""The frozen base policy (SPEC 6, tier 1): the exported actor's weights and its compiled
+"""The frozen base policy (the controller's tier 1): the exported actor's weights and its compiled
 forward pass.
 
 PPO trains an actor (Stable-Baselines3's MlpPolicy: tanh hidden layers, a linear mean head);

@@ -1,4 +1,4 @@
-"""What the controller sees and what it is paid (SPEC 6), compiled: the fixed observation vector
+"""What the controller sees and what it is paid, compiled: the fixed observation vector
 built from a node's `WindowStats` (helmgr.core.window), and the window reward.
 
 The observation keeps the long-run mean arrival rate (EWMA) and the previous window's rate, so

@@ -1,4 +1,4 @@
-"""The last step of every controller decision (SPEC 6, safety): whatever the tiers propose, the
+"""The last step of every controller decision: whatever the tiers propose, the
 ratio that leaves is finite, inside [r_min, r_max], and at most `max_slew` from the last one.
 
 Then a hysteresis (`settle`): a node's ratio moves only when the tiers' target has moved at least

@@ -1,4 +1,4 @@
-"""The cost model of SPEC 2.5: pure functions of a node profile and a request's shape.
+"""The cost model (docs/node.md): pure functions of a node profile and a request's shape.
 
 `CostModel` folds the profile into a handful of floats once, so the simulator's hot path pays a
 multiply per term instead of a chain of property lookups. Every method is pure.
@@ -109,7 +109,7 @@ class CostModel:
 
     def batch_rate(self, rows: int) -> float:
         """Achieved FLOP/s with `rows` rows in flight (a batch's computed tokens + candidates): the
-        batch-efficiency curve plateau x rows / (rows + half rows), SPEC 2.5 v2."""
+        batch-efficiency curve plateau x rows / (rows + half rows)."""
         if rows <= 0:
             raise ValueError(f"a batch has at least one row in flight, got {rows}")
         return self.batch_flops * rows / (rows + self.batch_half_rows)

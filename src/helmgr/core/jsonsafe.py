@@ -1,4 +1,4 @@
-"""Strict JSON (SPEC 10): no NaN or Infinity in anything helmgr prints or writes.
+"""Strict JSON: no NaN or Infinity in anything helmgr prints or writes.
 
 A number that is not finite becomes `null`, and the object holding it says why in one `nulls`
 map: `{"p99_ms": null, ..., "nulls": {"p99_ms": "no request completed after warm-up"}}`. A

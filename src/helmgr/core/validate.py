@@ -1,4 +1,4 @@
-"""One validation layer (SPEC 10, 11): numbers that must be finite and in range, records read from
+"""One validation layer: numbers that must be finite and in range, records read from
 data files checked field by field against their dataclass, and the resource estimate a command
 checks before it starts a run.
 

@@ -111,7 +111,7 @@ def controller_bench(policy_path=None, steps: int = 20000, seed: int = 1, cold_m
             "policy": str(policy_path) if policy_path else "default", "cold_mb": cold_mb}
 
 
-# -- the simulator's own speed (SPEC 4, Speed) -------------------------------------------------
+# -- the simulator's own speed (docs/simulator.md#speed) ----------------------------------------
 SIM_PHASES = ("generation", "setup", "compiled", "routing", "node_model", "emb_refresh", "windows_policy", "summary",
               "event_loop")
 RPS_PER_NODE = 162.5                      # the default scenario's per-node load (1,300 req/s on 8 nodes)

@@ -1,4 +1,4 @@
-"""A block's tail score as a function of the ratio, smoothed before its argmin (SPEC 5, the phase
+"""A block's tail score as a function of the ratio, smoothed before its argmin (for the phase
 oracle). All fits are of log(P99): replay noise is multiplicative, and an overloaded end of the
 grid (P99 in seconds against milliseconds) would otherwise dominate the squares.
 

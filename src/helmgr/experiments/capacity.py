@@ -1,4 +1,4 @@
-"""Capacity at SLO (SPEC 4): the highest base request rate at which a policy + router keeps
+"""Capacity at SLO: the highest base request rate at which a policy + router keeps
 window SLO satisfaction >= 95 %, by bisection over the rate.
 
 `bisect_rate` knows only a probe, rate -> pass or fail: from a starting rate it doubles (after a

@@ -1,4 +1,4 @@
-"""`helmgr evaluate` (SPEC 12): the published table from one command, resumable.
+"""`helmgr evaluate`: the published table from one command, resumable.
 
 An evaluation is a set of *units*, each one independent run and each kept in the results folder
 (`runs/<key>.pkl`, written whole by `RunStore`) as soon as it ends; a unit already there is not

@@ -1,4 +1,4 @@
-"""One runner for independent runs (SPEC 4, Speed): sweep points, compare runs, oracle replays.
+"""One runner for independent runs: sweep points, compare runs, oracle replays.
 
 `run_all(fn, tasks)` returns `[fn(t) for t in tasks]`, in task order, computed
 

@@ -1,4 +1,4 @@
-"""`helmgr plan` (SPEC 12): for a target rate and SLO, how many nodes, which split policy and
+"""`helmgr plan`: for a target rate and SLO, how many nodes, which split policy and
 which router, and the headroom left, from capacity runs.
 
 1. Capacity at SLO (experiments.capacity) of each candidate policy + router on a probe cluster

@@ -27,7 +27,7 @@ and reports the rest apart.
 
 A kind's P99 pools the latencies of every request that arrived in a phase of that kind (after the
 warm-up), from a log-binned histogram (bins 0.5 % wide). The *phase-best stitch* takes each phase's
-requests and windows from the run at its kind's best ratio: the phase oracle of SPEC 5 without the
+requests and windows from the run at its kind's best ratio: the phase oracle (docs/concepts.md) without the
 cost of moving between ratios, so S5 here is an upper estimate of what an adaptive split can win.
 """
 from __future__ import annotations

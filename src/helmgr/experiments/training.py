@@ -1,5 +1,5 @@
 """Several PPO seeds of the base policy, and the one that ships chosen on validation runs no
-training episode drew (SPEC 6, issue 22).
+training episode drew (issue 22).
 
 `select_policy` trains one policy per seed (`learn.train.train`, seeds in parallel), runs every
 candidate as the base policy alone (`helm-base`: the tier training makes, with the safety step)

@@ -1,1 +1,1 @@
-"""Learning the base policy (SPEC 6): the Gymnasium environment over the simulator, PPO training."""
+"""Learning the base policy: the Gymnasium environment over the simulator, PPO training."""

@@ -1,4 +1,4 @@
-"""Training the base policy: PPO (Stable-Baselines3) on HelmEnv, then export to numpy (SPEC 6).
+"""Training the base policy: PPO (Stable-Baselines3) on HelmEnv, then export to numpy.
 
 `train(...)` runs PPO with observation and reward normalization (VecNormalize), logs reward and
 losses to `runs/<name>/progress.csv` (name `workload__policy__seed__time`), and writes the

@@ -1,4 +1,4 @@
-"""Every node of one simulated cluster as one of Stable-Baselines3's environments (SPEC 6).
+"""Every node of one simulated cluster as one of Stable-Baselines3's environments.
 
 HELM serves with one controller a node, all of them the same base policy. `NodesVecEnv` trains
 it that way: a `HelmEnv` of `nodes` nodes under the scenario's router, each node deciding its
@@ -6,7 +6,7 @@ own ratio from its own observation and paid its own reward, so one simulated sec
 `nodes` transitions of one shared policy. A node alone is not the node the base will serve:
 with the same share of the rate, node 0 of eight under the HELM router has about half the
 window P99 of the node alone, because the router spreads each moment's load
-(`benchmarks/env_fidelity.py`).
+(docs/results/2026-12-05-train-fidelity.md).
 
 An episode ends for every node at once; the next one starts at once (SB3's convention: the last
 observation goes in each node's `info["terminal_observation"]`). `seed(s)` seeds the next reset.

@@ -1,4 +1,4 @@
 """One GPU's cache memory: the HBM pool, the EMB and KV caches it is split between, the EMB
 eviction policies (shared with the device cache), the H2D link that refills them, and the refill
-modes (SPEC 2.1-2.5). Import from the modules: the package itself loads none of them, so the
+modes (docs/node.md). Import from the modules: the package itself loads none of them, so the
 real path (pool, eviction) runs where numba is not installed."""

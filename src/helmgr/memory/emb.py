@@ -1,4 +1,4 @@
-"""The embedding hot cache (SPEC 2.2): which item rows sit in HBM.
+"""The embedding hot cache: which item rows sit in HBM.
 
 Each row has a state (absent, resident, or wanted-but-unfilled) in one uint8 array indexed by
 item id: checking a request's hundreds of ids is one compiled pass over them (`_check`). Rows

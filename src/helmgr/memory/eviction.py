@@ -1,4 +1,4 @@
-"""Eviction policies (SPEC 2.2), once for both EMB caches: how an entry's priority grows with its
+"""Eviction policies, once for both EMB caches: how an entry's priority grows with its
 accesses and ages with time, which entries a cache keeps, and the registry by name.
 
 A cache keeps one float32 priority per entry (higher = keep) and tells its policy two things:

@@ -1,5 +1,5 @@
 """The node's host-to-device link: one FIFO server shared by EMB misses, KV onloads and refills
-(SPEC 2.5) — its contention is what couples the two caches."""
+(docs/node.md) — its contention is what couples the two caches."""
 from __future__ import annotations
 
 EMB_MISS = "emb_miss"

@@ -1,4 +1,4 @@
-"""The HBM pool: a fixed number of pages split between the EMB and the KV cache (SPEC 2.1)."""
+"""The HBM pool: a fixed number of pages split between the EMB and the KV cache."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""How a node fills EMB rows that a resize or refresh made wanted (SPEC 2.4).
+"""How a node fills EMB rows that a resize or refresh made wanted.
 
 - `sync`: every unfilled row is copied at once, on the critical path: the node is blocked until
   the copy is done. The naive reallocation.

@@ -37,7 +37,7 @@ def track_shadows(node, share: float, peers: list | None = None) -> int:
 
 
 def marginal_value(w: NodeWindow, cost, share: float) -> tuple[float, float, float] | None:
-    """The window's counterfactual d(saved seconds)/dr per request (SPEC 6, adapter v2), from
+    """The window's counterfactual d(saved seconds)/dr per request (adapter v2's signal), from
     shadows of `share` of the pool on each side (`track_shadows`): the seconds an EMB shadow's hits
     would have saved minus those a KV ghost's would have, over `share` (moving r by `share` moves
     that many bytes), per completed request. Positive: a larger EMB share saves time. Also the
@@ -50,7 +50,7 @@ def marginal_value(w: NodeWindow, cost, share: float) -> tuple[float, float, flo
 
 
 class MarginalSampler:
-    """Adapter v2's samples, one stream per node (SPEC 6): the marginal value (`marginal_value`)
+    """Adapter v2's samples, one stream per node: the marginal value (`marginal_value`)
     of shadows of `share` of the pool on each side, summed since the last sample and closed at the
     first window after an EMB refresh (which folds the EMB shadow's hits in). In seconds per
     request per unit of r, positive: a larger EMB share saves time. The adapter learns from them,

@@ -1,4 +1,4 @@
-"""The real data path (SPEC 8): the pool, both caches and a small HSTU model on torch tensors.
+"""The real data path (docs/realpath.md): the pool, both caches and a small HSTU model on torch tensors.
 
 Imported on its own (`helmgr.real`), so the simulator never pays for importing torch.
 """

@@ -1,4 +1,4 @@
-"""Calibration (SPEC 8): measure the real data path on the device at hand and fit the cost
+"""Calibration: measure the real data path on the device at hand and fit the cost
 model's hardware constants to it, so that the simulator predicts the runtime with its own formula.
 
 Measured (`helmgr.real.measure`), then fitted:
@@ -16,7 +16,7 @@ Measured (`helmgr.real.measure`), then fitted:
 - batches of 1, 2, 4 .. `max_batch` requests of one shape (a KV hit, a KV miss) served by
   `NodeRuntime.serve_batch`: FLOP/s achieved once the per-request compute intercept is taken off,
   vs the rows in flight -> the batch-efficiency curve, peak x `batch_efficiency` x rows / (rows +
-  `batch_half_rows`) (SPEC 2.5 v2).
+  `batch_half_rows`).
 
 Every fit (`real/fits.py`) is least squares on relative error (each point weighted by 1 / its
 time), so short and long measurements count alike. Nothing here imports click or rich.

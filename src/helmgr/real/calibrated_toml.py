@@ -70,7 +70,7 @@ def _batch_note(cal: Calibration) -> str:
         f"b={p['batch']} {p['rows']} rows {g:.2f}" for p, g in zip(points, f["batch_gflops"])
         if (p["prefix_len"], p["cached"]) == (n, c)) for n, c, _, _ in shapes]
     sizes = ", ".join(str(b) for b in sorted({p["batch"] for p in points}))
-    return (f"Batched service (SPEC 2.5 v2): batches of {sizes} requests of one shape,\n{named},\n"
+    return (f"Batched service: batches of {sizes} requests of one shape,\n{named},\n"
             "served by NodeRuntime.serve_batch (jagged rows, padded attention; KV read/write + extend + scoring).\n"
             "FLOP/s = CostModel's FLOPs / (time - the per-request compute intercept, "
             f"{f['compute_fixed_us']:.1f} us),\n"

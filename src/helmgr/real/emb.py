@@ -1,4 +1,4 @@
-"""The device EMB cache (SPEC 2.2 on real tensors): hot rows in the pool's EMB region, the full
+"""The device EMB cache (the simulator's EMB cache on real tensors): hot rows in the pool's EMB region, the full
 table in host memory.
 
 Bookkeeping lives on the device as two maps (`slot_of[item]`, `item_of[slot]`, `EMPTY` where

@@ -1,4 +1,5 @@
-"""The paged KV cache (SPEC 2.3 on real tensors): users' prefix K/V in the pool's KV pages.
+"""The paged KV cache (the simulator's KV cache on real tensors): users' prefix K/V in the pool's
+KV pages.
 
 Layout: a prefix is packed token-major, one record of `bytes_per_token` per token holding
 layer 0's K then V, layer 1's K then V, and so on. A page holds `tokens_per_page` whole records,

@@ -1,4 +1,4 @@
-"""The device pool (SPEC 8): one uint8 buffer split between EMB rows (front) and KV pages (back).
+"""The device pool: one uint8 buffer split between EMB rows (front) and KV pages (back).
 
 The page arithmetic (how many pages, the per-cache minimum, ratio -> pages) is the simulator's
 `HBMPool`, so the same ratio gives the same split in both. The buffer is allocated once; a

@@ -1,4 +1,4 @@
-"""One node's request path on real tensors (SPEC 8), behind the simulated `Node`'s interface.
+"""One node's request path on real tensors, behind the simulated `Node`'s interface.
 
 `NodeRuntime.serve` does for real what `Node.serve` models: look up the user's prefix K/V in
 the paged KV cache, look up the rows of the positions to compute and of the candidates in the
@@ -202,7 +202,7 @@ class NodeRuntime:
         return cached, new_ids if cached == prefix_len else history(user, cached, end)
 
     def serve_batch(self, now: float, batch: Sequence[RealRequest], history: History) -> RealBatch:
-        """Serve `batch` together (SPEC 2.5 v2): every request's computed positions and
+        """Serve `batch` together: every request's computed positions and
         candidates looked up at once, each request's cached prefix read, one `extend_batch` over
         all of them, every prefix stored again, one `score_batch`. Each request ends when the batch
         does; its scores equal what `serve` gives it alone."""

@@ -1,4 +1,4 @@
-"""Routing (SPEC 7): the baseline routers, the HELM router, its compiled decision and the
+"""Routing: the baseline routers, the HELM router, its compiled decision and the
 residency index it reads."""
 from helmgr.core.jitcache import clear_if_stale
 

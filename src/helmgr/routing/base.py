@@ -1,4 +1,4 @@
-"""The router interface (SPEC 7): where each request goes.
+"""The router interface: where each request goes.
 
 A router keeps its own view of load: requests dispatched to a node and not yet completed,
 updated at dispatch and completion (never a stale poll). The cluster tells it which nodes are up.

@@ -1,4 +1,4 @@
-"""The HELM router (SPEC 7) and its ablations."""
+"""The HELM router (docs/routing.md) and its ablations."""
 from __future__ import annotations
 
 import inspect
@@ -26,7 +26,7 @@ class Decision(NamedTuple):
 
 
 class Helm(Router):
-    """The HELM router (SPEC 7): send each request where it is predicted to finish first.
+    """The HELM router: send each request where it is predicted to finish first.
 
     For each candidate node, predicted completion = when the node runs out of the work this router
     has sent it (each request's predicted service, added at dispatch; at a completion the node's

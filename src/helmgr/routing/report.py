@@ -1,4 +1,4 @@
-"""The residency report's router side (SPEC 7 and 9): a serving replica's report
+"""The residency report's router side: a serving replica's report
 (helmgr.serve.report.Reporter writes it) applied to a `ResidencyIndex` as a `KVBatch` and an
 `EmbSummary` — the same index and scoring code as the simulated cluster."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the HELM router knows about each node (SPEC 7): a residency index fed by node events.
+"""What the HELM router knows about each node: a residency index fed by node events.
 
 Node side, a `ResidencyReporter` turns one node's state changes into versioned reports:
 - **KV events** `(user, tokens now cached)` on every insert, eviction and trim, numbered per node

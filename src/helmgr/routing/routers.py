@@ -1,4 +1,4 @@
-"""The baseline routers (SPEC 7) and the registry of every router by name."""
+"""The baseline routers and the registry of every router by name."""
 from __future__ import annotations
 
 import bisect

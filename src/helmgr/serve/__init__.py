@@ -1,4 +1,4 @@
-"""Serving (SPEC 9): the real data path behind Ray Serve, routed by the HELM router.
+"""Serving (docs/serving.md): the real data path behind Ray Serve, routed by the HELM router.
 
 `ServeConfig`, `ServeNode`, `HelmRouting` and the report codec import without Ray; the
 deployment, router and ingress modules need `ray[serve]`. Nothing heavy (torch, Ray) is imported

@@ -1,4 +1,4 @@
-"""A recommend request's body, read and checked before any work (SPEC 11), without Ray.
+"""A recommend request's body, read and checked before any work, without Ray.
 
 - `read_body`: at most `limit` bytes. A `Content-Length` above it is refused before a byte is
   read; a body that streams past it (no or a false length) is refused at the chunk that crosses.

@@ -1,4 +1,4 @@
-"""What a serving app is made of (SPEC 9): one frozen config, shared by the replicas, the router,
+"""What a serving app is made of: one frozen config, shared by the replicas, the router,
 the ingress and the load generator, so that all of them see the same model, item table and
 synthetic workload (same seed: the same users and histories everywhere)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A replica's queue (SPEC 9, 11), without Ray: one request at a time, the cheapest waiting one
+"""A replica's queue, without Ray: one request at a time, the cheapest waiting one
 next, and nobody served after it can no longer finish by its deadline.
 
 `enter(cost_s, deadline)` returns when the caller may start, or raises `Late`:

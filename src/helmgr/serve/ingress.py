@@ -1,4 +1,4 @@
-"""The HTTP ingress (SPEC 9): `POST /v1/recommend`, `GET /healthz`, `GET /metrics`,
+"""The HTTP ingress: `POST /v1/recommend`, `GET /healthz`, `GET /metrics`,
 `GET /v1/config`.
 
 The ingress resolves a request's prefix length — the body's `prefix_len` if given, else where
@@ -7,7 +7,7 @@ history length; users outside the synthetic population (`user_id >= n_users`) ar
 0 — and calls the backend with plain kwargs, which the HELM router reads. A backend replica
 that dies under a request is retried on another one (up to `TRIES` times).
 
-Bounded work (SPEC 11): the body is read up to `max_body_bytes` (413 past it, before it is read
+Bounded work: the body is read up to `max_body_bytes` (413 past it, before it is read
 whole) and parsed strictly (`helmgr.serve.body`: non-finite numbers and malformed fields are 422
 naming the field, never echoing the input); `RequestLimits` refuses (422) item ids outside the
 table, a prefix past `max_prefix` and a request whose worst-case predicted service is above

@@ -1,4 +1,4 @@
-"""What the ingress refuses before any work (SPEC 11), without Ray: item ids outside the table,
+"""What the ingress refuses before any work, without Ray: item ids outside the table,
 a prefix past the model's longest, and a request whose predicted service is over the cost cap.
 
 The cap prices the request's worst case with the router's cost model (`ServeConfig.hardware`

@@ -1,4 +1,4 @@
-"""Replay the synthetic workload against a serving app over HTTP and measure it (SPEC 9, 10).
+"""Replay the synthetic workload against a serving app over HTTP and measure it.
 
 Open loop: each request is sent at its arrival time in the workload (relative to the start),
 at most `concurrency` at once; a request that waits for a free slot is late, and its latency
@@ -129,9 +129,9 @@ async def replay(load: LoadConfig, reqs: list[Sent], on_answer: Callable[[], Non
 
 
 def summarize(answers: list[Answer], slo_ms: float, wall_s: float) -> dict:
-    """SPEC 10's fields that a client can measure, plus errors, answers by HTTP status and
-    per-node counts. Strict JSON: what cannot be measured (no request completed) is `null`, with
-    the reason in `nulls`."""
+    """The fields of a run's summary (docs/simulator.md#metrics) that a client can measure, plus
+    errors, answers by HTTP status and per-node counts. Strict JSON: what cannot be measured (no
+    request completed) is `null`, with the reason in `nulls`."""
     ok = [a for a in answers if a.status == 200]
     lat = np.array([a.latency_s for a in ok]) * 1e3
     pct = [float(x) for x in np.percentile(lat, [50, 95, 99, 99.9])] if len(lat) else [None] * 4

@@ -1,4 +1,4 @@
-"""One serving replica's state, without Ray (SPEC 9): the real data path, its pool, its local
+"""One serving replica's state, without Ray: the real data path, its pool, its local
 controller and its residency reporter. `helmgr.serve.replica.Backend` wraps one of these.
 
 Histories: the replica knows the synthetic workload's users (same config and seed on every

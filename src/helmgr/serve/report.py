@@ -1,4 +1,4 @@
-"""Residency reports between a serving replica and the routers (SPEC 7 and 9).
+"""Residency reports between a serving replica and the routers.
 
 Replica side, `Reporter` turns its runtime's state into one small JSON-able dict, which Ray Serve
 pulls with `record_routing_stats` and broadcasts to every router of the deployment:

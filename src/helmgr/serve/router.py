@@ -1,4 +1,4 @@
-"""The HELM router as a Ray Serve custom request router (SPEC 7 and 9; Ray Serve >= 2.48, alpha API).
+"""The HELM router as a Ray Serve custom request router (Ray Serve >= 2.48, alpha API).
 
 It sits on the backend deployment, so it runs in each process that holds a handle to it (the
 ingress replicas), one instance per handle. It reads the request's plain kwargs (`user_id`,

@@ -1,4 +1,4 @@
-"""The HELM router's state inside a Ray Serve request router, without Ray (SPEC 7 and 9).
+"""The HELM router's state inside a Ray Serve request router, without Ray.
 
 `HelmRouting` keeps the simulator's `Helm` router and its `ResidencyIndex` and adds what a
 serving router needs around them:

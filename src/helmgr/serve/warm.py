@@ -1,4 +1,4 @@
-"""When the ingress is ready (SPEC 9), without Ray: after warm-up requests sent the way real ones
+"""When the ingress is ready, without Ray: after warm-up requests sent the way real ones
 go (through the handle: the router's first decisions and compiled kernel, the replica set it
 learns, the hop to each replica). Until then `/healthz` is 503. Each replica warms its own model
 and kernels before Ray starts it (`ServeNode.warm_up`)."""

@@ -1,4 +1,4 @@
-"""One replica's serving loop without Ray: a `ServeNode` behind a `Gate` (SPEC 9, 11).
+"""One replica's serving loop without Ray: a `ServeNode` behind a `Gate`.
 
 `serve` prices the request on this node (`ServeNode.predict_s`: the KV prefix it holds, this
 machine's measured slowdown), waits its turn (cheapest first), and answers `{"late": why}`

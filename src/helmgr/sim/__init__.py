@@ -1,4 +1,4 @@
-"""The cluster simulator (SPEC 4): a discrete-event loop over N nodes, a router and a memory policy."""
+"""The cluster simulator (docs/simulator.md): a discrete-event loop over N nodes, a router and a memory policy."""
 from helmgr.core.jitcache import clear_if_stale
 
 clear_if_stale(__file__, "memory", "routing")    # the compiled path inlines their compiled code

@@ -1,4 +1,4 @@
-"""The cluster simulator's event loop (SPEC 4).
+"""The cluster simulator's event loop.
 
 Events live in one heap of `(time, priority, seq, kind, node, generation)`; arrivals come from the
 workload's chunks, already in time order, and are merged with the heap: an arrival is handled

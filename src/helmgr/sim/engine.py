@@ -1,4 +1,4 @@
-"""The compiled per-request path of the cluster simulator (SPEC 4, Speed).
+"""The compiled per-request path of the cluster simulator (docs/simulator.md#two-per-request-paths).
 
 `Cluster.begin` (what `Cluster.run` calls; the oracles and the training environment too) hands
 the per-request work to this engine when the run's configuration is one it compiles

@@ -1,4 +1,4 @@
-"""Node failures in the simulated cluster (SPEC 4, 11): a node goes down at a given time — its
+"""Node failures in the simulated cluster: a node goes down at a given time — its
 queued and in-service requests are routed again, none lost — and may come back cold."""
 from __future__ import annotations
 

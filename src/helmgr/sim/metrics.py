@@ -1,4 +1,5 @@
-"""Metrics (SPEC 4): per request, per window, per node and in total, and the JSON of SPEC 10."""
+"""Metrics: per request, per window, per node and in total, and the run's JSON summary
+(docs/simulator.md#metrics)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -216,7 +217,7 @@ def p99_block_se(arrival, latency, block_s: float = 10.0, reps: int = 200, seed:
     requests, are resampled), `reps` resamples of as many blocks drawn with replacement, the
     standard deviation of their P99s (NaN with fewer than two blocks). How far a run's P99 could
     move with its luck alone: the yardstick for a change that should not matter
-    (benchmarks/emb_sample_check.py)."""
+    (docs/results/2026-12-05-p99-noise-floor.md)."""
     arrival, latency = np.asarray(arrival, float), np.asarray(latency, float)
     if len(latency) == 0:
         return NAN

@@ -1,6 +1,6 @@
 """One GPU node: the pool and its two caches, the H2D link, the refill mode and the cost model.
 
-`Node.serve` is the whole per-request model of SPEC 2.5: look up the user's prefix in the KV cache
+`Node.serve` is the whole per-request model (docs/node.md): look up the user's prefix in the KV cache
 (and host tier), look up the rows of the tokens to compute and of the candidates in the EMB
 cache, queue the misses (and any KV onload) on the link, then compute. It returns when the
 request completes; queueing in front of the node belongs to the simulator.
@@ -157,7 +157,7 @@ class Node:
                        ready)
 
     def serve_batch(self, now: float, batch: list, history: History, compute_free: float) -> tuple[list[Service], float]:
-        """Serve `batch` (Requests) as one batch taken at `now` (SPEC 2.5 v2): every request's
+        """Serve `batch` (Requests) as one batch taken at `now`: every request's
         lookups at once, its misses and onloads queued on the link in order (host gathers one
         after another), then one compute for the whole batch — once every row is resident and the
         compute engine is free (`compute_free`) — at the batch-efficiency curve's rate for the

@@ -1,4 +1,4 @@
-"""Workloads (SPEC 3): the synthetic generator and trace replay, as chunked request streams."""
+"""Workloads (docs/workloads.md): the synthetic generator and trace replay, as chunked request streams."""
 from helmgr.workload.chunk import RequestChunk, RequestTable
 from helmgr.workload.phases import Phase
 from helmgr.workload.stats import describe

@@ -1,4 +1,4 @@
-"""Requests as numpy chunks: one array per field, flat id arrays plus offsets (SPEC 3).
+"""Requests as numpy chunks: one array per field, flat id arrays plus offsets.
 
 A chunk never holds one Python object per request or per id. Request i's new-token item ids are
 `item_ids[item_offsets[i]:item_offsets[i + 1]]`, its candidates likewise in `cand_ids`.

@@ -1,4 +1,4 @@
-"""Phases: the stretches of a run that a scenario check compares (SPEC 3, S2-S5).
+"""Phases: the stretches of a run that a scenario check compares (S2-S5).
 
 A workload's phases cover [0, duration) contiguously, in time order, with no gaps or overlaps.
 Kinds: `steady` (a stationary stretch), `burst` (a trending event), `feed` and `discovery`

@@ -1,4 +1,4 @@
-"""Item popularity: Zipf draws and the item space of SPEC 3.
+"""Item popularity: Zipf draws and the synthetic workload's item space.
 
 The catalog of `n_items` is cut into `n_clusters` equal segments, one per interest cluster. A
 token is either drawn from the global head (a Zipf over all items) or from its user's cluster

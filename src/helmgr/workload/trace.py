@@ -1,4 +1,4 @@
-"""Trace replay (SPEC 3): real interaction logs as request streams.
+"""Trace replay: real interaction logs as request streams.
 
 Two formats: RecBole atomic `.inter` files (a header of `name:type` columns, then one
 interaction per line; `user_id`, `item_id` and `timestamp` are used) and sequence files (`user item

@@ -94,7 +94,7 @@ class ModelProfile:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """layers x heads x (d_qk + d_v) x dtype_bytes (SPEC 2.3)."""
+        """layers x heads x (d_qk + d_v) x dtype_bytes."""
         return self.layers * self.heads * (self.d_qk + self.d_v) * self.dtype_bytes
 
     @property
@@ -138,7 +138,7 @@ class NodeProfile:
 
     @property
     def pool_budget_bytes(self) -> int:
-        """HBM left for the two caches after weights, activations and workspace (SPEC 1)."""
+        """HBM left for the two caches after weights, activations and workspace."""
         used = self.hardware.reserved_gib + self.model.weights_gib + self.model.activations_gib
         return int((self.hardware.hbm_gib - used) * GIB)
 
