@@ -77,7 +77,7 @@ def test_compiled_path_equals_python_path_with_shadow_queues(policy, router, gho
     prefix recomputed anywhere, EMB rows just below the cut) and `adaptive` (each node its own).
     The windows' shadow counts are what the policies decide on, so equal timelines need them
     equal; they are also compared directly."""
-    from helmgr.sim.engine import ghost_mode
+    from helmgr.sim.engine_modes import ghost_mode
     from helmgr.sim.engine_layout import GHOSTS_ALL, GHOSTS_OWN
     cfg = SimConfig(nodes=4, router=router, policy=policy, seed=2, warmup_s=2.0,
                                  ratio=0.95)

@@ -130,8 +130,8 @@ class Cluster(Faults):
     def choose_path(self) -> tuple[str, str | None]:
         """("compiled", None) or ("python", why) for this run (`cfg.path`); `compiled` asked for
         where the engine cannot run is a named error."""
-        from helmgr.sim import engine
-        why = engine.unsupported(self) if self.cfg.path != "python" else "asked for (--sim-path python)"
+        from helmgr.sim.engine_modes import unsupported
+        why = unsupported(self) if self.cfg.path != "python" else "asked for (--sim-path python)"
         if why is None:
             return "compiled", None
         if self.cfg.path == "compiled":
