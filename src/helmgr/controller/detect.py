@@ -9,8 +9,9 @@ shift of about `2k` standard deviations in a few ticks while single outliers dec
 - Once it has `1/alpha` points, each update is winsorized at `clip` standard deviations, so one
   spike the detector let through cannot inflate the variance and blind it to the next.
 - The standard deviation is never taken below `rel_floor` of the mean (default 0.1): a burst is
-  a step of x2 or more, so a rise of a few percent (a window's noise, a traffic
-  ramp) stays a sigma or so, however steady the signal was while the baseline formed.
+  a step of x1.5 or more (the burst regime's events are x1.5-x3), so a rise of a few percent (a
+  window's noise, a traffic ramp) stays a sigma or so, however steady the signal was while the
+  baseline formed.
 - The baseline is fast (alpha 0.1: ~10 ticks of memory), so slow drifts (a ramp, a hot set
   turning over) become the normal; a burst is a step, and a step is what the z-score sees.
 - The signals after the first are shares in [0, 1] (miss rates), and their standard deviation
