@@ -78,7 +78,7 @@ def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers
 
     \b
     helmgr evaluate --quick
-    helmgr evaluate --out results/eval-v2 --jobs 2
+    helmgr evaluate --out results/eval --jobs 2
     helmgr evaluate --workloads burst --seeds 1,2 --ray-address auto
     """
     if policy != "static":
