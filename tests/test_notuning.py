@@ -41,3 +41,19 @@ def test_a_tiny_grid_end_to_end(capsys):
 def test_bad_input_is_one_line_and_exit_2(capsys):
     assert main(["no-tuning", "--hardware", "tpu"]) == 2
     assert "tpu" in capsys.readouterr().err
+
+
+def test_a_widened_log_alone(capsys):
+    """A log as the grid's one condition: 8 users x 3 clones over their own item ranges."""
+    import pathlib
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        log = pathlib.Path(d) / "log.txt"
+        log.write_text("".join(f"{u} " + " ".join(str((u * 7 + k) % 50) for k in range(20)) + "\n" for u in range(8)))
+        rc = main(["no-tuning", "--hardware", "a100-80g", "--models", "small", "--workloads", "", "--trace", str(log),
+                   "--trace-format", "sequences", "--clone-users", "3", "--trace-duration", "4", "--ratios", "0.3,0.8",
+                   "--jobs", "1", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    (c,) = json.loads(out)["conditions"]
+    assert c["condition"] == "a100-80g/small/trace log.txt" and set(c["p99_ms"]) == {"0.3", "0.8"}

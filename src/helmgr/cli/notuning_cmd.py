@@ -20,12 +20,16 @@ from helmgr.workload.trace import WIDEN
 @click.command("no-tuning")
 @click.option("--hardware", default="a100-80g,h100-80g,h200-141g", show_default=True, help="Comma list of hardware presets.")
 @click.option("--models", default="large,small", show_default=True, help="Comma list of model presets.")
-@click.option("--workloads", default="steady,burst,trend", show_default=True, help="Comma list of regimes.")
+@click.option("--workloads", default="steady,burst,trend", show_default=True,
+              help="Comma list of regimes ('' for none, with --trace).")
 @click.option("--trace", "traces", multiple=True, type=click.Path(dir_okay=False, exists=True),
               help="Also a replayed log (repeatable), on the first hardware and model.")
 @click.option("--trace-format", type=click.Choice(FORMATS), default="inter", show_default=True)
-@click.option("--clone-users", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--clone-users", type=click.IntRange(min=1), default=32, show_default=True,
               help="Each log user replayed this many times, each clone over its own item ids (a widened catalogue).")
+@click.option("--trace-time-compression", type=POSITIVE, default=100.0, show_default=True, metavar="F",
+              help="Each log's time divided by F.")
+@click.option("--trace-duration", type=POSITIVE, default=180.0, show_default=True, help="Simulated seconds of a log.")
 @click.option("--seed", type=click.IntRange(0), default=1, show_default=True)
 @click.option("--ratios", default=",".join(f"{r:g}" for r in DEFAULT_GRID), show_default=True,
               help="The fixed splits: start:stop:step or a comma list.")
@@ -37,7 +41,8 @@ from helmgr.workload.trace import WIDEN
 @parallel_options
 @json_option
 @out_option
-def notuning_cmd(hardware, models, workloads, traces, trace_format, clone_users, seed, ratios, time_compression,
+def notuning_cmd(hardware, models, workloads, traces, trace_format, clone_users, trace_time_compression, trace_duration,
+                 seed, ratios, time_compression,
                  capacity_workloads, capacity_duration, capacity_tol, jobs, ray_address, as_json, out_dir):
     """Regret of full HELM, of every fixed split, of the minimax split and of the split tuned on the
     default condition (the first hardware, model and regime), over a grid of conditions, each
@@ -45,16 +50,17 @@ def notuning_cmd(hardware, models, workloads, traces, trace_format, clone_users,
 
     \b
     helmgr no-tuning --time-compression 2 --out results/no-tuning
-    helmgr no-tuning --trace ../shared/data/ml-100k.inter --capacity-workloads steady,burst --json
+    helmgr no-tuning --trace ../shared/data/amazon-beauty.txt --trace-format sequences --json
     """
     check_out(out_dir)
     wall = time.perf_counter()
     hw = names(hardware, sorted(available("hardware")), "hardware")
     ms = names(models, sorted(available("model")), "models")
-    regimes = names(workloads, REGIMES, "workloads")
+    regimes = names(workloads, REGIMES, "workloads") if workloads.strip() or not traces else []
     cap = tuple(names(capacity_workloads, REGIMES, "capacity-workloads")) if capacity_workloads.strip() else ()
     grid = ratio_grid(ratios)
-    logs = tuple(WorkloadSpec(seed=seed, trace=t, trace_format=trace_format, clone_users=clone_users,
+    logs = tuple(WorkloadSpec(duration_s=trace_duration, seed=seed, trace=t, trace_format=trace_format,
+                              time_compression=trace_time_compression, clone_users=clone_users,
                               overlays=(WIDEN,) if clone_users > 1 else ()) for t in traces)
     conditions = grid_conditions(hw, ms, regimes, seed, time_compression, logs)
     for c in conditions:
