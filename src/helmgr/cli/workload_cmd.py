@@ -55,8 +55,9 @@ def cluster_defaults(f):
     def command(*args, **options):
         if "regime" in options and options.get("duration") is None:
             tc = options.get("time_compression")
+            cfg = default_config(options["regime"])
             options["duration"] = (TRACE_DURATION_S if options.get("trace") is not None
-                                   else default_config(options["regime"]).duration_s / (tc or 1.0))
+                                   else (cfg.compressed(tc) if tc else cfg).duration_s)
         default = SimConfig()
         for key in CLUSTER_OPTIONS:
             if key in options and options[key] is None:

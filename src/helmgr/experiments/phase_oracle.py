@@ -301,12 +301,16 @@ def in_phase_band_distance(r, lo, hi, keep) -> float | None:
     return float(np.nanmean(_outside(r, lo, hi)))
 
 
-def common_band(oracle: PhaseOracleResult, after_s: float) -> list[float] | None:
-    """[low, high] of the splits inside the band of every block that starts at or after `after_s`
-    (the warm-up), or None when those bands share no split."""
-    kept = [f for b, f in zip(oracle.blocks, oracle.fits) if b.start >= after_s - 1e-9] or list(oracle.fits)
-    lo, hi = max(f.band_lo for f in kept), min(f.band_hi for f in kept)
+def band_overlap(bands) -> list[float] | None:
+    """[low, high] of the splits inside every (low, high) band of `bands`, or None when they share none."""
+    lo, hi = max(b[0] for b in bands), min(b[1] for b in bands)
     return [float(lo), float(hi)] if lo <= hi + 1e-12 else None
+
+
+def common_band(oracle: PhaseOracleResult, after_s: float) -> list[float] | None:
+    """`band_overlap` of the blocks that end after `after_s` (the warm-up)."""
+    kept = [f for b, f in zip(oracle.blocks, oracle.fits) if b.end > after_s] or list(oracle.fits)
+    return band_overlap([(f.band_lo, f.band_hi) for f in kept])
 
 
 def regret(p99_ms: float, oracle: PhaseOracleResult | float) -> float | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from helmgr.experiments.evaluate import EvalConfig, Unit, static_best_ratio
-from helmgr.experiments.phase_oracle import in_phase_band_distance, regret, window_figures
+from helmgr.experiments.phase_oracle import band_overlap, in_phase_band_distance, regret, window_figures
 from helmgr.experiments.scenario import properties, summarize_check
 from helmgr.sim.bursts import provisioned, violation_share
 
@@ -183,13 +183,13 @@ def oracle_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
         for kind in dict.fromkeys(b["kind"] for b in after):
             blocks = [b for b in after if b["kind"] == kind]
             stars = [b["r_star"] for b in blocks]
-            lo, hi = max(b["band"][0] for b in blocks), min(b["band"][1] for b in blocks)
+            common = band_overlap([b["band"] for b in blocks])
             held = (None if split is None else
                     sum(b["band"][0] <= split <= b["band"][1] for b in blocks) / len(blocks))
             out.append({"regime": u.regime, "seed": u.seed, "router": u.router, "kind": kind,
                         "blocks": len(blocks), "r_star_min": min(stars), "r_star_max": max(stars),
-                        "spread": max(stars) - min(stars), "common_lo": lo if lo <= hi else None,
-                        "common_hi": hi if lo <= hi else None, "static_best": split,
+                        "spread": max(stars) - min(stars), "common_lo": common and common[0],
+                        "common_hi": common and common[1], "static_best": split,
                         "static_best_in_band": held})
     out.sort(key=lambda row: (row["regime"], row["seed"], row["router"]))
     return out
