@@ -280,7 +280,7 @@ BAD = st.sampled_from([False, True, True])           # a third of the examples a
 
 
 # -- the commands ---------------------------------------------------------------------------------
-@fuzz(25)
+@fuzz(15)
 @given(data=st.data())
 def test_fuzz_simulate(capsys, example_root, data):
     root = example_root()
@@ -293,7 +293,7 @@ def test_fuzz_simulate(capsys, example_root, data):
     _run_with_out(capsys, root, data, argv, bad)
 
 
-@fuzz(12)
+@fuzz(7)
 @given(data=st.data())
 def test_fuzz_sweep(capsys, example_root, data):
     root = example_root()
@@ -304,7 +304,7 @@ def test_fuzz_sweep(capsys, example_root, data):
     _run_with_out(capsys, root, data, argv, bad)
 
 
-@fuzz(12)
+@fuzz(7)
 @given(data=st.data())
 def test_fuzz_compare(capsys, example_root, data):
     root = example_root()
@@ -315,7 +315,7 @@ def test_fuzz_compare(capsys, example_root, data):
     _run_with_out(capsys, root, data, argv, bad)
 
 
-@fuzz(40)
+@fuzz(24)
 @given(data=st.data())
 def test_fuzz_workload(capsys, example_root, data):
     root = example_root()

@@ -19,7 +19,9 @@ from helmgr.serve.loadgen import LoadConfig, loadgen  # noqa: E402
 from helmgr.workload import synthetic_workload  # noqa: E402
 
 PORT = 8137
-CFG = ServeConfig(replicas=2, replica_cpus=0.25, stats_period_s=0.5, window_s=1.0)
+# a deadline far above the service time: the tests check that no request is lost, and a CPU shared
+# with other test workers must not cut one
+CFG = ServeConfig(replicas=2, replica_cpus=0.25, stats_period_s=0.5, window_s=1.0, deadline_ms=10_000.0)
 
 
 @pytest.fixture(scope="module")
