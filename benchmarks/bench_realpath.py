@@ -158,16 +158,6 @@ def serve_batches(rt: NodeRuntime, history, reqs: list[RealRequest], sizes: list
     return out
 
 
-def padding(batch) -> float:
-    """Attention (query, key) pairs the padded batch computes over those its requests need."""
-    n = len(batch.services)
-    tokens = [s.tokens for s in batch.services]
-    keys = [s.kv_tokens + t for s, t in zip(batch.services, tokens)]
-    cands = [len(s.scores) for s in batch.services]
-    need = sum(t * k + c * k for t, k, c in zip(tokens, keys, cands))
-    return n * max(keys) * (max(tokens) + max(cands)) / need
-
-
 def batch_row(cost: CostModel, batch, emb_fixed: float) -> dict:
     """One batch's figures; the lookup's fixed cost, paid once per batch in the launch term, moves
     back from the predicted compute to the predicted EMB when it is known."""
@@ -175,24 +165,26 @@ def batch_row(cost: CostModel, batch, emb_fixed: float) -> dict:
     return {"requests": len(batch.services), "misses": sum(s.kv_tokens == 0 for s in batch.services),
             "rows": p.rows, "measured_s": batch.service_s, "predicted_s": p.total_s, "emb_s": batch.emb_s,
             "pred_emb_s": p.fetch_s + p.lookup_s + emb_fixed, "compute_s": batch.kv_s + batch.compute_s + batch.score_s,
-            "pred_compute_s": p.compute_s - emb_fixed, "padding": padding(batch)}
+            "pred_compute_s": p.compute_s - emb_fixed}
 
 
 def batched_split(rows: list[dict], size: int) -> dict:
     """Per batch size: measured and predicted batch time and their ratio, the parts, and the same
-    ratio over the batches of KV hits only and over those mixing in a KV miss, with their padding."""
+    ratio over the batches of KV hits only, of KV misses only, and of both mixed."""
     med = lambda key, rs=rows: statistics.median(r[key] for r in rs) if rs else float("nan")
     m, p = [r["measured_s"] for r in rows], [r["predicted_s"] for r in rows]
     for r in rows:
         r["ratio"] = r["predicted_s"] / r["measured_s"]
-    kinds = {"hit_only": [r for r in rows if r["misses"] == 0], "mixed": [r for r in rows if r["misses"] > 0]}
+    kinds = {"hit_only": [r for r in rows if r["misses"] == 0],
+             "miss_only": [r for r in rows if r["misses"] == r["requests"]],
+             "mixed": [r for r in rows if 0 < r["misses"] < r["requests"]]}
     return {"batch": size, "batches": len(rows), "rows_p50": med("rows"),
             "measured_p50_ms": _pct(m, 50) * 1e3, "predicted_p50_ms": _pct(p, 50) * 1e3,
             "ratio_of_medians": _pct(p, 50) / _pct(m, 50) if rows else float("nan"), "median_ratio": med("ratio"),
             "measured_per_request_ms": _pct(m, 50) * 1e3 / size, "emb_ms": med("emb_s") * 1e3,
             "pred_emb_ms": med("pred_emb_s") * 1e3, "compute_ms": med("compute_s") * 1e3,
             "pred_compute_ms": med("pred_compute_s") * 1e3,
-            **{k: {"batches": len(rs), "median_ratio": med("ratio", rs), "padding_p50": med("padding", rs)}
+            **{k: {"batches": len(rs), "median_ratio": med("ratio", rs)}
                for k, rs in kinds.items()}}
 
 
@@ -291,10 +283,9 @@ def report_pass(out: dict) -> None:
         print(f"{'batch':>5} {'n':>4} {'rows p50':>8} {'meas p50':>9} {'pred p50':>9} {'p50 ratio':>9} "
               f"{'med ratio':>9} "
               f"{'ms/req':>7}   {'emb ms meas/pred':>16} {'compute ms meas/pred':>20}   "
-              f"{'hit-only n/ratio/pad':>20} {'mixed n/ratio/pad':>18}")
+              f"{'hit-only n/ratio':>16} {'miss-only n/ratio':>17} {'mixed n/ratio':>13}")
     for r in out["batched"]:
-        kinds = "".join(f" {r[k]['batches']:5d} {r[k]['median_ratio']:6.3f} {r[k]['padding_p50']:5.2f}  "
-                        for k in ("hit_only", "mixed"))
+        kinds = "".join(f" {r[k]['batches']:5d} {r[k]['median_ratio']:6.3f}  " for k in ("hit_only", "miss_only", "mixed"))
         print(f"{r['batch']:5d} {r['batches']:4d} {r['rows_p50']:8.0f} {r['measured_p50_ms']:9.3f} "
               f"{r['predicted_p50_ms']:9.3f} {r['ratio_of_medians']:9.3f} {r['median_ratio']:9.3f} "
               f"{r['measured_per_request_ms']:7.3f}   {r['emb_ms']:7.3f}/{r['pred_emb_ms']:<8.3f} "

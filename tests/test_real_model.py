@@ -101,7 +101,7 @@ def test_a_position_does_not_depend_on_later_ones():
 
 @pytest.mark.parametrize("shapes", [
     [(0, 7, 5), (10, 3, 4), (4, 1, 6), (20, 2, 2)],        # KV misses and hits, every size different
-    [(9, 4, 3), (9, 4, 3), (9, 4, 3)],                     # one shape: nothing padded
+    [(9, 4, 3), (9, 4, 3), (9, 4, 3)],                     # one shape
     [(12, 2, 5)],                                          # a batch of one
 ])
 def test_a_batch_gives_each_request_what_it_gets_alone(shapes):
@@ -123,6 +123,32 @@ def test_a_batch_gives_each_request_what_it_gets_alone(shapes):
             torch.testing.assert_close(got.k[layer], full.k[layer], atol=ATOL, rtol=0)
             torch.testing.assert_close(got.v[layer], full.v[layer], atol=ATOL, rtol=0)
         torch.testing.assert_close(scores[b], want, atol=ATOL, rtol=0)
+
+
+def test_a_batch_computes_its_requests_real_tokens_and_nothing_for_padding():
+    """A KV miss's 40 positions beside three hits of one new token each: the batch's FLOPs (every
+    matmul and einsum, torch's count) are the sum of the requests' FLOPs alone, where attention
+    padded to the longest sequence would compute 4 x 40 queries over 40 keys."""
+    from torch.utils.flop_counter import FlopCounterMode
+    model = make_model()
+    shapes = [(0, 40, 8), (30, 1, 8), (35, 1, 8), (39, 1, 8)]      # (cached, new, candidates)
+    xs = [tokens(model, c + n, seed=30 + i) for i, (c, n, _) in enumerate(shapes)]
+    cands = [tokens(model, k, seed=60 + i) for i, (_, _, k) in enumerate(shapes)]
+    pasts = [model.prefill(x[:c])[1] if c else model.layout.empty() for x, (c, _, _) in zip(xs, shapes)]
+
+    def flops(run) -> int:
+        with FlopCounterMode(display=False) as count:
+            run()
+        return count.get_total_flops()
+
+    def alone():
+        for x, cand, past, (c, _, _) in zip(xs, cands, pasts, shapes):
+            model.score(model.extend(x[c:], past)[1], cand)
+
+    def batch():
+        kv = model.extend_batch(torch.cat([x[c:] for x, (c, _, _) in zip(xs, shapes)]), [n for _, n, _ in shapes], pasts)
+        model.score_batch(kv, torch.cat(cands), [k for _, _, k in shapes])
+    assert flops(batch) == flops(alone) > 0
 
 
 def test_a_batch_with_miscounted_rows_is_a_named_value_error():

@@ -71,7 +71,7 @@ def _batch_note(cal: Calibration) -> str:
         if (p["prefix_len"], p["cached"]) == (n, c)) for n, c, _, _ in shapes]
     sizes = ", ".join(str(b) for b in sorted({p["batch"] for p in points}))
     return (f"Batched service: batches of {sizes} requests of one shape,\n{named},\n"
-            "served by NodeRuntime.serve_batch (jagged rows, padded attention; KV read/write + extend + scoring).\n"
+            "served by NodeRuntime.serve_batch (jagged: real tokens only; KV read/write + extend + scoring).\n"
             "FLOP/s = CostModel's FLOPs / (time - the per-request compute intercept, "
             f"{f['compute_fixed_us']:.1f} us),\n"
             "fitted to peak_tflops x batch_efficiency x rows / (rows + batch_half_rows) (least squares, relative\n"

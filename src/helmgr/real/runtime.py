@@ -5,8 +5,8 @@ the paged KV cache, look up the rows of the positions to compute and of the cand
 device EMB cache (misses gathered from the host table), run the model over the computed
 positions only (`extend` after a hit, the whole history on a miss), store the prefix again and
 score the candidates. `serve_batch` does the same for a batch the way `Node.serve_batch` models
-it: one lookup, one batched forward and one batched scoring for all its requests (jagged rows,
-padded attention: `real/model.py`). Its `ratio`, `resize`, `stats` (a `NodeStats`), `cost`, `config` and
+it: one lookup, one batched forward and one batched scoring for all its requests (jagged: each
+request's real tokens, nothing padded; `real/model.py`). Its `ratio`, `resize`, `stats` (a `NodeStats`), `cost`, `config` and
 `check_integrity` are the simulated node's, so memory policies, the controller and routers plug
 in unchanged. The wall clock is passed in; on CUDA each part ends with a synchronize so that
 the parts it reports are the device's time, not the launch queue's.
