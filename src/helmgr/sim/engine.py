@@ -7,7 +7,8 @@ the per-request work to this engine when the run's configuration is one it compi
 `engine_helm.py`; any other router from Python, one call per arrival), batching, the node model
 of `sim/node.py` (`engine_node.py`: KV cache, EMB residency, the H2D link, the three service
 engines) and completion (`engine_loop.py`), over arrays of per-node and per-request fields
-(`engine_layout.py`).
+(`engine_layout.py`); completions, KV events and arrivals for a Python router are handed to
+Python's objects by `engine_handoff.py`.
 Python keeps everything at the boundaries: the controller ticks, EMB refreshes and metrics
 windows stay events of the cluster's own heap, and before one is handled the engine writes its
 counters back into the `Node` objects (`sync_out`), so policies, refreshes, the router's index
@@ -22,10 +23,9 @@ from heapq import heappop
 
 import numpy as np
 
-from helmgr.memory import kv_table as kvmod
 from helmgr.memory.link import EMB_MISS
-from helmgr.routing.residency import KVBatch
 from helmgr.sim.engine_books import apply_events, books_in, books_out, next_draws
+from helmgr.sim.engine_handoff import Handoffs
 from helmgr.sim.engine_layout import *  # noqa: F403
 from helmgr.sim.engine_layout import at, length, put, typed_list
 from helmgr.sim.engine_loop import rebase, step
@@ -34,7 +34,7 @@ from helmgr.sim.engine_node import build_bits, history_index
 from helmgr.sim.events import REFRESH, WINDOW
 
 
-class CompiledRun:
+class CompiledRun(Handoffs):
     """One run of a `Cluster` on the compiled path (`Cluster.begin` makes it; the
     cluster's feed, advance, finish, watch and run_until_served call the verbs of the same names)."""
 
@@ -307,84 +307,3 @@ class CompiledRun:
         if at(self.STATES, i) is not node.emb.state:
             put(self.STATES, i, node.emb.state)
         build_bits(node.emb.state, self.RB[i], self.UB[i])
-
-    def drain(self) -> None:
-        """Completed requests into the recorder and the metrics windows."""
-        c, G = self.c, self.G
-        k = int(G[NCOMP])
-        if self.mode == EXTERNAL:
-            self._completed_to_router()
-        G[NCOMP] = G[RCUR] = 0
-        if not k:
-            return
-        cli, clf = at(self.CLI, 0)[:k], at(self.CLF, 0)[:k]
-        self.watch_done += int(np.count_nonzero(cli[:, C_RID] >= self.watch_from))
-        rec = c.rec
-        t, end = clf[:, C_T], clf[:, C_END]
-        rec.arrival.extend(t)
-        rec.end.extend(end)
-        node = cli[:, C_NODE]
-        rec.node.extend(node)
-        rec.burst.extend(cli[:, C_BURST].astype(bool))
-        rec.rerouted.extend(np.zeros(k, np.int64))
-        rec.prefix.extend(cli[:, C_PREFIX])
-        rec.start.extend(clf[:, C_START])
-        rec.fetch.extend(clf[:, C_FETCH])
-        rec.launch.extend(clf[:, C_LAUNCH])
-        rec.ids.extend(cli[:, C_IDS])
-        rec.misses.extend(cli[:, C_MISSES])
-        rec.kv_tokens.extend(cli[:, C_KV])
-        rec.unfilled.extend(cli[:, C_UNF])
-        order = np.argsort(node, kind="stable")              # each node's completions, in order
-        bounds = np.searchsorted(node[order], np.arange(c.cfg.nodes + 1))
-        lat, fetch, recomp = (end - t)[order], clf[order, C_FETCH], clf[order, C_RECOMP]
-        w = c.windows
-        for n in np.flatnonzero(np.diff(bounds)).tolist():
-            a, b = bounds[n], bounds[n + 1]
-            w.latency[n].extend(lat[a:b])
-            w.fetch[n].extend(fetch[a:b])
-            w.recompute[n].extend(recomp[a:b])
-
-    # -- routing from Python --------------------------------------------------------------------
-    def _completed_to_router(self) -> None:
-        G = self.G
-        a, b = int(G[RCUR]), int(G[NCOMP])
-        if b > a:
-            done = self.c.router.completed
-            for n, t in zip(at(self.CLI, 0)[a:b, C_NODE].tolist(), at(self.CLF, 0)[a:b, C_END].tolist()):
-                done(n, t)
-            G[RCUR] = b
-
-    def route_external(self) -> int:
-        """Route the arrival `step` stopped at, with the router's view brought up to date."""
-        self._completed_to_router()
-        c, ch, i = self.c, self.chunk, int(self.G[POS])
-        io, co = ch.item_offsets, ch.cand_offsets
-        user, prefix, t = int(ch.user[i]), int(ch.prefix_len[i]), float(ch.t[i])
-        items, cands = ch.item_ids[io[i]:io[i + 1]], ch.cand_ids[co[i]:co[i + 1]]
-        c.now = t
-        n = c.router.route_request(t, user, prefix, items, cands, int(ch.segment[i]))
-        c.router.dispatched(n, user, prefix + len(items))
-        return n
-
-    def report_kv(self) -> None:
-        """The KV events of the batches started since the last call, to the router's index, one
-        report per start in start order (what Cluster.start's report does)."""
-        d = int(self.G[NDL])
-        if not d:
-            return
-        c = self.c
-        taken = [0] * c.cfg.nodes
-        for n, k in at(self.DL, 0)[:d].tolist():
-            log, a = at(self.KVL, n), taken[n]
-            rows = log[:, a:a + k]                  # (kind, user, a, b): an insert's event, an eviction's
-            now = np.where(rows[0] == kvmod.EVENT, rows[2], rows[3])
-            events = list(zip(rows[1].tolist(), now.tolist()))
-            rep = c.reporters[n]
-            c.index.apply_kv(KVBatch(n, rep.kv_version + 1, events))
-            rep.kv_version += k
-            taken[n] = a + k
-        for n, a in enumerate(taken):
-            if a:
-                at(self.KVM, n)[kvmod.LOG_N] = 0
-        self.G[NDL] = 0
