@@ -3,7 +3,9 @@
 Events live in one heap of `(time, priority, seq, kind, node, generation)`; arrivals come from the
 workload's chunks, already in time order, and are merged with the heap: an arrival is handled
 after every event due at or before its time. Only the loop advances `now`. Every random draw
-comes from generators seeded by the run's seed, so a run replays bit for bit.
+comes from generators seeded by the run's seed, so a run replays bit for bit. The periodic
+events (windows, ticks, refreshes) and node resizes are `Periodic`'s (`periodic.py`), node
+failures `Faults`' (`faults.py`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from helmgr.sim.events import DEPART, DOWN, LAUNCH, REFILL, REFRESH, TICK, UP, W
 from helmgr.sim.faults import Faults
 from helmgr.sim.metrics import Recorder
 from helmgr.sim.node import Node
+from helmgr.sim.periodic import Periodic
 from helmgr.sim.service import BatchServer
 from helmgr.sim.windows import WindowBook
 from helmgr.workload import Workload
@@ -43,7 +46,7 @@ class Slot:
     refill_at: float | None = None   # when the refill mode's next step is due (one at a time)
 
 
-class Cluster(Faults):
+class Cluster(Faults, Periodic):
     def __init__(self, cfg: SimConfig, workload: Workload, profile: NodeProfile, router: Router,
                  policy: MemoryPolicy, on_progress=None):
         self.cfg, self.workload, self.profile = cfg, workload, profile
@@ -292,61 +295,6 @@ class Cluster(Faults):
             self.index.apply_kv(batch)
         if emb:
             self.index.apply_summary(rep.summary(self.now))
-
-    # -- periodic events --------------------------------------------------------------------
-    def window(self) -> None:
-        """Close a metrics window: record it, and show each up node's window to the policy."""
-        now, span = self.now, self.cfg.window_s
-        queues, loads = [self.queue_len(i) for i in range(len(self.slots))], []
-        for i, s in enumerate(self.slots):
-            w = self.windows.close(i, s.node, now, span, queues[i])
-            loads.append(max(w.busy_s, w.h2d_busy_s) / span if self.up[i] else float("nan"))
-            if self.up[i]:
-                self.policy.observe(i, w, s.node)
-        self.rec.window(now, queues, loads)
-        if not self.stop_periodic:
-            self.push(now + span, WINDOW)
-
-    def tick(self) -> None:
-        now = self.now
-        for i, s in enumerate(self.slots):
-            if self.up[i]:
-                ratio = self.policy.decide(i, s.node, now)
-                if ratio is not None:
-                    self.set_ratio(i, ratio)
-        if not self.stop_periodic:
-            self.push(now + self.cfg.tick_s, TICK)
-
-    def refresh(self) -> None:
-        for i, s in enumerate(self.slots):
-            if self.up[i]:
-                self._schedule_refill(i, s.node.refresh(self.now))
-                if self.reporters is not None:
-                    self.report(i, emb=True)
-        if not self.stop_periodic:
-            self.push(self.now + self.cfg.refresh_s, REFRESH)
-
-    # -- memory ---------------------------------------------------------------------------
-    def set_ratio(self, i: int, ratio: float) -> None:
-        """Resize node i's pool now (if that moves a page) and start its refill."""
-        if self.engine is not None:
-            self.engine.set_ratio(i, ratio, self._set_ratio)
-        else:
-            self._set_ratio(i, ratio)
-
-    def _set_ratio(self, i: int, ratio: float) -> None:
-        node = self.slots[i].node
-        if node.pool.pages_for(ratio) != node.pool.emb_pages:
-            _, wake = node.resize(ratio, self.now)
-            self._schedule_refill(i, wake)
-            self.rec.ratio_change(self.now, i, node.ratio)
-            if self.reporters is not None:
-                self.report(i, emb=True)
-
-    def _schedule_refill(self, n: int, wake: float | None) -> None:
-        if wake is not None and self.slots[n].refill_at is None:
-            self.slots[n].refill_at = wake
-            self.push(wake, REFILL, n)
 
     # -- replays (the oracle, the training environment's twin) -------------------------------
     def fork(self) -> "Cluster":
