@@ -3,7 +3,7 @@
 The tiny profile (tests/conftest.py): 100 TFLOP/s peak, launches 10 x 5 us, rows of 64 B, a link of
 10 GB/s with 10 us per copy. A request of 100 new tokens and no prefix or candidates costs
 2 layers x (640 x 100 + 32 x 5,050) = 451,200 FLOPs and, with every row missing, one copy of
-6,400 B = 10.64 us.
+6,400 B = 10.64 us; two such requests in a batch, one copy of 12,800 B = 11.28 us.
 """
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ from helmgr.sim.node import Node
 from helmgr.workload.chunk import RequestChunk
 from tests.conftest import tiny_hardware, tiny_model
 
-TOKENS, FLOPS, COPY = 100, 451_200, 10e-6 + 6400 / 10e9
+TOKENS, FLOPS, COPY, COPY2 = 100, 451_200, 10e-6 + 6400 / 10e9, 10e-6 + 12_800 / 10e9
 HOST = 100 * 1e-12                        # 100 rows' host gather at 0.001 ns a row
 
 
@@ -51,17 +51,17 @@ def test_serve_batch_waits_for_rows_and_compute_engine():
     node = Node(profile(), 200_000, NodeConfig(ratio=0.5))
     hist = lambda u, a, b: np.arange(a, b)
     services, launch = node.serve_batch(0.0, requests(2), hist, compute_free=0.0)
-    ready = HOST + 2 * COPY              # the first gather, then two copies back to back
+    ready = 2 * HOST + COPY2             # both requests' rows gathered, then one copy
     compute = 200 * 64 / 1e12 + 2 * FLOPS / 2.5e13 + 50e-6
     assert launch == pytest.approx(ready)
     assert [s.end for s in services] == pytest.approx([ready + compute] * 2)   # the batch ends together
-    assert [s.fetch_s for s in services] == pytest.approx([HOST + COPY, HOST + 2 * COPY])
+    assert [s.fetch_s for s in services] == pytest.approx([ready] * 2)
     assert node.stats.busy_s == pytest.approx(compute)               # the compute engine's time
-    assert node.link.busy_s == pytest.approx(2 * COPY)
-    # the next batch, taken at that launch: its copies run during the compute, which it then waits for
+    assert node.link.busy_s == pytest.approx(COPY2)
+    # the next batch, taken at that launch: its copy runs during the compute, which it then waits for
     services2, launch2 = node.serve_batch(launch, requests(2, 10), hist, compute_free=services[-1].end)
     assert launch2 == pytest.approx(ready + compute)                 # compute-bound: waits for the engine
-    assert services2[0].fetch_s == pytest.approx(HOST + COPY)
+    assert services2[0].fetch_s == pytest.approx(2 * HOST + COPY2)
 
 
 class FixedWorkload:
@@ -96,9 +96,9 @@ def completions(engine: str, pairs: int, **hw) -> list[float]:
 
 @pytest.mark.parametrize("latency_us", [10.0, 100.0])      # compute-bound, then link-bound
 def test_saturated_node_runs_at_its_busier_engine(latency_us):
-    copy = latency_us * 1e-6 + 6400 / 10e9
+    copy, copy2 = latency_us * 1e-6 + 6400 / 10e9, latency_us * 1e-6 + 12_800 / 10e9
     fetch1, compute1 = HOST + copy, 100 * 64 / 1e12 + FLOPS / (5e13 / 3) + 50e-6     # the lone first request
-    fetch, compute = HOST + 2 * copy, 200 * 64 / 1e12 + 2 * FLOPS / 2.5e13 + 50e-6   # a pair: 86.1 us of compute
+    fetch, compute = 2 * HOST + copy2, 200 * 64 / 1e12 + 2 * FLOPS / 2.5e13 + 50e-6  # a pair: one copy, 86.1 us of compute
     assert (compute > fetch) == (latency_us == 10.0)
     pairs = 6
     # one server: each batch fetches, then computes

@@ -74,16 +74,15 @@ def test_the_batched_prediction_is_what_the_simulated_node_charges():
                      launch_overhead_s=2.0, batch_flops=1e3, batch_half_rows=10.0)
     req = lambda fetched, tokens, cached, cands: SimpleNamespace(
         rows_fetched=fetched, tokens=tokens, kv_tokens=cached, scores=[0.0] * cands, ids=tokens + cands)
-    batch = SimpleNamespace(services=[req(2, 3, 0, 2), req(0, 1, 4, 1), req(1, 1, 2, 1)])
+    batch = SimpleNamespace(services=[req(2, 3, 0, 2), req(0, 1, 4, 1), req(1, 1, 2, 1)], rows_fetched=3)
     p = predicted_batch(cost, batch)
-    # gathers 0.2 s, 0, 0.1 s one after another; copies queue on the link: 0.2 + (0.5 + 200 / 1e3) = 0.9,
-    # then max(0.3, 0.9) + 0.5 + 0.1 = 1.5
-    assert p.fetch_s == pytest.approx(1.5)
+    # the batch's 3 rows gathered, 0.3 s, then one copy: 0.5 + 300 / 1e3 = 0.8
+    assert p.fetch_s == pytest.approx(1.1)
     # FLOPs: (30 + 6) + (20 + 8), (10 + 5) + (10 + 6), (10 + 3) + (10 + 4) = 122 over 9 rows
     assert (p.rows, p.flops) == (9, 122.0)
     assert p.lookup_s == pytest.approx(9 * 100 / 1e4)
     assert p.compute_s == pytest.approx(122 / (1e3 * 9 / 19) + 2.0)
-    assert p.total_s == pytest.approx(1.5 + 0.09 + 122 * 19 / 9e3 + 2.0)
+    assert p.total_s == pytest.approx(1.1 + 0.09 + 122 * 19 / 9e3 + 2.0)
 
 
 # -- on the real path ------------------------------------------------------------------------

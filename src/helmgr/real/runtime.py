@@ -268,7 +268,7 @@ def predicted(cost: CostModel, service: RealService, prefix_len: int) -> Service
 class BatchPrediction(NamedTuple):
     """The cost model's service of a batch on an idle node, as `Node.serve_batch` prices it."""
 
-    fetch_s: float          # the requests' host gathers one after another, their copies in order on the link
+    fetch_s: float          # the batch's misses gathered on the host, then one copy
     lookup_s: float         # the batch's resident-row reads
     compute_s: float        # `CostModel.batch_compute_s`: the curve's rate for the batch's rows, launches once
     rows: int               # computed positions + candidates of the batch
@@ -281,14 +281,9 @@ class BatchPrediction(NamedTuple):
 
 def predicted_batch(cost: CostModel, batch: RealBatch) -> BatchPrediction:
     """What the simulator's batched node predicts for a batch the runtime served, with each
-    request's KV hit and rows fetched as the runtime saw them (`Node.serve_batch`, idle link)."""
-    gathers = link = ready = 0.0
-    flops, rows = 0.0, 0
-    for s in batch.services:
-        gathers += cost.host_s(s.rows_fetched)
-        if s.rows_fetched:
-            link = max(gathers, link) + cost.transfer_s(s.rows_fetched * cost.row_bytes)
-        ready = max(ready, gathers, link)
-        flops += cost.request_flops(s.tokens, s.kv_tokens, len(s.scores))
-        rows += s.ids                   # computed positions + candidates: every row is looked up
-    return BatchPrediction(ready, cost.lookup_s(rows), cost.batch_compute_s(flops, rows), rows, flops)
+    request's KV hit and the rows the batch fetched as the runtime saw them (`Node.serve_batch`,
+    idle link)."""
+    fetched = batch.rows_fetched
+    flops = sum(cost.request_flops(s.tokens, s.kv_tokens, len(s.scores)) for s in batch.services)
+    rows = sum(s.ids for s in batch.services)      # computed positions + candidates: every row is looked up
+    return BatchPrediction(cost.miss_s(fetched), cost.lookup_s(rows), cost.batch_compute_s(flops, rows), rows, flops)

@@ -165,9 +165,8 @@ def _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HIST):
 
 
 @njit(cache=True, nogil=True)
-def _fetch(n, s, t, F, I, RI, C, CI):
-    """Node._fetch: the request's misses, after their host gather at t, on the link."""
-    misses = RI[s, R_IDS] - RI[s, R_HITS]
+def _fetch(n, misses, t, F, I, C, CI):
+    """Node._fetch (no KV onload): `misses` rows gathered on the host from t, then copied in on the link."""
     ready = t + misses * C[HOST_LOOKUP]
     if misses:
         nbytes = misses * CI[ROW_BYTES]
@@ -225,18 +224,15 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
     service; returns (end of the batch, when the node may take its next batch)."""
     blocked = F[n, BLK]
     start = now if now >= blocked else blocked
-    t = ready = start
     flops = 0.0
-    rows = 0
+    rows = misses = 0
     for b in range(nb):
         s = batch[b]
         _lookup(n, s, I, RI, CI, STATES, RB, UB, ACC, KVM, KVT, IDSI, IDSC, HIST)
-        r = _fetch(n, s, t, F, I, RI, C, CI)
-        t += (RI[s, R_IDS] - RI[s, R_HITS]) * C[HOST_LOOKUP]
-        ready = r if r > ready else ready
-        RF[s, R_READY] = r
+        misses += RI[s, R_IDS] - RI[s, R_HITS]
         flops += _request_flops(CI, RI[s, R_TOKENS], RI[s, R_CF], RI[s, R_NCANDS])
         rows += RI[s, R_IDS]
+    ready = _fetch(n, misses, start, F, I, C, CI)       # the batch's misses: one gather, one copy
     cfree = F[n, CFREE]
     launch = ready if ready > cfree else cfree
     rate = C[BFLOPS] * rows / (rows + C[BHALF])
@@ -245,8 +241,8 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
     share = compute / nb
     for b in range(nb):
         s = batch[b]
-        r = RF[s, R_READY]
-        rec = _account(n, s, share, r - start, rate, F, I, RI, CI, KVM, KVT, KVL)
-        RF[s, R_START], RF[s, R_END], RF[s, R_FETCH], RF[s, R_RECOMP] = start, end, r - start, rec
+        RF[s, R_READY] = ready
+        rec = _account(n, s, share, ready - start, rate, F, I, RI, CI, KVM, KVT, KVL)
+        RF[s, R_START], RF[s, R_END], RF[s, R_FETCH], RF[s, R_RECOMP] = start, end, ready - start, rec
         RF[s, R_LAUNCH] = launch
     return end, (launch if G[ENG] == PIPELINED else end)

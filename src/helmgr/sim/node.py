@@ -127,16 +127,15 @@ class Node:
                 lk.onload, lk.unfilled)
         return recompute
 
-    def _fetch(self, t: float, lk: _Lookup) -> float:
-        """Queue the request's misses (after their host gather at `t`) and its KV onload on the
-        link; returns when its rows are resident."""
+    def _fetch(self, t: float, misses: int, onload: int) -> float:
+        """Gather `misses` rows on the host from `t`, then queue their copy and a KV onload of
+        `onload` positions on the link; returns when they are resident."""
         cost = self.cost
-        misses = lk.ids - lk.hits
         ready = t + cost.host_s(misses)
         if misses:
             ready = self.link.transfer(ready, misses * cost.row_bytes, EMB_MISS)
-        if lk.onload:
-            ready = self.link.transfer(ready, cost.kv_bytes(lk.onload), KV_ONLOAD)
+        if onload:
+            ready = self.link.transfer(ready, cost.kv_bytes(onload), KV_ONLOAD)
         return ready
 
     def serve(self, now: float, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray,
@@ -150,16 +149,17 @@ class Node:
         start = now if now >= self.blocked_until else self.blocked_until
         cost = self.cost
         lk = self._lookup(user, prefix_len, new_ids, cand_ids, history)
-        ready = self._fetch(start, lk)
+        ready = self._fetch(start, lk.ids - lk.hits, lk.onload)
         end = ready + cost.lookup_s(lk.ids) + cost.compute_s(lk.tokens, lk.computed_from, len(cand_ids))
         recompute = self._account(user, prefix_len, len(new_ids), lk, end - start, ready - start, cost.flops)
         return Service(start, end, lk.computed_from, lk.ids, lk.ids - lk.hits, lk.unfilled, ready - start, recompute,
                        ready)
 
     def serve_batch(self, now: float, batch: list, history: History, compute_free: float) -> tuple[list[Service], float]:
-        """Serve `batch` (Requests) as one batch taken at `now`: every request's
-        lookups at once, its misses and onloads queued on the link in order (host gathers one
-        after another), then one compute for the whole batch — once every row is resident and the
+        """Serve `batch` (Requests) as one batch taken at `now`: every request's lookups at once;
+        the batch's misses gathered on the host (one request's rows after another's) and copied
+        in as one transfer, its KV onloads as another (one lookup for the whole batch, as the real
+        path does it); then one compute for the whole batch — once every row is resident and the
         compute engine is free (`compute_free`) — at the batch-efficiency curve's rate for the
         batch's rows, launches paid once. Every request completes at the batch's end.
 
@@ -167,27 +167,19 @@ class Node:
         takes its next batch then)."""
         start = now if now >= self.blocked_until else self.blocked_until
         cost = self.cost
-        looks, readies = [], []
-        t = ready = start
-        flops, rows = 0.0, 0          # rows in flight = rows looked up: computed tokens + candidates
-        for req in batch:
-            lk = self._lookup(req.user, req.prefix_len, req.items, req.cands, history)
-            r = self._fetch(t, lk)
-            t += cost.host_s(lk.ids - lk.hits)    # the host gathers one request's rows after another's
-            ready = r if r > ready else ready
-            looks.append(lk)
-            readies.append(r)
-            flops += cost.request_flops(lk.tokens, lk.computed_from, len(req.cands))
-            rows += lk.ids
+        looks = [self._lookup(req.user, req.prefix_len, req.items, req.cands, history) for req in batch]
+        ready = self._fetch(start, sum(lk.ids - lk.hits for lk in looks), sum(lk.onload for lk in looks))
+        flops = sum(cost.request_flops(lk.tokens, lk.computed_from, len(req.cands)) for req, lk in zip(batch, looks))
+        rows = sum(lk.ids for lk in looks)       # rows in flight = rows looked up: computed tokens + candidates
         launch = ready if ready > compute_free else compute_free
         compute = cost.lookup_s(rows) + cost.batch_compute_s(flops, rows)
         end = launch + compute
         rate = cost.batch_rate(rows)
         out = []
         share = compute / len(batch)
-        for req, lk, r in zip(batch, looks, readies):
-            recompute = self._account(req.user, req.prefix_len, len(req.items), lk, share, r - start, rate)
-            out.append(Service(start, end, lk.computed_from, lk.ids, lk.ids - lk.hits, lk.unfilled, r - start,
+        for req, lk in zip(batch, looks):
+            recompute = self._account(req.user, req.prefix_len, len(req.items), lk, share, ready - start, rate)
+            out.append(Service(start, end, lk.computed_from, lk.ids, lk.ids - lk.hits, lk.unfilled, ready - start,
                                recompute, launch))
         return out, launch
 
