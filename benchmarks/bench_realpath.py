@@ -239,7 +239,7 @@ def summarize(args, hw, model, cal, rt, rows) -> dict:
            "all": _split(rows, "all"), "kv_hit": _split(hits, "kv hit"), "kv_miss": _split(misses, "kv miss"),
            "profile": {k: getattr(hw, k) for k in ("hbm_bw_gbs", "pcie_bw_gbs", "pcie_latency_us", "peak_tflops",
                                                    "compute_efficiency", "launch_us", "host_lookup_ns",
-                                                   "batch_efficiency", "batch_half_rows")}}
+                                                   "batch_efficiency", "batch_half_rows", "batch_request_us")}}
     if args.device == "cuda":
         out["gpu"] = gpu_figures(hw, misses)
     return out

@@ -36,6 +36,10 @@ def test_batch_efficiency_curve_by_hand():
     # two requests in one batch: one launch, a better rate, less than twice one request's time
     one, two = c.batch_compute_s(FLOPS, 100), c.batch_compute_s(2 * FLOPS, 200)
     assert two == pytest.approx(2 * FLOPS / 2.5e13 + 50e-6) and two < 2 * one
+    # each request beyond the first adds its fixed cost; one request alone pays none of it
+    per_request = CostModel.from_profile(profile(batch_request_us=20.0))
+    assert per_request.batch_compute_s(2 * FLOPS, 200, 2) == pytest.approx(two + 20e-6)
+    assert per_request.batch_compute_s(FLOPS, 100, 1) == pytest.approx(one)
     flat = CostModel.from_profile(profile(batch_half_rows=0.0))
     assert flat.batch_rate(1) == flat.batch_rate(10_000) == pytest.approx(5e13)
     with pytest.raises(ValueError):
@@ -62,6 +66,10 @@ def test_serve_batch_waits_for_rows_and_compute_engine():
     services2, launch2 = node.serve_batch(launch, requests(2, 10), hist, compute_free=services[-1].end)
     assert launch2 == pytest.approx(ready + compute)                 # compute-bound: waits for the engine
     assert services2[0].fetch_s == pytest.approx(2 * HOST + COPY2)
+    # 20 us of fixed cost for each request beyond a batch's first: the pair computes 20 us longer
+    node = Node(profile(batch_request_us=20.0), 200_000, NodeConfig(ratio=0.5))
+    services, _ = node.serve_batch(0.0, requests(2), hist, compute_free=0.0)
+    assert services[0].end == pytest.approx(ready + compute + 20e-6)
 
 
 class FixedWorkload:

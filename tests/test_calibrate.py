@@ -62,7 +62,7 @@ def test_fit_compute_recovers_achieved_flops_and_launch_overhead_from_cost_model
 
 
 CONSTANTS = dict(hbm_bw=2e9, pcie_bw=10e9, miss_fixed=300e-6, host_row=500e-9, achieved=6e9, fixed=1.5e-3,
-                 emb_fixed=200e-6, gemm_tflops=0.06, batch_efficiency=0.125, batch_half_rows=96.0)
+                 emb_fixed=200e-6, gemm_tflops=0.06, batch_efficiency=0.125, batch_half_rows=96.0, batch_request=300e-6)
 
 
 class FakeMeasure:
@@ -98,7 +98,8 @@ class FakeMeasure:
         return points
 
     def batches(self, shapes, sizes, cost, on_round):
-        """Each batch: the fixed cost once, its FLOPs at the curve's rate for its rows."""
+        """Each batch: the fixed cost once, its FLOPs at the curve's rate for its rows, and each
+        request beyond the first its own fixed cost."""
         on_round()
         c, points = self.c, []
         for p, cached, n, k in shapes:
@@ -106,7 +107,7 @@ class FakeMeasure:
                 rows, f = b * (p - cached + n + k), b * cost.request_flops(p - cached + n, cached, k)
                 rate = c["gemm_tflops"] * 1e12 * c["batch_efficiency"] * rows / (rows + c["batch_half_rows"])
                 points.append({"prefix_len": p, "cached": cached, "new_tokens": n, "candidates": k, "batch": b,
-                               "rows": rows, "flops": f, "s": c["fixed"] + f / rate})
+                               "rows": rows, "flops": f, "s": c["fixed"] + f / rate + (b - 1) * c["batch_request"]})
         return points
 
 
@@ -117,6 +118,7 @@ def assert_constants(hw, model):
     assert hw.peak_tflops == approx(0.06) and hw.flops == approx(6e9)
     assert hw.launch_us * model.launches == approx(1500.0 + 200.0)      # compute + lookup fixed costs
     assert hw.batch_efficiency == approx(0.125) and hw.batch_half_rows == approx(96.0)
+    assert hw.batch_request_us == approx(300.0)
 
 
 def made_up_points(cfg: CalibrateConfig) -> dict:

@@ -1,5 +1,5 @@
-"""The batch-efficiency curve: its fit, its measurement, its profile fields, and the batched
-prediction the bench compares with the runtime."""
+"""The batch-efficiency curve and per-request cost: their fit, their measurement, their profile
+fields, and the batched prediction the bench compares with the runtime."""
 import math
 from types import SimpleNamespace
 
@@ -11,54 +11,49 @@ from helmgr.core.costs import CostModel
 from helmgr.core.profiles import NodeProfile, load_hardware
 from helmgr.core.records import NodeConfig
 from helmgr.real.calibrate import CalibrateConfig, batch_shapes, batch_sizes
-from helmgr.real.fits import fit_batch_curve
+from helmgr.real.fits import BatchFit, fit_batch
 from helmgr.real.measure import Measure
 from helmgr.real.runtime import PAGE_MIB, NodeRuntime, predicted_batch
 
 torch.set_num_threads(1)
 
+SIZES = [1, 2, 4, 8] * 2
 ROWS = [68, 136, 272, 544, 324, 648, 1296, 2592]     # a KV hit and a KV miss, batches of 1, 2, 4, 8
+FLOPS = [1e6 * n for n in SIZES[:4]] + [8e6 * n for n in SIZES[4:]]
 PEAK = 2e11
 
 
-def curve(e, h, rows=ROWS, peak=PEAK):
-    return [peak * e * r / (r + h) for r in rows]
+def times(e, h, q, peak=PEAK):
+    return [BatchFit(e, h, q).seconds(n, r, f, peak) for n, r, f in zip(SIZES, ROWS, FLOPS)]
 
 
 # -- the fit, on made-up numbers ------------------------------------------------------------
-@pytest.mark.parametrize("e,h", [(0.4, 300.0), (0.07, 15.0), (1.0, 2000.0), (0.25, 0.0)])
-def test_the_fit_recovers_a_curve_exactly(e, h):
-    got_e, got_h = fit_batch_curve(ROWS, curve(e, h), PEAK)
-    assert got_e == pytest.approx(e, rel=1e-9) and got_h == pytest.approx(h, rel=1e-9, abs=1e-6)
+@pytest.mark.parametrize("e,h,q", [(0.4, 300.0, 0.0), (0.07, 15.0, 5e-4), (1.0, 2000.0, 1e-5), (0.25, 0.0, 2e-3)])
+def test_the_fit_recovers_curve_and_per_request_cost_exactly(e, h, q):
+    got = fit_batch(SIZES, ROWS, FLOPS, times(e, h, q), PEAK)
+    assert got.efficiency == pytest.approx(e, rel=1e-9) and got.half_rows == pytest.approx(h, rel=1e-9, abs=1e-6)
+    assert got.request_s == pytest.approx(q, rel=1e-9, abs=1e-15)
 
 
-def test_flat_or_falling_flops_fit_a_flat_curve():
-    e, h = fit_batch_curve(ROWS, [3e10] * len(ROWS), PEAK)
-    assert e == pytest.approx(0.15, rel=1e-12) and h == pytest.approx(0.0, abs=1e-9)
-    falling = [4e10, 3.9e10, 3.6e10, 3.2e10]             # FLOP/s that drop as batches grow: h would be < 0
-    e, h = fit_batch_curve(ROWS[:4], falling, PEAK)
-    # flat, 1 / FLOP/s = a with least relative error: a = sum(F) / sum(F^2), so e = sum(F^2) / sum(F) / peak
-    assert h == 0.0 and e == pytest.approx(sum(f * f for f in falling) / sum(falling) / PEAK, rel=1e-12)
+def test_times_that_fall_with_more_requests_fit_no_negative_cost():
+    """A batch of 8 hits faster per FLOP than the curve and no per-request cost allow: q and h stay at 0."""
+    t = times(0.2, 0.0, 0.0)
+    t[3] *= 0.7
+    got = fit_batch(SIZES, ROWS, FLOPS, t, PEAK)
+    assert got.request_s >= 0 and got.half_rows >= 0 and 0 < got.efficiency <= 1
 
 
 def test_flops_above_the_peak_fit_a_curve_that_stops_at_it():
-    """Points on e = 1.5 (no plateau below the peak over the rows measured): e is held at 1 and
-    the half point fitted to them on that edge."""
-    e, h = fit_batch_curve(ROWS, curve(1.5, 500.0), PEAK)
-    assert e == 1.0 and h > 0
-    # the same points fitted with e = 1 by hand: 1/F = (1 + h/rows) / peak, least relative error in h
-    z = [1 / f for f in curve(1.5, 500.0)]
-    x = [1 / r for r in ROWS]
-    a = 1 / PEAK
-    want = sum(xi / zi * (1 - a / zi) for xi, zi in zip(x, z)) / sum((xi / zi) ** 2 for xi, zi in zip(x, z)) / a
-    assert h == pytest.approx(want, rel=1e-9)
+    """Points on e = 1.5 (no plateau below the peak over the rows measured): e is held at 1."""
+    got = fit_batch(SIZES, ROWS, FLOPS, times(1.5, 500.0, 1e-4), PEAK)
+    assert got.efficiency == 1.0 and got.half_rows > 0
 
 
 def test_the_fit_refuses_what_it_cannot_fit():
-    with pytest.raises(ValueError, match="need >= 2 batches"):
-        fit_batch_curve([68], [1e9], PEAK)
-    with pytest.raises(ValueError, match="need >= 2 batches"):
-        fit_batch_curve([68, 136], [1e9, 0.0], PEAK)
+    with pytest.raises(ValueError, match="need >= 3 batches"):
+        fit_batch([1, 2], [68, 136], [1e6, 2e6], [1e-3, 2e-3], PEAK)
+    with pytest.raises(ValueError, match="need >= 3 batches"):
+        fit_batch([1, 2, 4], [68, 136, 272], [1e6, 2e6, 4e6], [1e-3, 0.0, 1e-3], PEAK)
 
 
 def test_the_batches_measured():

@@ -62,6 +62,19 @@ def test_compiled_path_equals_python_path(engine, router):
     assert_same(*both(cfg))
 
 
+def test_compiled_path_equals_python_path_with_a_per_request_batch_cost(tmp_path):
+    """A calibrated profile's batch_request_us (40 us here; 0 in the GPU presets) reaches both
+    paths alike, and keeps the compute engines busier."""
+    from importlib import resources
+    preset = resources.files("helmgr.core.profiles").joinpath("hardware", "a100-80g.toml").read_text()
+    path = tmp_path / "per-request.toml"
+    path.write_text(preset.replace("batch_request_us = 0.0", "batch_request_us = 40.0"))
+    py, co = both(SimConfig(nodes=4, router="prefix-aware", seed=3, warmup_s=2.0, hardware=str(path)), rps=1200.0)
+    assert_same(py, co)
+    plain = both(SimConfig(nodes=4, router="prefix-aware", seed=3, warmup_s=2.0), rps=1200.0)[1]
+    assert co.summary["utilization"] > plain.summary["utilization"]      # the compute engines work longer
+
+
 @pytest.mark.parametrize("regime", ["burst", "trend"])
 def test_compiled_path_equals_python_path_with_the_helm_controller(regime):
     """Full HELM: the controller's three tiers decide on the windows both paths make."""

@@ -223,7 +223,7 @@ def test_generated_bad_profiles_are_named_errors(tmp_path, data):
     cls, text = data.draw(st.sampled_from([(HardwareProfile, A100), (ModelProfile, LARGE)]))
     field = data.draw(st.sampled_from(_fields(cls)))
     value = data.draw(BAD_INTS if field.type == "int" else BAD_FLOATS)
-    if field.name in ("reserved_gib", "fixed_kernels", "batch_half_rows") and value in ("0", "0.0"):
+    if field.name in ("reserved_gib", "fixed_kernels", "batch_half_rows", "batch_request_us") and value in ("0", "0.0"):
         value = "-1"                                      # zero is allowed there
     path = tmp_path / "gen.toml"
     path.write_text(with_line(text, field.name, value))
@@ -240,6 +240,18 @@ def test_arbitrary_bytes_as_a_profile_are_a_named_error(tmp_path, content):
     path.write_bytes(content)
     with pytest.raises(HelmInputError, match="rand.toml"):
         load_hardware(str(path))
+
+
+def test_a_field_with_a_default_may_be_left_out_and_no_other():
+    import tomllib
+    data = tomllib.loads(A100)
+    assert check_profile(HardwareProfile, data, "x")["batch_request_us"] == 0.0
+    del data["batch_request_us"]
+    assert "batch_request_us" not in check_profile(HardwareProfile, data, "x")     # the dataclass's default
+    assert HardwareProfile(**check_profile(HardwareProfile, data, "x")).batch_request_us == 0.0
+    del data["batch_half_rows"]
+    with pytest.raises(HelmInputError, match=r"x: missing \['batch_half_rows'\]"):
+        check_profile(HardwareProfile, data, "x")
 
 
 def test_check_profile_accepts_ints_for_float_fields_and_returns_floats():

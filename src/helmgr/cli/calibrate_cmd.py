@@ -67,5 +67,5 @@ def calibrate_cmd(device, out_path, model, shrink, candidates, n_items, pool_mib
     stdout.print(table(f"{cal.hardware.name}: {cal.device_name}", {
         k: getattr(cal.hardware, k) for k in ("hbm_bw_gbs", "pcie_bw_gbs", "pcie_latency_us", "peak_tflops",
                                               "compute_efficiency", "launch_us", "host_lookup_ns", "batch_efficiency",
-                                              "batch_half_rows")}))
+                                              "batch_half_rows", "batch_request_us")}))
     stderr.print(f"wrote {hw_path} and {model_path}:  helmgr simulate --hardware {hw_path} --model {model_path}")

@@ -46,6 +46,7 @@ class CostModel:
     launch_overhead_s: float
     batch_flops: float = 0.0          # batch-efficiency curve: plateau FLOP/s ...
     batch_half_rows: float = 0.0      # ... and the rows in flight at which half of it is reached
+    batch_request_s: float = 0.0      # fixed cost of each request beyond a batch's first
 
     @classmethod
     def from_profile(cls, profile: NodeProfile) -> "CostModel":
@@ -67,6 +68,7 @@ class CostModel:
             launch_overhead_s=model.launches * hw.launch_s,
             batch_flops=hw.batch_flops,
             batch_half_rows=hw.batch_half_rows,
+            batch_request_s=hw.batch_request_s,
         )
 
     # -- embedding side -------------------------------------------------------------------
@@ -114,9 +116,10 @@ class CostModel:
             raise ValueError(f"a batch has at least one row in flight, got {rows}")
         return self.batch_flops * rows / (rows + self.batch_half_rows)
 
-    def batch_compute_s(self, flops: float, rows: int) -> float:
-        """A batch's compute: its requests' `flops` at the curve's rate for `rows`, launches paid once."""
-        return flops / self.batch_rate(rows) + self.launch_overhead_s
+    def batch_compute_s(self, flops: float, rows: int, requests: int = 1) -> float:
+        """A batch's compute: its `requests`' `flops` at the curve's rate for `rows`, launches paid
+        once, and each request beyond the first its own fixed cost."""
+        return flops / self.batch_rate(rows) + self.launch_overhead_s + (requests - 1) * self.batch_request_s
 
     # -- KV side --------------------------------------------------------------------------
     def kv_bytes(self, tokens: int) -> int:

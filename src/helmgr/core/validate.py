@@ -8,7 +8,7 @@ it and exits 2.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 from helmgr.core.errors import HelmInputError
 
@@ -81,16 +81,19 @@ _TYPES = {"int": int, "float": float, "str": str}
 
 
 def check_record(cls, data: dict, ranges: dict[str, Range], where: str) -> dict:
-    """Check `data` (e.g. a parsed TOML table) against the dataclass `cls`: every field present, no
-    unknown key, each value of its field's type (`int`, `float` or `str`; a bool is no number),
-    numbers finite and in `ranges[field]` (> 0 where it names none). Returns the values with float fields
-    as floats; every error names `where` and the field."""
+    """Check `data` (e.g. a parsed TOML table) against the dataclass `cls`: every field present
+    (one with a default may be left out), no unknown key, each value of its field's type (`int`,
+    `float` or `str`; a bool is no number), numbers finite and in `ranges[field]` (> 0 where it
+    names none). Returns the values with float fields as floats; every error names `where` and the field."""
     names = [f.name for f in fields(cls)]
-    missing, extra = [n for n in names if n not in data], sorted(set(data) - set(names))
+    missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
+    extra = sorted(set(data) - set(names))
     if missing or extra:
         raise HelmInputError(f"{where}: missing {missing or 'nothing'}, unknown {extra or 'nothing'}")
     out = {}
     for f in fields(cls):
+        if f.name not in data:
+            continue                                   # its default
         kind = _TYPES.get(f.type if isinstance(f.type, str) else getattr(f.type, "__name__", ""))
         value = data[f.name]
         if kind is str:

@@ -14,9 +14,9 @@ Measured (`helmgr.real.measure`), then fitted:
   the lookup's becomes `launch_us` x the model's launch count;
 - one large GEMM -> `peak_tflops` (so `compute_efficiency` = achieved / GEMM);
 - batches of 1, 2, 4 .. `max_batch` requests of one shape (a KV hit, a KV miss) served by
-  `NodeRuntime.serve_batch`: FLOP/s achieved once the per-request compute intercept is taken off,
-  vs the rows in flight -> the batch-efficiency curve, peak x `batch_efficiency` x rows / (rows +
-  `batch_half_rows`).
+  `NodeRuntime.serve_batch`, less the first request's compute intercept: its FLOPs at the
+  batch-efficiency curve's rate, peak x `batch_efficiency` x rows / (rows + `batch_half_rows`),
+  plus `batch_request_us` for each further request (its own attention and K/V copies), fitted together.
 
 Every fit (`real/fits.py`) is least squares on relative error (each point weighted by 1 / its
 time), so short and long measurements count alike. Nothing here imports click or rich.
@@ -33,7 +33,7 @@ import torch
 from helmgr.core.errors import HelmInputError
 from helmgr.core.records import NodeConfig
 from helmgr.core.profiles import GIB, MIB, HardwareProfile, ModelProfile, NodeProfile, load_hardware
-from helmgr.real.fits import Fit, fit_affine, fit_batch_curve, fit_compute
+from helmgr.real.fits import BatchFit, Fit, fit_affine, fit_batch, fit_compute
 from helmgr.real.measure import Measure, Shape, sizes
 from helmgr.real.runtime import PAGE_MIB, NodeRuntime, runtime_model
 
@@ -172,16 +172,15 @@ def _miss_path(hits: list[dict], misses: list[dict]) -> Fit:
         return fit_affine([h["ids"] for h in hits], extra)
 
 
-def _batch_curve(points: list[dict], fixed_s: float, peak: float) -> tuple[float, float, list[float]]:
-    """(e, h) of the batches' FLOP/s once the per-request fixed cost `fixed_s` is taken off each,
-    and each batch's FLOP/s."""
+def _batch_fit(points: list[dict], fixed_s: float, peak: float) -> BatchFit:
+    """The batch curve and per-request cost of the batches once the fixed cost of their first
+    request, `fixed_s`, is taken off each."""
     left = [p["s"] - fixed_s for p in points]
     with _fitting("batched compute"):
         if min(left) <= 0:
             raise ValueError(f"a batch took {-min(left) * 1e6:.0f} us less than the fixed cost of a request")
-        rates = [p["flops"] / t for p, t in zip(points, left)]
-        e, h = fit_batch_curve([p["rows"] for p in points], rates, peak)
-    return e, h, rates
+        return fit_batch([p["batch"] for p in points], [p["rows"] for p in points], [p["flops"] for p in points],
+                         left, peak)
 
 
 def fit_profiles(cfg: CalibrateConfig, points: dict, memory: dict) -> tuple[HardwareProfile, ModelProfile, dict]:
@@ -196,7 +195,7 @@ def fit_profiles(cfg: CalibrateConfig, points: dict, memory: dict) -> tuple[Hard
                                          model.launches)
     compute_fixed = launch_s * model.launches
     peak = points["gemm"][0]["tflops"] * 1e12
-    batch_e, half_rows, rates = _batch_curve(points["batch"], compute_fixed, peak)
+    batch = _batch_fit(points["batch"], compute_fixed, peak)
     activations = memory.get("activations_gib", CPU_ACTIVATIONS_GIB)
     model = replace(model, weights_gib=memory["weights_gib"], activations_gib=activations)
     reserved = memory.get("reserved_gib", CPU_RESERVED_GIB)
@@ -208,15 +207,15 @@ def fit_profiles(cfg: CalibrateConfig, points: dict, memory: dict) -> tuple[Hard
         peak_tflops=peak / 1e12, compute_efficiency=achieved / peak,
         launch_us=max((compute_fixed + emb.intercept) / model.launches * 1e6, FLOOR),
         host_lookup_ns=max((miss.slope - model.row_bytes * copy.slope) * 1e9, FLOOR), reserved_gib=reserved,
-        batch_efficiency=batch_e, batch_half_rows=half_rows)
+        batch_efficiency=batch.efficiency, batch_half_rows=batch.half_rows, batch_request_us=batch.request_s * 1e6)
     fits = {"emb_fixed_us": emb.intercept * 1e6, "compute_fixed_us": compute_fixed * 1e6,
             "achieved_tflops": achieved / 1e12, "launches": model.launches,
             "miss_fixed_us": miss.intercept * 1e6, "miss_per_row_ns": miss.slope * 1e9,
             "copy_latency_us": copy.intercept * 1e6, "host_gather_ns_per_row": host.slope * 1e9,
             "compute_fit_err": [(compute_fixed + p["flops"] / achieved) / p["s"] - 1 for p in points["compute"]],
-            "batch_gflops": [r / 1e9 for r in rates],
-            "batch_fit_err": [(compute_fixed + p["flops"] * (p["rows"] + half_rows) / (peak * batch_e * p["rows"]))
-                              / p["s"] - 1 for p in points["batch"]]}
+            "batch_gflops": [p["flops"] / (p["s"] - compute_fixed) / 1e9 for p in points["batch"]],
+            "batch_fit_err": [(compute_fixed + batch.seconds(p["batch"], p["rows"], p["flops"], peak)) / p["s"] - 1
+                              for p in points["batch"]]}
     return hw, model, fits
 
 

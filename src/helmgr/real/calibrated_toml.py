@@ -72,10 +72,11 @@ def _batch_note(cal: Calibration) -> str:
     sizes = ", ".join(str(b) for b in sorted({p["batch"] for p in points}))
     return (f"Batched service: batches of {sizes} requests of one shape,\n{named},\n"
             "served by NodeRuntime.serve_batch (jagged: real tokens only; KV read/write + extend + scoring).\n"
-            "FLOP/s = CostModel's FLOPs / (time - the per-request compute intercept, "
-            f"{f['compute_fixed_us']:.1f} us),\n"
-            "fitted to peak_tflops x batch_efficiency x rows / (rows + batch_half_rows) (least squares, relative\n"
-            "error; e <= 1, h >= 0). Measured GFLOP/s by batch size b:\n" + "\n".join(by_shape))
+            "Time less the first request's compute intercept "
+            f"({f['compute_fixed_us']:.1f} us) fitted to CostModel's FLOPs at\n"
+            "peak_tflops x batch_efficiency x rows / (rows + batch_half_rows), plus batch_request_us for each\n"
+            "further request (least squares, relative error; e <= 1, h >= 0, q >= 0).\n"
+            "FLOPs / that time, GFLOP/s, by batch size b:\n" + "\n".join(by_shape))
 
 
 def hardware_toml(cal: Calibration, path: Path) -> str:
@@ -112,6 +113,9 @@ def hardware_toml(cal: Calibration, path: Path) -> str:
         ("batch_half_rows", hw.batch_half_rows,
          "The same fit's half point: rows in flight (computed tokens + candidates) at which a batch\n"
          "reaches half the plateau (0: the same FLOP/s at every batch)."),
+        ("batch_request_us", hw.batch_request_us,
+         "The same fit: the fixed cost of each request beyond a batch's first (its own attention and\n"
+         f"K/V copies). Fit error by batch: {', '.join(f'{e:+.1%}' for e in f['batch_fit_err'])}."),
     ]
     assert [r[0] for r in rows] == [x.name for x in fields(hw)]
     return _toml(["Calibrated hardware profile."] + _header(cal, path), rows)

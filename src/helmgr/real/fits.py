@@ -3,6 +3,7 @@ measured points, each on relative error (each point weighted by 1 / its value), 
 and long measurements count alike."""
 from __future__ import annotations
 
+from itertools import product
 from typing import NamedTuple
 
 import numpy as np
@@ -37,23 +38,42 @@ def fit_compute(flops, seconds, launches: int) -> tuple[float, float]:
     return 1.0 / fit.slope, fit.intercept / launches
 
 
-def fit_batch_curve(rows, flops_per_s, peak: float) -> tuple[float, float]:
-    """FLOP/s = peak x e x rows / (rows + h), fitted: (e, h) with 0 < e <= 1 and h >= 0.
+class BatchFit(NamedTuple):
+    """A batch of n requests, `flops` over `rows` rows in flight, takes (beyond the first request's
+    fixed cost) flops / (peak x e x rows / (rows + h)) + (n - 1) x q."""
 
-    In 1 / FLOP/s = a + b / rows (a = 1 / (peak e), b = h a) the curve is a line, fitted by least
-    squares on relative error as the other fits are. A line with a < 1 / peak (e > 1: no plateau
-    below the peak over the rows measured) or b < 0 (FLOP/s falling with rows) gives way to the
-    best fit on the edges of the allowed region: e = 1, or h = 0 (flat)."""
-    rows, rates = np.asarray(rows, float), np.asarray(flops_per_s, float)
-    if len(rows) < 2 or not np.all(np.isfinite(rows) & np.isfinite(rates) & (rows > 0) & (rates > 0)) or not peak > 0:
-        raise ValueError(f"need >= 2 batches with rows and FLOP/s > 0 and a positive peak, got {len(rows)} "
+    efficiency: float       # e, 0 < e <= 1
+    half_rows: float        # h >= 0
+    request_s: float        # q >= 0
+
+    def seconds(self, n: int, rows: float, flops: float, peak: float) -> float:
+        return flops * (rows + self.half_rows) / (peak * self.efficiency * rows) + (n - 1) * self.request_s
+
+
+def fit_batch(requests, rows, flops, seconds, peak: float) -> BatchFit:
+    """`BatchFit` of batches measured (`seconds` each, the first request's fixed cost taken off).
+
+    In seconds = q (n - 1) + a flops + b flops / rows (a = 1 / (peak e), b = h a) the model is
+    linear; least squares on relative error as the other fits, within q >= 0, a >= 1 / peak and
+    b >= 0: the unconstrained fit if it lies inside, else the best one with some of them held at
+    their bound (every combination tried)."""
+    n, rows, flops, y = (np.asarray(v, float) for v in (requests, rows, flops, seconds))
+    if len(y) < 3 or not np.all(np.isfinite(y) & (y > 0) & (rows > 0) & (flops > 0) & (n >= 1)) or not peak > 0:
+        raise ValueError(f"need >= 3 batches with positive times, rows and FLOPs and a positive peak, got {len(y)} "
                          f"batches, peak {peak}")
-    x, z = 1.0 / rows, 1.0 / rates
-    w, floor = 1.0 / z, 1.0 / peak
-    loss = lambda a, b: float(np.sum(((a + b * x) * w - 1.0) ** 2))
-    (a, b), *_ = np.linalg.lstsq(np.stack([w, x * w], axis=1), np.ones_like(z), rcond=None)
-    if not (a >= floor and b >= 0):
-        flat = (max(float(np.sum(w) / np.sum(w * w)), floor), 0.0)
-        capped = (floor, max(float(np.sum(x * w * (1.0 - floor * w)) / np.sum((x * w) ** 2)), 0.0))
-        a, b = min(flat, capped, key=lambda ab: loss(*ab))
-    return float(floor / a), float(b / a)
+    w = 1.0 / y
+    cols = np.stack([n - 1.0, flops, flops / rows], axis=1) * w[:, None]       # q, a, b
+    bound = np.array([0.0, 1.0 / peak, 0.0])
+    best, best_loss = None, np.inf
+    for held in product((False, True), repeat=3):
+        free = [k for k in range(3) if not held[k]]
+        x = bound.copy()
+        rhs = 1.0 - cols[:, list(np.flatnonzero(held))] @ bound[list(np.flatnonzero(held))]
+        if free:
+            x[free], *_ = np.linalg.lstsq(cols[:, free], rhs, rcond=None)
+        if np.all(x >= bound - 1e-15):
+            loss = float(np.sum((cols @ x - 1.0) ** 2))
+            if loss < best_loss:
+                best, best_loss = np.maximum(x, bound), loss
+    q, a, b = best
+    return BatchFit(float(bound[1] / a), float(b / a), float(q))

@@ -270,7 +270,7 @@ class BatchPrediction(NamedTuple):
 
     fetch_s: float          # the batch's misses gathered on the host, then one copy
     lookup_s: float         # the batch's resident-row reads
-    compute_s: float        # `CostModel.batch_compute_s`: the curve's rate for the batch's rows, launches once
+    compute_s: float        # `CostModel.batch_compute_s`: the curve's rate for its rows, launches once, per-request costs
     rows: int               # computed positions + candidates of the batch
     flops: float
 
@@ -286,4 +286,5 @@ def predicted_batch(cost: CostModel, batch: RealBatch) -> BatchPrediction:
     fetched = batch.rows_fetched
     flops = sum(cost.request_flops(s.tokens, s.kv_tokens, len(s.scores)) for s in batch.services)
     rows = sum(s.ids for s in batch.services)      # computed positions + candidates: every row is looked up
-    return BatchPrediction(cost.miss_s(fetched), cost.lookup_s(rows), cost.batch_compute_s(flops, rows), rows, flops)
+    return BatchPrediction(cost.miss_s(fetched), cost.lookup_s(rows),
+                           cost.batch_compute_s(flops, rows, len(batch.services)), rows, flops)

@@ -67,9 +67,9 @@ class CompiledRun(Handoffs):
         self.DL = typed_list([np.zeros((256, 2), np.int64)])
         cost = nodes[0].cost
         self.C = np.zeros(NC)
-        self.C[[HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF]] = (
+        self.C[[HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF, BREQ]] = (
             cost.hbm_bw, cost.pcie_bw, cost.pcie_latency_s, cost.host_lookup_s, cost.flops, cost.launch_overhead_s,
-            cost.batch_flops, cost.batch_half_rows)
+            cost.batch_flops, cost.batch_half_rows, cost.batch_request_s)
         self.CI = np.array([cost.row_bytes, cost.layers, cost.linear_flops, cost.attention_flops,
                             nodes[0].emb.sample_shift, ghost_mode(nodes)], np.int64)
         self.STATES = typed_list([node.emb.state for node in nodes])

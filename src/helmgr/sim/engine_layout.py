@@ -32,7 +32,7 @@ LBU, LBS, BLK, CFREE, BUSY_S, WAIT_S, RECOMP_S, NF = range(8)
 (POS, NARR, HEAPN, SEQ, TURN, NCOMP, RCUR, MODE, MAXB, BUDGET, ENG, NNODES, RID, NDL, NFREE, FINISH,
  SENT, LEFT, FHN, HCNT, HTOMB, EFREE, KVTERM, BLOCK, LASTNODE, PMEMORY, NG) = range(27)
 # cost constants: floats (C) and integers (CI)
-HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF, NC = range(9)
+HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF, BREQ, NC = range(10)
 ROW_BYTES, LAYERS, LINF, ATTF, ESHIFT, GHOSTS, NCI = range(7)   # ESHIFT: EMB caches track 1 id in 2**ESHIFT
 # GHOSTS: whose KV ghost queues a recomputed prefix credits (Node._account): none (GHOSTS_OFF), the
 # node's own (GHOSTS_OWN), every node's (GHOSTS_ALL: the peers of policies.track_shadows)

@@ -236,7 +236,7 @@ def _serve(n, batch, nb, now, F, I, G, RI, RF, C, CI, STATES, RB, UB, ACC, KVM, 
     cfree = F[n, CFREE]
     launch = ready if ready > cfree else cfree
     rate = C[BFLOPS] * rows / (rows + C[BHALF])
-    compute = rows * CI[ROW_BYTES] / C[HBM_BW] + (flops / rate + C[LAUNCH_S])
+    compute = rows * CI[ROW_BYTES] / C[HBM_BW] + (flops / rate + C[LAUNCH_S] + (nb - 1) * C[BREQ])
     end = launch + compute
     share = compute / nb
     for b in range(nb):

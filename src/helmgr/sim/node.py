@@ -161,7 +161,8 @@ class Node:
         in as one transfer, its KV onloads as another (one lookup for the whole batch, as the real
         path does it); then one compute for the whole batch — once every row is resident and the
         compute engine is free (`compute_free`) — at the batch-efficiency curve's rate for the
-        batch's rows, launches paid once. Every request completes at the batch's end.
+        batch's rows, launches paid once and each further request's fixed cost. Every request
+        completes at the batch's end.
 
         Returns the requests' services and when the compute started (the two-engine pipeline
         takes its next batch then)."""
@@ -172,7 +173,7 @@ class Node:
         flops = sum(cost.request_flops(lk.tokens, lk.computed_from, len(req.cands)) for req, lk in zip(batch, looks))
         rows = sum(lk.ids for lk in looks)       # rows in flight = rows looked up: computed tokens + candidates
         launch = ready if ready > compute_free else compute_free
-        compute = cost.lookup_s(rows) + cost.batch_compute_s(flops, rows)
+        compute = cost.lookup_s(rows) + cost.batch_compute_s(flops, rows, len(batch))
         end = launch + compute
         rate = cost.batch_rate(rows)
         out = []

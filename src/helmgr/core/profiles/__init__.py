@@ -33,6 +33,8 @@ class HardwareProfile:
     reserved_gib: float
     batch_efficiency: float          # batched service: achieved share of peak once the GPU is full
     batch_half_rows: float           # ... rows in flight at which it reaches half that (0: flat)
+    batch_request_us: float = 0.0    # ... and what each request beyond a batch's first adds whatever its size
+                                     # (its own attention and K/V copies; 0: one jagged kernel for the batch)
 
     @property
     def hbm_bytes(self) -> int:
@@ -65,6 +67,10 @@ class HardwareProfile:
     @property
     def launch_s(self) -> float:
         return self.launch_us * 1e-6
+
+    @property
+    def batch_request_s(self) -> float:
+        return self.batch_request_us * 1e-6
 
     @property
     def host_lookup_s(self) -> float:
@@ -150,6 +156,7 @@ RANGES = {
     "compute_efficiency": Range(0.0, 1.0, low_open=True),        # a share of peak
     "batch_efficiency": Range(0.0, 1.0, low_open=True),
     "batch_half_rows": Range(0.0, FLOAT_MAX),                    # 0: the same efficiency at every batch size
+    "batch_request_us": Range(0.0, FLOAT_MAX),                   # 0: nothing per request in a batch
     "reserved_gib": Range(0.0, FLOAT_MAX),
     "dtype_bytes": Range(1, 8),
     "emb_dtype_bytes": Range(1, 8),
