@@ -129,6 +129,8 @@ def test_loadgen_replays_the_workload(app):
     result = loadgen(LoadConfig(url=app[0], duration_s=4.0, rps=8.0, concurrency=8))
     assert result["requests"] > 10 and result["errors"] == 0 and result["completed"] == result["requests"]
     assert result["p50_ms"] > 0 and result["throughput_rps"] > 0 and 0 <= result["kv_hit_rate"] <= 1
+    parts = result["split_ms"]["p50"]                     # every part measured, and each one's own
+    assert all(v >= 0 for v in parts.values()) and parts["service_ms"] > 0
 
 
 def test_a_replica_killed_under_load_loses_no_request(app):

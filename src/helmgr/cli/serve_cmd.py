@@ -131,7 +131,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     helmgr loadgen --duration 30 --rps 8 --sim        # next to the simulator on the same requests
     """
     require("serve", "aiohttp", what="helmgr loadgen")       # the HTTP client; --sim runs the simulator as well
-    from helmgr.serve.loadgen import LoadConfig, loadgen, server_config, simulated
+    from helmgr.serve.loadgen import PARTS, LoadConfig, loadgen, server_config, simulated
     from helmgr.workload import parse_regime
 
     parse_regime(regime)
@@ -162,3 +162,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     else:
         stderr.print(table(title, shown, headers))
         stderr.print(f"requests per node: {result['requests_per_node']}")
+        if result["split_ms"]:
+            stderr.print("a request's time, ms (p50 / p99 of each part): " + ", ".join(
+                f"{part[:-3]} {result['split_ms']['p50'][part]:.1f} / {result['split_ms']['p99'][part]:.1f}"
+                for part in PARTS))

@@ -149,7 +149,8 @@ class Ingress:
         return {"scores": out["scores"], "node": out["node"], "kv_hit": out["kv_tokens"] > 0,
                 "kv_tokens": out["kv_tokens"], "prefix_len": prefix_len,
                 "emb_hit_rate": 1.0 - out["misses"] / out["ids"], "latency_ms": latency * 1e3,
-                "service_ms": out["service_ms"], "ratio": out["ratio"], "retries": retries}
+                "service_ms": out["service_ms"], "replica_ms": out["replica_ms"], "ratio": out["ratio"],
+                "retries": retries}
 
     async def _call(self, req: RecommendRequest, prefix_len: int, deadline: float) -> tuple[dict, int]:
         budget = f"its deadline of {self.cfg.deadline_s * 1e3:.0f} ms"

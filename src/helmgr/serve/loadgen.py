@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import urllib.request
 from dataclasses import dataclass, replace
@@ -58,6 +59,24 @@ class Answer(NamedTuple):
     emb_hit_rate: float
     node: str
     ratio: float
+    ingress_ms: float = math.nan    # in the ingress's handler: body, routing, the hop to the replica and back
+    replica_ms: float = math.nan    # at the replica: its queue (the gate) and the service
+    service_ms: float = math.nan    # the real path's service
+
+
+# A request's time, split: the client and HTTP proxy (sending, the proxy's hop to the ingress, the
+# answer back), the ingress (body, prefix, routing, the handle's hop to a replica and back), the
+# replica's queue, and the service. Each part's p50 and p99 over the answered requests.
+PARTS = ("proxy_ms", "ingress_ms", "queue_ms", "service_ms")
+
+
+def split(answers: list) -> dict | None:
+    """{"p50": {part: ms}, "p99": {...}} over `answers` (answered ones), None if there are none."""
+    if not answers:
+        return None
+    a = np.array([(x.latency_s * 1e3 - x.ingress_ms, x.ingress_ms - x.replica_ms, x.replica_ms - x.service_ms,
+                   x.service_ms) for x in answers])
+    return {f"p{q}": dict(zip(PARTS, map(float, np.percentile(a, q, axis=0)))) for q in (50, 99)}
 
 
 def server_config(url: str, timeout_s: float = 10.0) -> ServeConfig:
@@ -105,7 +124,7 @@ async def _send(session, url: str, sent: Sent, t0: float, slots: asyncio.Semapho
         return Answer(sent.t, latency, status, b["prefix_len"], 0, 0, 0.0, "", float("nan"))
     ids = b["prefix_len"] - out["kv_tokens"] + len(b["new_items"]) + len(b["candidates"])
     return Answer(sent.t, latency, status, out["prefix_len"], out["kv_tokens"], ids, out["emb_hit_rate"],
-                  out["node"], out["ratio"])
+                  out["node"], out["ratio"], out["latency_ms"], out["replica_ms"], out["service_ms"])
 
 
 async def replay(load: LoadConfig, reqs: list[Sent], on_answer: Callable[[], None] = lambda: None) -> list[Answer]:
@@ -153,10 +172,10 @@ def summarize(answers: list[Answer], slo_ms: float, wall_s: float) -> dict:
            "kv_hit_rate": sum(a.kv_tokens for a in ok) / prefix if prefix else 0.0,
            "mean_ratio": float(np.mean([a.ratio for a in ok])) if ok else None,
            "status_counts": dict(sorted(statuses.items())),
-           "requests_per_node": dict(sorted(nodes.items())), "wall_s": wall_s}
+           "requests_per_node": dict(sorted(nodes.items())), "split_ms": split(ok), "wall_s": wall_s}
     if not ok:
         why = "no request was sent" if not answers else "no request completed"
-        out["nulls"] = {k: why for k in ("p50_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ratio")}
+        out["nulls"] = {k: why for k in ("p50_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ratio", "split_ms")}
     return out
 
 
