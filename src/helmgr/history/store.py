@@ -1,0 +1,161 @@
+"""Users' action histories on disk: built from a log in one pass, read by position, appended durably.
+
+A store is a folder:
+
+- `base.npy`: every user's items in time order, users one after another (int64, memory-mapped);
+- `offsets.npy`: where each user's items start in it (n_users + 1, int64);
+- `journal.bin`: what was appended since, one frame per append: a header (user int64, count
+  int32, CRC-32 of the items) and the items (int64). An append writes its whole frame and fsyncs
+  before it returns, so an acknowledged append survives a crash or a restart. Opening the store
+  reads the journal back and cuts a torn last frame (a crash mid-write): an append is there whole
+  or not at all;
+- `meta.json`: users, items, the base's actions, the log it was built from.
+
+Users and items are the log's dense ids (`workload.trace.read_trace`: sorted tokens, numbered).
+A user the base does not hold starts with an empty history; appends may create it.
+One process writes a store at a time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from helmgr.core.errors import HelmInputError
+
+FORMAT = 1
+HEADER = struct.Struct("<qiI")          # user, count, CRC-32 of the items' bytes
+FILES = ("meta.json", "base.npy", "offsets.npy")
+
+
+def build(folder: Path, user: np.ndarray, item: np.ndarray, time: np.ndarray, n_users: int, n_items: int,
+          source: str = "") -> "HistoryStore":
+    """A store of the interactions (`user`, `item`, `time`: a `Log`'s columns) in `folder`, which
+    must not exist yet: each user's items in time order (ties in file order)."""
+    folder = Path(folder)
+    if folder.exists():
+        raise HelmInputError(f"history store {str(folder)!r} already exists: remove it or name another folder")
+    order = np.lexsort((np.arange(len(user)), time, user))
+    counts = np.bincount(user, minlength=n_users)
+    tmp = folder.with_name(folder.name + ".building")       # a build cut short leaves only this
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        np.save(tmp / "base.npy", item[order].astype(np.int64))
+        np.save(tmp / "offsets.npy", np.r_[0, np.cumsum(counts)].astype(np.int64))
+        (tmp / "journal.bin").touch()
+        meta = {"format": FORMAT, "users": int(n_users), "items": int(n_items), "base_actions": int(len(item)),
+                "source": source}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        os.replace(tmp, folder)             # the store appears whole or not at all
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise HelmInputError(f"cannot write history store {str(folder)!r}: {exc.strerror or exc}") from None
+    return HistoryStore(folder)
+
+
+class HistoryStore:
+    """A built store, opened: `length`, `items` and `append` by user."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        missing = [f for f in FILES if not (self.folder / f).is_file()]
+        if missing:
+            raise HelmInputError(f"{str(self.folder)!r} is not a history store (no {', '.join(missing)}; "
+                                 f"build one with `helmgr history build`)")
+        self.meta = json.loads((self.folder / "meta.json").read_text())
+        if self.meta.get("format") != FORMAT:
+            raise HelmInputError(f"history store {str(self.folder)!r} has format {self.meta.get('format')!r}, "
+                                 f"this helmgr reads {FORMAT}")
+        self.base = np.load(self.folder / "base.npy", mmap_mode="r")
+        self.offsets = np.load(self.folder / "offsets.npy")
+        self.added: dict[int, list[np.ndarray]] = {}
+        self.appends = self.appended_actions = 0
+        self.cut_bytes = self._replay()
+        self.journal = open(self.folder / "journal.bin", "ab")
+
+    @property
+    def n_users(self) -> int:
+        """Users of the base (appends may add others)."""
+        return len(self.offsets) - 1
+
+    def _replay(self) -> int:
+        """Read the journal's frames into `added`; cut a torn or corrupt tail. Returns the bytes cut."""
+        path = self.folder / "journal.bin"
+        data = path.read_bytes() if path.exists() else b""
+        at = 0
+        while at + HEADER.size <= len(data):
+            user, n, crc = HEADER.unpack_from(data, at)
+            end = at + HEADER.size + 8 * n
+            if n < 0 or end > len(data) or zlib.crc32(data[at + HEADER.size:end]) != crc:
+                break
+            self._keep(user, np.frombuffer(data, np.int64, n, at + HEADER.size).copy())
+            at = end
+        if at < len(data):
+            with open(path, "r+b") as f:
+                f.truncate(at)
+                f.flush()
+                os.fsync(f.fileno())
+        return len(data) - at
+
+    def _keep(self, user: int, items: np.ndarray) -> None:
+        self.added.setdefault(user, []).append(items)
+        self.appends += 1
+        self.appended_actions += len(items)
+
+    def _base_len(self, user: int) -> int:
+        return int(self.offsets[user + 1] - self.offsets[user]) if 0 <= user < self.n_users else 0
+
+    def length(self, user: int) -> int:
+        """Actions of `user` so far: the base's and every append's."""
+        return self._base_len(user) + sum(len(a) for a in self.added.get(user, ()))
+
+    def items(self, user: int, start: int, stop: int) -> np.ndarray:
+        """`user`'s items at positions start .. stop - 1 (0 <= start <= stop <= length)."""
+        if not 0 <= start <= stop <= self.length(user):
+            raise IndexError(f"user {user} has {self.length(user)} actions, asked for positions {start}..{stop}")
+        n = self._base_len(user)
+        base = np.asarray(self.base[self.offsets[user] + min(start, n): self.offsets[user] + min(stop, n)]) \
+            if n else np.zeros(0, np.int64)
+        if stop <= n:
+            return base
+        tail = np.concatenate(self.added[user])
+        return np.concatenate([base, tail[max(start - n, 0): stop - n]])
+
+    def append(self, user: int, items) -> int:
+        """Add `items` after `user`'s last action, durably (written and fsynced before it
+        returns); returns the user's new length."""
+        items = np.asarray(items, np.int64).ravel()
+        if not 0 <= user < 1 << 62:
+            raise HelmInputError(f"user {user} must be an integer in [0, 2^62)")
+        if len(items) == 0 or items.min() < 0 or items.max() >= self.meta["items"]:
+            raise HelmInputError(f"append of user {user}: 1 or more items, each in [0, {self.meta['items']}), "
+                                 f"got {items.tolist()[:8]}")
+        payload = items.tobytes()
+        self.journal.write(HEADER.pack(user, len(items), zlib.crc32(payload)) + payload)
+        self.journal.flush()
+        os.fsync(self.journal.fileno())
+        self._keep(user, items)
+        return self.length(user)
+
+    def stat(self) -> dict:
+        """Users and actions: the base's, the appends', and any torn tail cut when it opened."""
+        users = self.n_users + sum(1 for u in self.added if not 0 <= u < self.n_users)
+        return {"users": users, "actions": int(self.meta["base_actions"] + self.appended_actions),
+                "base_users": self.n_users, "base_actions": int(self.meta["base_actions"]),
+                "appends": self.appends, "appended_actions": self.appended_actions, "items": int(self.meta["items"]),
+                "torn_bytes_cut": self.cut_bytes, "source": self.meta.get("source", "")}
+
+    def close(self) -> None:
+        self.journal.close()
+
+    def __enter__(self) -> "HistoryStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
