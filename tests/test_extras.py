@@ -15,7 +15,7 @@ from helmgr.core.extras import EXTRAS, missing, require
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "ray", "gymnasium", "stable_baselines3", "fastapi", "pydantic", "starlette", "uvicorn",
-         "prometheus_client", "aiohttp")
+         "prometheus_client", "aiohttp", "redis")
 
 # Runs the CLI as a core-only install sees it: a meta-path finder refuses every HEAVY module (and
 # records each try), then the CLI runs; the last stderr line is the JSON list of modules it tried.
@@ -57,7 +57,7 @@ def test_require_names_the_extra():
 def test_require_passes_when_present_and_checks_the_extras_own_modules():
     require("core", "numpy", "click.testing")           # present: no error, dotted names by their top level
     assert missing("numpy", "no_such_module_helmgr_xyz") == ["no_such_module_helmgr_xyz"]
-    assert set(EXTRAS) == {"train", "real", "serve"}
+    assert set(EXTRAS) == {"train", "real", "serve", "redis"}
     with pytest.raises(KeyError):
         require("gpu")
 
@@ -107,6 +107,7 @@ def test_the_core_commands_never_try_an_extra(tmp_path):
     (["calibrate", "--out", "hw.toml"], "real"),
     (["serve"], "serve"),
     (["loadgen", "--sim", "--duration", "1"], "serve"),
+    (["history", "stat", "--redis", "redis://localhost:1/0"], "redis"),
 ])
 def test_a_command_without_its_extra_exits_2_naming_it(tmp_path, argv, extra):
     code, out, err, _ = blocked(*argv, cwd=tmp_path)

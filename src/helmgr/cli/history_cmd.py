@@ -9,6 +9,10 @@ from helmgr.cli.output import emit_json, json_option, stderr, stdout, table
 from helmgr.workload import FORMATS
 
 
+REDIS = click.option("--redis", "redis_url", default=None, metavar="URL",
+                     help="A store in Redis (redis://host:port/db, unix:///path.sock) instead of a folder.")
+
+
 @click.group("history")
 def history() -> None:
     """Users' action histories on disk (a folder): built from a log, read by position, appended
@@ -19,33 +23,56 @@ def history() -> None:
 @click.option("--trace", type=click.Path(dir_okay=False), required=True, help="The log.")
 @click.option("--trace-format", type=click.Choice(FORMATS), default="inter", show_default=True,
               help="inter: RecBole atomic file; sequences: 'user item item ...' per line.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The store's folder (must not exist).")
+@REDIS
 @json_option
-def build_cmd(trace, trace_format, out_dir, as_json):
-    """Every user's items in time order, from the log; users and items are the log's dense ids.
+def build_cmd(trace, trace_format, out_dir, redis_url, as_json):
+    """Every user's items in time order, from the log, into a folder (--out) or Redis (--redis);
+    users and items are the log's dense ids.
 
     \b
     helmgr history build --trace ml-100k.inter --out hist/
     helmgr history build --trace amazon-beauty.txt --trace-format sequences --out hist/
+    helmgr history build --trace ml-100k.inter --redis redis://localhost:6379/0
     """
     from helmgr.history import build
     from helmgr.workload.trace import read_trace
 
+    where = _one_store(out_dir, redis_url)
     log = read_trace(trace, trace_format)
-    with build(out_dir, log.user, log.item, log.time, log.n_users, log.n_items, source=str(trace)) as store:
-        _show(store.stat(), f"built {out_dir}", as_json)
+    cols = (log.user, log.item, log.time, log.n_users, log.n_items)
+    if redis_url:
+        from helmgr.history.redis_store import build_redis, connect
+        store = build_redis(connect(redis_url), *cols, source=str(trace))
+    else:
+        store = build(out_dir, *cols, source=str(trace))
+    with store:
+        _show(store.stat(), f"built {where}", as_json)
 
 
 @history.command("stat")
-@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path), required=False)
+@REDIS
 @json_option
-def stat_cmd(folder, as_json):
-    """Users and actions the store holds: its log's, and every acknowledged append."""
+def stat_cmd(folder, redis_url, as_json):
+    """Users and actions the store (FOLDER, or --redis) holds: its log's, and every acknowledged append."""
     from helmgr.history import HistoryStore
 
-    with HistoryStore(folder) as store:
-        _show(store.stat(), str(folder), as_json)
+    where = _one_store(folder, redis_url, "FOLDER")
+    if redis_url:
+        from helmgr.history.redis_store import RedisStore, connect
+        store = RedisStore(connect(redis_url))
+    else:
+        store = HistoryStore(folder)
+    with store:
+        _show(store.stat(), where, as_json)
+
+
+def _one_store(folder, redis_url, name: str = "--out") -> str:
+    if (folder is None) == (redis_url is None):
+        raise click.UsageError(f"name the store: {name} or --redis, one of them")
+    return redis_url or str(folder)
 
 
 def _show(stat: dict, title: str, as_json: bool) -> None:

@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "real": ("torch",),
     # ray[serve] brings fastapi, pydantic, starlette, uvicorn, prometheus_client and aiohttp
     "serve": ("ray", "fastapi", "pydantic", "starlette", "uvicorn", "prometheus_client", "aiohttp", "torch"),
+    "redis": ("redis",),
 }
 
 

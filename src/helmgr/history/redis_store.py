@@ -1,0 +1,123 @@
+"""Users' histories in Redis (production): the same reads and appends as the file store.
+
+Each user is one Redis string, `<prefix>u:<user>`, of little-endian int64 item ids: `STRLEN` / 8
+is the user's length, `GETRANGE` reads positions, `APPEND` adds after the last action atomically
+and answers the new length. `<prefix>meta` (a hash) holds users, items, the base's actions, the
+source and the append counters; it is written last by a build, so a store is there once it is.
+`<prefix>new` (a set) holds the users appends created. An append, its counters and that set go in
+one MULTI/EXEC transaction. An acknowledged append is as
+durable as the server keeps it: with `appendonly yes` and `appendfsync always` it survives a
+crash of the server.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from helmgr.core.errors import HelmInputError
+
+COUNTERS = ("appends", "appended_actions")
+
+
+def connect(url: str):
+    """A redis-py client for `url` (redis://host:port/db or unix:///path.sock), checked with a PING."""
+    from helmgr.core.extras import require
+    require("redis", what="helmgr history")
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url)
+        client.ping()
+    except ValueError as exc:
+        raise HelmInputError(f"--redis {url!r}: {exc}") from None
+    except redis.RedisError as exc:
+        raise HelmInputError(f"--redis {url!r}: the store is down or unreachable ({exc})") from None
+    return client
+
+
+def build_redis(client, user: np.ndarray, item: np.ndarray, time: np.ndarray, n_users: int, n_items: int,
+                source: str = "", prefix: str = "helm:") -> "RedisStore":
+    """`history.store.build` into Redis under `prefix`, which must hold no store yet."""
+    if client.exists(prefix + "meta"):
+        raise HelmInputError(f"a history store already exists under {prefix!r}: delete it or use another prefix")
+    order = np.lexsort((np.arange(len(user)), time, user))
+    items = item[order].astype("<i8")
+    ends = np.cumsum(np.bincount(user, minlength=n_users))
+    starts = ends - np.bincount(user, minlength=n_users)
+    pipe = client.pipeline(transaction=False)
+    for u in np.flatnonzero(ends > starts):
+        pipe.set(f"{prefix}u:{u}", items[starts[u]:ends[u]].tobytes())
+        if len(pipe) >= 1000:
+            pipe.execute()
+    pipe.execute()
+    client.hset(prefix + "meta", mapping={"format": 1, "users": int(n_users), "items": int(n_items),
+                                          "base_actions": int(len(item)), "source": source}
+                | {k: 0 for k in COUNTERS})
+    return RedisStore(client, prefix)
+
+
+class RedisStore:
+    """A store in Redis: `length`, `items`, `append` and `stat`, as `HistoryStore`."""
+
+    def __init__(self, client, prefix: str = "helm:"):
+        import redis
+
+        self.client, self.prefix, self._errors = client, prefix, redis.RedisError
+        meta = self._call(client.hgetall, prefix + "meta")
+        if not meta:
+            raise HelmInputError(f"no history store under {prefix!r} in Redis (build one with `helmgr history "
+                                 f"build --redis URL`)")
+        self.meta = {k.decode(): v.decode() for k, v in meta.items()}
+        self.n_users, self.n_items = int(self.meta["users"]), int(self.meta["items"])
+
+    def _call(self, f, *args):
+        try:
+            return f(*args)
+        except self._errors as exc:
+            raise HelmInputError(f"the Redis history store is down or unreachable ({exc})") from None
+
+    def _key(self, user: int) -> str:
+        return f"{self.prefix}u:{user}"
+
+    def length(self, user: int) -> int:
+        return self._call(self.client.strlen, self._key(user)) // 8
+
+    def items(self, user: int, start: int, stop: int) -> np.ndarray:
+        n = self.length(user)
+        if not 0 <= start <= stop <= n:
+            raise IndexError(f"user {user} has {n} actions, asked for positions {start}..{stop}")
+        if start == stop:
+            return np.zeros(0, np.int64)
+        raw = self._call(self.client.getrange, self._key(user), 8 * start, 8 * stop - 1)
+        return np.frombuffer(raw, "<i8").astype(np.int64)
+
+    def append(self, user: int, items) -> int:
+        items = np.asarray(items, np.int64).ravel()
+        if not 0 <= user < 1 << 62:
+            raise HelmInputError(f"user {user} must be an integer in [0, 2^62)")
+        if len(items) == 0 or items.min() < 0 or items.max() >= self.n_items:
+            raise HelmInputError(f"append of user {user}: 1 or more items, each in [0, {self.n_items}), "
+                                 f"got {items.tolist()[:8]}")
+        pipe = self.client.pipeline(transaction=True)
+        pipe.append(self._key(user), items.astype("<i8").tobytes())
+        pipe.hincrby(self.prefix + "meta", "appends", 1)
+        pipe.hincrby(self.prefix + "meta", "appended_actions", len(items))
+        if not 0 <= user < self.n_users:
+            pipe.sadd(self.prefix + "new", user)
+        return self._call(pipe.execute)[0] // 8
+
+    def stat(self) -> dict:
+        m = {k.decode(): v.decode() for k, v in self._call(self.client.hgetall, self.prefix + "meta").items()}
+        c = {k: int(m[k]) for k in COUNTERS}
+        return {"users": self.n_users + self._call(self.client.scard, self.prefix + "new"), "actions": int(m["base_actions"]) + c["appended_actions"],
+                "base_users": self.n_users, "base_actions": int(m["base_actions"]), "appends": c["appends"],
+                "appended_actions": c["appended_actions"], "items": self.n_items, "torn_bytes_cut": 0,
+                "source": m.get("source", "")}
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> "RedisStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
