@@ -80,6 +80,24 @@ def test_an_append_acknowledged_before_a_kill_is_there_after_it(store):
         assert again.items(0, 2, n).tolist() == [k % 9 for k in range(n - 2)]
 
 
+def test_writers_in_two_processes_share_a_store(store):
+    """Two processes append 100 items each to user 0 at once: every length either acknowledges
+    is its own (3 .. 202, none twice), and a reader sees all of them after refresh()."""
+    code = ("import sys\nfrom helmgr.history import HistoryStore\ns = HistoryStore(sys.argv[1])\n"
+            "print(' '.join(str(s.append(0, [int(sys.argv[2])])) for _ in range(100)))\n")
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(store.folder), str(k)], stdout=subprocess.PIPE,
+                              text=True, env=env) for k in (1, 2)]
+    acked = [list(map(int, p.communicate()[0].split())) for p in procs]
+    assert sorted(acked[0] + acked[1]) == list(range(3, 203))
+    assert store.length(0) == 2
+    store.refresh()
+    got = store.items(0, 2, 202)
+    assert store.length(0) == 202 and (got == 1).sum() == (got == 2).sum() == 100
+    other = HistoryStore(store.folder)
+    assert other.append(0, [5]) == 203 and store.append(0, [6]) == 204     # each counts the other's
+
+
 def test_bad_appends_and_folders_are_named_errors(store, tmp_path):
     for user, items, what in ((0, [9], "each in \\[0, 9\\)"), (0, [], "1 or more items"), (-1, [1], "user -1")):
         with pytest.raises(HelmInputError, match=what):

@@ -13,15 +13,19 @@ A store is a folder:
 
 Users and items are the log's dense ids (`workload.trace.read_trace`: sorted tokens, numbered).
 A user the base does not hold starts with an empty history; appends may create it.
-One process writes a store at a time.
+Several processes may read and append to one store: an append holds a lock on the journal while
+it reads the others' appends and writes its own (so the length it answers counts them); a reader
+sees the others' appends after `refresh()`.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import struct
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -75,19 +79,37 @@ class HistoryStore:
         self.base = np.load(self.folder / "base.npy", mmap_mode="r")
         self.offsets = np.load(self.folder / "offsets.npy")
         self.added: dict[int, list[np.ndarray]] = {}
-        self.appends = self.appended_actions = 0
-        self.cut_bytes = self._replay()
-        self.journal = open(self.folder / "journal.bin", "ab")
+        self.appends = self.appended_actions = self.cut_bytes = 0
+        self.journal = open(self.folder / "journal.bin", "a+b")
+        self._end = 0                                   # journal bytes read into `added`
+        self.refresh()
 
     @property
     def n_users(self) -> int:
         """Users of the base (appends may add others)."""
         return len(self.offsets) - 1
 
-    def _replay(self) -> int:
-        """Read the journal's frames into `added`; cut a torn or corrupt tail. Returns the bytes cut."""
-        path = self.folder / "journal.bin"
-        data = path.read_bytes() if path.exists() else b""
+    def refresh(self) -> None:
+        """Read what other writers appended since (a reader in another process calls this to see
+        their appends); a torn or corrupt last frame, left by a writer that crashed mid-write,
+        is cut."""
+        with self._locked():
+            self._read_new()
+
+    @contextmanager
+    def _locked(self):
+        """The journal to this process: a writer holds it from reading the tail to its fsync."""
+        fcntl.flock(self.journal.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.journal.fileno(), fcntl.LOCK_UN)
+
+    def _read_new(self) -> None:
+        """The journal's frames past `_end` into `added`, the lock held (so a partial frame here is
+        a crashed writer's, never one still writing): a torn or corrupt tail is cut."""
+        self.journal.seek(self._end)
+        data = self.journal.read()
         at = 0
         while at + HEADER.size <= len(data):
             user, n, crc = HEADER.unpack_from(data, at)
@@ -96,12 +118,12 @@ class HistoryStore:
                 break
             self._keep(user, np.frombuffer(data, np.int64, n, at + HEADER.size).copy())
             at = end
+        self._end += at
         if at < len(data):
-            with open(path, "r+b") as f:
-                f.truncate(at)
-                f.flush()
-                os.fsync(f.fileno())
-        return len(data) - at
+            self.journal.truncate(self._end)
+            self.journal.flush()
+            os.fsync(self.journal.fileno())
+            self.cut_bytes += len(data) - at
 
     def _keep(self, user: int, items: np.ndarray) -> None:
         self.added.setdefault(user, []).append(items)
@@ -137,10 +159,15 @@ class HistoryStore:
             raise HelmInputError(f"append of user {user}: 1 or more items, each in [0, {self.meta['items']}), "
                                  f"got {items.tolist()[:8]}")
         payload = items.tobytes()
-        self.journal.write(HEADER.pack(user, len(items), zlib.crc32(payload)) + payload)
-        self.journal.flush()
-        os.fsync(self.journal.fileno())
-        self._keep(user, items)
+        frame = HEADER.pack(user, len(items), zlib.crc32(payload)) + payload
+        with self._locked():
+            self._read_new()                            # other writers' appends come first
+            self.journal.seek(0, os.SEEK_END)
+            self.journal.write(frame)
+            self.journal.flush()
+            os.fsync(self.journal.fileno())
+            self._end += len(frame)
+            self._keep(user, items)
         return self.length(user)
 
     def stat(self) -> dict:
