@@ -98,6 +98,12 @@ def test_writers_in_two_processes_share_a_store(store):
     assert other.append(0, [5]) == 203 and store.append(0, [6]) == 204     # each counts the other's
 
 
+def test_an_append_at_a_length_writes_only_if_the_history_is_that_long(store):
+    assert store.append(0, [5], at=1) is None and store.length(0) == 2        # the caller saw a shorter one
+    assert store.append(0, [5], at=2) == 3 and store.append(9, [1], at=0) == 1
+    assert store.stat()["appends"] == 2
+
+
 def test_bad_appends_and_folders_are_named_errors(store, tmp_path):
     for user, items, what in ((0, [9], "each in \\[0, 9\\)"), (0, [], "1 or more items"), (-1, [1], "user -1")):
         with pytest.raises(HelmInputError, match=what):

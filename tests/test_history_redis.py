@@ -38,13 +38,17 @@ def test_redis_gives_the_file_stores_answers_and_keeps_them_across_clients(tmp_p
     with build(tmp_path / "h", USER, ITEM, TIME, 3, 9) as f, build_redis(connect(redis_url), USER, ITEM, TIME, 3, 9) as r:
         for user, items in ops:
             assert r.append(user, items) == f.append(user, items)
+        assert r.append(1, [1], at=0) is None is f.append(1, [1], at=0)           # not that long: nothing written
+        n = f.length(4)
+        assert r.append(4, [2], at=n) == f.append(4, [2], at=n) == n + 1
+        ops.append((4, [2]))
         for user in range(6):
             assert r.length(user) == f.length(user)
             assert r.items(user, 0, r.length(user)).tolist() == f.items(user, 0, f.length(user)).tolist()
         assert r.items(1, 2, 5).tolist() == f.items(1, 2, 5).tolist()
         assert r.stat() == f.stat() | {"source": ""}
     with RedisStore(connect(redis_url)) as again:                      # another client, the same store
-        assert again.stat()["appends"] == 30 and again.length(1) == 4 + sum(len(i) for u, i in ops if u == 1)
+        assert again.stat()["appends"] == 31 and again.length(1) == 4 + sum(len(i) for u, i in ops if u == 1)
 
 
 def test_redis_errors_are_named(redis_url):

@@ -5,7 +5,7 @@ is the user's length, `GETRANGE` reads positions, `APPEND` adds after the last a
 and answers the new length. `<prefix>meta` (a hash) holds users, items, the base's actions, the
 source and the append counters; it is written last by a build, so a store is there once it is.
 `<prefix>new` (a set) holds the users appends created. An append, its counters and that set go in
-one MULTI/EXEC transaction. An acknowledged append is as
+one MULTI/EXEC transaction, the user's key WATCHed from the length read before it. An acknowledged append is as
 durable as the server keeps it: with `appendonly yes` and `appendfsync always` it survives a
 crash of the server.
 """
@@ -90,20 +90,31 @@ class RedisStore:
         raw = self._call(self.client.getrange, self._key(user), 8 * start, 8 * stop - 1)
         return np.frombuffer(raw, "<i8").astype(np.int64)
 
-    def append(self, user: int, items) -> int:
+    def append(self, user: int, items, at: int | None = None) -> int | None:
+        """As `HistoryStore.append`; with `at`, the check and the append are one optimistic
+        transaction (WATCH on the user's key: another client's append in between retries it)."""
         items = np.asarray(items, np.int64).ravel()
         if not 0 <= user < 1 << 62:
             raise HelmInputError(f"user {user} must be an integer in [0, 2^62)")
         if len(items) == 0 or items.min() < 0 or items.max() >= self.n_items:
             raise HelmInputError(f"append of user {user}: 1 or more items, each in [0, {self.n_items}), "
                                  f"got {items.tolist()[:8]}")
-        pipe = self.client.pipeline(transaction=True)
+        return self._call(lambda: self.client.transaction(lambda pipe: self._append(pipe, user, items, at),
+                                                          self._key(user), value_from_callable=True))
+
+    def _append(self, pipe, user: int, items: np.ndarray, at: int | None) -> int | None:
+        """Inside `client.transaction`: the user's key watched, its length read, then the append
+        and its counters queued (the transaction executes them; a change in between retries)."""
+        n = pipe.strlen(self._key(user)) // 8
+        if at is not None and n != at:
+            return None
+        pipe.multi()
         pipe.append(self._key(user), items.astype("<i8").tobytes())
         pipe.hincrby(self.prefix + "meta", "appends", 1)
         pipe.hincrby(self.prefix + "meta", "appended_actions", len(items))
         if not 0 <= user < self.n_users:
             pipe.sadd(self.prefix + "new", user)
-        return self._call(pipe.execute)[0] // 8
+        return n + len(items)
 
     def stat(self) -> dict:
         m = {k.decode(): v.decode() for k, v in self._call(self.client.hgetall, self.prefix + "meta").items()}

@@ -149,9 +149,10 @@ class HistoryStore:
         tail = np.concatenate(self.added[user])
         return np.concatenate([base, tail[max(start - n, 0): stop - n]])
 
-    def append(self, user: int, items) -> int:
+    def append(self, user: int, items, at: int | None = None) -> int | None:
         """Add `items` after `user`'s last action, durably (written and fsynced before it
-        returns); returns the user's new length."""
+        returns); returns the user's new length. With `at`, only if the user has exactly `at`
+        actions (the items continue the history the caller saw); None if not, nothing written."""
         items = np.asarray(items, np.int64).ravel()
         if not 0 <= user < 1 << 62:
             raise HelmInputError(f"user {user} must be an integer in [0, 2^62)")
@@ -162,6 +163,8 @@ class HistoryStore:
         frame = HEADER.pack(user, len(items), zlib.crc32(payload)) + payload
         with self._locked():
             self._read_new()                            # other writers' appends come first
+            if at is not None and self.length(user) != at:
+                return None
             self.journal.seek(0, os.SEEK_END)
             self.journal.write(frame)
             self.journal.flush()

@@ -140,6 +140,13 @@ class PagedKVCache:
             self.events.append((user, tokens))
         return tokens
 
+    def drop(self, user: int) -> None:
+        """Forget `user`'s cached prefix (its pages freed); the residency report hears of it."""
+        had = user in self.entries
+        self._trim(user, 0, evicted=False)
+        if had and self.events is not None:
+            self.events.append((user, 0))
+
     def _write(self, pages: tuple[int, ...], data: torch.Tensor) -> None:
         pad = len(pages) * self.tokens_per_page - data.shape[0]
         if pad:

@@ -39,6 +39,28 @@ class ServeConfig:
     deadline_ms: float | None = None  # a request not answered by then is cut (504) [None: 20 x slo_ms]
     max_cost_ms: float | None = None  # predicted worst-case service above this is refused (422) [None: 2 x slo_ms]
     seed: int = 0
+    history: str | None = None        # users' histories from this store folder (helmgr history build) ...
+    redis: str | None = None          # ... or this Redis URL; None for both: the synthetic population
+
+    @property
+    def store(self) -> bool:
+        """Histories come from a store: served requests' new items are appended to it."""
+        return self.history is not None or self.redis is not None
+
+    def with_store(self) -> "ServeConfig":
+        """This config with the store's catalogue and users (the item table covers its items), the
+        store checked: a folder that is not a store or a Redis that is down is a HelmInputError."""
+        if not self.store:
+            return self
+        if self.history is not None and self.redis is not None:
+            raise HelmInputError("name one history store: --history DIR or --redis URL, not both")
+        from helmgr.history import open_store
+        s = open_store(self.history, self.redis)
+        try:
+            stat = s.stat()
+        finally:
+            s.close()
+        return replace(self, n_items=stat["items"], n_users=stat["base_users"])
 
     def validate(self) -> "ServeConfig":
         if self.device not in ("cpu", "cuda"):

@@ -1,10 +1,11 @@
 """The HTTP ingress: `POST /v1/recommend`, `GET /healthz`, `GET /metrics`,
 `GET /v1/config`.
 
-The ingress resolves a request's prefix length — the body's `prefix_len` if given, else where
-this ingress last left the user (its previous prefix + new items), else the synthetic user's base
-history length; users outside the synthetic population (`user_id >= n_users`) are cold: prefix
-0 — and calls the backend with plain kwargs, which the HELM router reads. A backend replica
+The ingress resolves a request's prefix length — the body's `prefix_len` if given; else, with
+a history store, the user's length in it; else where this ingress last left the user (its
+previous prefix + new items), else the synthetic user's base history length, users outside the
+synthetic population (`user_id >= n_users`) cold: prefix 0 — and calls the backend with plain
+kwargs, which the HELM router reads. A backend replica
 that dies under a request is retried on another one (up to `TRIES` times).
 
 Bounded work: the body is read up to `max_body_bytes` (413 past it, before it is read
@@ -51,15 +52,25 @@ BODY_SCHEMA = {"requestBody": {"required": True, "content": {
 
 
 class Progress:
-    """User -> the prefix length its next request will have (bounded, least recently used out)."""
+    """User -> the prefix length its next request will have. With a history store, the user's
+    length in it (the replicas append what they serve); else the synthetic population's, advanced
+    by what this ingress answered (bounded, least recently used out)."""
 
     def __init__(self, cfg: ServeConfig, size: int = 1 << 18):
+        self.store = None
+        if cfg.store:
+            from helmgr.history import open_store
+            self.store = open_store(cfg.history, cfg.redis)
         w = cfg.workload_config()
         self.users = SyntheticUsers(w.n_clusters, w.len_median, w.len_sigma, w.len_cap, cfg.seed)
         self.n_users, self.cap, self.size = cfg.n_users, cfg.max_prefix, size
         self.next: OrderedDict[int, int] = OrderedDict()
 
     def prefix(self, user: int, given: int | None) -> int:
+        if self.store is not None:
+            if given is None and hasattr(self.store, "refresh"):
+                self.store.refresh()                    # the replicas' appends
+            return self.store.length(user) if given is None else given
         if user >= self.n_users:
             return 0
         if given is not None:
@@ -68,7 +79,7 @@ class Progress:
         return got if got is not None else int(self.users.base_len(np.array([user]))[0])
 
     def advance(self, user: int, prefix_len: int, new: int) -> None:
-        if user < self.n_users:
+        if self.store is None and user < self.n_users:
             self.next[user] = min(prefix_len + new, self.cap)
             self.next.move_to_end(user)
             if len(self.next) > self.size:
@@ -150,7 +161,7 @@ class Ingress:
                 "kv_tokens": out["kv_tokens"], "prefix_len": prefix_len,
                 "emb_hit_rate": 1.0 - out["misses"] / out["ids"], "latency_ms": latency * 1e3,
                 "service_ms": out["service_ms"], "replica_ms": out["replica_ms"], "ratio": out["ratio"],
-                "retries": retries}
+                "retries": retries, "appended": out["appended"]}
 
     async def _call(self, req: RecommendRequest, prefix_len: int, deadline: float) -> tuple[dict, int]:
         budget = f"its deadline of {self.cfg.deadline_s * 1e3:.0f} ms"
@@ -182,8 +193,9 @@ class Ingress:
 
     @api.get("/v1/config")
     async def config(self) -> dict:
-        """The app's sizes and seed (the load generator builds its workload over them)."""
-        return self.cfg.to_dict()
+        """The app's sizes and seed (the load generator builds its workload over them); where its
+        history store is stays private (a Redis URL may hold a password): only that it has one."""
+        return self.cfg.to_dict() | {k: "(set)" for k in ("history", "redis") if getattr(self.cfg, k) is not None}
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics(self) -> str:

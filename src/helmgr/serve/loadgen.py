@@ -200,6 +200,9 @@ def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
     """Replay the workload against the app; `cfg`: the app's config, if already fetched."""
     load.validate()
     cfg = cfg or server_config(load.url)
+    if cfg.store:
+        raise HelmInputError(f"the app at {load.url} serves users from a history store; loadgen replays the "
+                             f"synthetic workload's users, which it does not hold")
     reqs = list(requests(cfg, load))
     on_start(len(reqs))
     t = time.perf_counter()

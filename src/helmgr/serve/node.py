@@ -1,11 +1,14 @@
 """One serving replica's state, without Ray: the real data path, its pool, its local
 controller and its residency reporter. `helmgr.serve.replica.Backend` wraps one of these.
 
-Histories: the replica knows the synthetic workload's users (same config and seed on every
-replica), so `history(user, a, b)` gives any user's items at positions a..b, which is what a
-KV miss recomputes. The request's own new items are what is computed for positions
-prefix_len.. (the client's word wins over the synthetic history there). Users outside the
-synthetic population have no history: the ingress sends them with prefix_len 0.
+Histories: from a history store (`ServeConfig.history` or `.redis`, shared by every replica and
+the ingress), or else the synthetic workload's users (same config and seed on every replica), so
+`history(user, a, b)` gives any user's items at positions a..b, which is what a KV miss
+recomputes. The request's own new items are what is computed for positions prefix_len.. (the
+client's word wins there). With a store, a served request that continues the user's history
+(prefix_len = its length) has its new items appended, durably, before it is answered, so the next
+request's prefix includes them. Synthetic users outside the population have no history: the
+ingress sends them with prefix_len 0.
 """
 from __future__ import annotations
 
@@ -35,11 +38,17 @@ class ServeNode:
         self.cfg, self.clock = cfg, clock
         self.runtime = NodeRuntime(cfg.node_profile(), cfg.budget_bytes, cfg.device, cfg.seed, cfg.n_items,
                                    cfg.node_config())
-        workload = synthetic_workload(cfg.workload_config(), cfg.seed)
-        self.history = workload.history
-        if cfg.warm and workload.prior is not None:        # as the simulated nodes start
-            ids, requests, _ = workload.first_second_lookups()
-            self.runtime.emb.warm(workload.prior, ids / requests if requests else 1.0)
+        self.store, self.warming = None, False
+        if cfg.store:
+            from helmgr.history import open_store, reader
+            self.store = open_store(cfg.history, cfg.redis)
+            self.history = reader(self.store)
+        else:
+            workload = synthetic_workload(cfg.workload_config(), cfg.seed)
+            self.history = workload.history
+            if cfg.warm and workload.prior is not None:        # as the simulated nodes start
+                ids, requests, _ = workload.first_second_lookups()
+                self.runtime.emb.warm(workload.prior, ids / requests if requests else 1.0)
         self.reporter = Reporter(self.runtime)
         self.ctl = Controller.default() if cfg.controller else None
         self.decisions = 0
@@ -66,10 +75,14 @@ class ServeNode:
         on a throwaway controller. The window restarts afterwards (the warm-up is not traffic)."""
         cands = np.arange(self.cfg.candidates, dtype=np.int64) % self.cfg.n_items
         new = np.arange(8, dtype=np.int64)
+        new %= self.cfg.n_items
+        self.warming = True                 # nothing appended to a store
         for k in range(rounds):
             user = self.cfg.n_users + k
             self.serve(user, 0, new, cands)
-            self.serve(user, len(new), new + 8, cands)
+            self.serve(user, len(new), (new + 8) % self.cfg.n_items, cands)
+            self.runtime.kv.drop(user)      # a store's user of that id must not find the warm-up's K/V
+        self.warming = False
         if self.cfg.controller:
             Controller.default().step(self.window())
         self.report()
@@ -80,12 +93,14 @@ class ServeNode:
         self._arrivals += 1
         s = self.runtime.serve(self.clock(), user, prefix_len, new_ids, cand_ids,
                                with_new(self.history, prefix_len, new_ids))
+        appended = (self.store is not None and not self.warming
+                    and self.store.append(user, new_ids, at=prefix_len) is not None)
         model_s = self._model_s(prefix_len, s.kv_tokens, len(new_ids), len(cand_ids))
         if model_s > 0:
             self.slowdown += 0.2 * (min(max(s.service_s / model_s, 0.5), 10.0) - self.slowdown)
         st = self.runtime.stats
         return {"scores": s.scores.float().cpu().tolist(), "kv_tokens": s.kv_tokens, "ids": s.ids,
-                "misses": s.misses, "service_ms": s.service_s * 1e3, "ratio": self.runtime.ratio,
+                "misses": s.misses, "service_ms": s.service_s * 1e3, "ratio": self.runtime.ratio, "appended": appended,
                 "decisions": self.decisions, "emb_hit_rate_total": st.emb_hit_rate,
                 "kv_hit_rate_total": st.kv_hit_rate}
 

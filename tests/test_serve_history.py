@@ -1,0 +1,70 @@
+"""Serving from a history store, without Ray: a replica (`ServeNode`) appends what it serves, a
+KV hit's scores equal a cold recompute from the store, and the ingress's prefix is the store's."""
+import numpy as np
+import pytest
+import torch
+
+from helmgr.history import HistoryStore, build
+from helmgr.serve.config import ServeConfig
+from helmgr.serve.node import ServeNode
+
+torch.set_num_threads(1)
+
+# a log of 3 users over 500 items: user 0 has 30 actions, user 1 has 12, user 2 has 50
+rng = np.random.default_rng(0)
+LENS = (30, 12, 50)
+USER = np.repeat(np.arange(3), LENS)
+ITEM = rng.integers(0, 500, len(USER))
+TIME = np.arange(len(USER), dtype=float)
+CANDS = np.arange(100, 108)
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    build(tmp_path / "h", USER, ITEM, TIME, 3, 500).close()
+    return ServeConfig(candidates=8, pool_mib=4.0, shrink=32, controller=False, history=str(tmp_path / "h"),
+                       len_cap=128).with_store()
+
+
+def test_a_store_sets_the_catalogue_and_users(cfg):
+    assert (cfg.n_items, cfg.n_users, cfg.store) == (500, 3, True)
+    with pytest.raises(Exception, match="is not a history store"):
+        ServeConfig(history=str(cfg.history) + "-nope").with_store()
+
+
+def test_a_replica_appends_what_it_serves_and_a_hit_scores_as_a_recompute(cfg):
+    a = ServeNode(cfg)
+    a.warm_up()
+    assert HistoryStore(cfg.history).stat()["appends"] == 0          # the warm-up appends nothing
+    first = a.serve(0, 30, np.array([7, 8, 9]), CANDS)
+    assert first["appended"] and first["kv_tokens"] == 0                # a cold miss: the whole prefix from the store
+    second = a.serve(0, 33, np.array([10]), CANDS)
+    assert second["appended"] and second["kv_tokens"] == 33             # a KV hit on what the first request left
+    store = HistoryStore(cfg.history)
+    assert store.length(0) == 34 and store.items(0, 30, 34).tolist() == [7, 8, 9, 10]
+    b = ServeNode(cfg)                                                   # another replica, nothing cached
+    b.warm_up()
+    again = b.serve(0, 34, np.array([11]), CANDS)
+    hit = a.serve(0, 34, np.array([11]), CANDS)
+    assert again["kv_tokens"] == 0 and hit["kv_tokens"] == 34
+    np.testing.assert_allclose(hit["scores"], again["scores"], atol=1e-4)   # same history, hit or recompute
+    # both served position 34 but only the first to arrive appended it: the other found 35 actions
+    assert again["appended"] and not hit["appended"] and HistoryStore(cfg.history).length(0) == 35
+
+
+def test_a_request_off_the_stores_history_is_served_and_not_appended(cfg):
+    node = ServeNode(cfg)
+    out = node.serve(1, 5, np.array([1, 2]), CANDS)                     # user 1 has 12 actions, not 5
+    assert not out["appended"] and len(out["scores"]) == 8 and HistoryStore(cfg.history).length(1) == 12
+    new = node.serve(9, 0, np.array([3]), CANDS)                        # a user the log never saw: created
+    assert new["appended"] and HistoryStore(cfg.history).length(9) == 1
+
+
+def test_the_ingress_takes_the_prefix_from_the_store(cfg):
+    pytest.importorskip("ray.serve")
+    from helmgr.serve.ingress import Progress
+    progress = Progress(cfg)
+    assert [progress.prefix(u, None) for u in (0, 1, 2, 9)] == [30, 12, 50, 0]
+    assert progress.prefix(0, 4) == 4                                    # the client's word wins
+    HistoryStore(cfg.history).append(0, [5, 6])                          # a replica in another process
+    assert progress.prefix(0, None) == 32
