@@ -35,7 +35,8 @@ def test_a_store_sets_the_catalogue_and_users(cfg):
 def test_a_replica_appends_what_it_serves_and_a_hit_scores_as_a_recompute(cfg):
     a = ServeNode(cfg)
     a.warm_up()
-    assert HistoryStore(cfg.history).stat()["appends"] == 0          # the warm-up appends nothing
+    assert HistoryStore(cfg.history).stat()["appends"] == 0          # the warm-up appends nothing ...
+    assert a.runtime.kv.peek(cfg.n_users) == a.runtime.kv.peek(cfg.n_users + 1) == 0   # ... and leaves no K/V
     first = a.serve(0, 30, np.array([7, 8, 9]), CANDS)
     assert first["appended"] and first["kv_tokens"] == 0                # a cold miss: the whole prefix from the store
     second = a.serve(0, 33, np.array([10]), CANDS)

@@ -134,7 +134,7 @@ class Ingress:
         """Warm-up request `k`: a user outside the population (served cold, prefix 0)."""
         cands = [i % self.cfg.n_items for i in range(self.cfg.candidates)]
         return await self.backend.remote(user_id=self.cfg.n_users + 1000 + k, prefix_len=0, new_items=[1, 2, 3, 4],
-                                         candidates=cands, budget_s=60.0)
+                                         candidates=cands, budget_s=60.0, warmup=True)
 
     @api.post("/v1/recommend", openapi_extra=BODY_SCHEMA)
     async def recommend(self, request: Request) -> dict:

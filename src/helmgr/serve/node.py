@@ -38,7 +38,7 @@ class ServeNode:
         self.cfg, self.clock = cfg, clock
         self.runtime = NodeRuntime(cfg.node_profile(), cfg.budget_bytes, cfg.device, cfg.seed, cfg.n_items,
                                    cfg.node_config())
-        self.store, self.warming = None, False
+        self.store = None
         if cfg.store:
             from helmgr.history import open_store, reader
             self.store = open_store(cfg.history, cfg.redis)
@@ -76,25 +76,27 @@ class ServeNode:
         cands = np.arange(self.cfg.candidates, dtype=np.int64) % self.cfg.n_items
         new = np.arange(8, dtype=np.int64)
         new %= self.cfg.n_items
-        self.warming = True                 # nothing appended to a store
         for k in range(rounds):
             user = self.cfg.n_users + k
-            self.serve(user, 0, new, cands)
-            self.serve(user, len(new), (new + 8) % self.cfg.n_items, cands)
-            self.runtime.kv.drop(user)      # a store's user of that id must not find the warm-up's K/V
-        self.warming = False
+            self.serve(user, 0, new, cands, append=False)                       # a cold prefill, cached ...
+            self.serve(user, len(new), (new + 8) % self.cfg.n_items, cands, append=False, forget=True)  # a hit, gone
         if self.cfg.controller:
             Controller.default().step(self.window())
         self.report()
         self.window()
         self.slowdown = 1.0                 # the warm-up's first calls are not this machine's speed
 
-    def serve(self, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray) -> dict:
+    def serve(self, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray, append: bool = True,
+              forget: bool = False) -> dict:
+        """Serve one request; with a store and `append`, append its new items if the request
+        continues the user's history. `forget`: drop the user's K/V afterwards (a warm-up's, which
+        a real user of that id must not find)."""
         self._arrivals += 1
         s = self.runtime.serve(self.clock(), user, prefix_len, new_ids, cand_ids,
                                with_new(self.history, prefix_len, new_ids))
-        appended = (self.store is not None and not self.warming
-                    and self.store.append(user, new_ids, at=prefix_len) is not None)
+        if forget:
+            self.runtime.kv.drop(user)
+        appended = self.store is not None and append and self.store.append(user, new_ids, at=prefix_len) is not None
         model_s = self._model_s(prefix_len, s.kv_tokens, len(new_ids), len(cand_ids))
         if model_s > 0:
             self.slowdown += 0.2 * (min(max(s.service_s / model_s, 0.5), 10.0) - self.slowdown)

@@ -44,10 +44,10 @@ class Backend:
             await self.worker.alone(lambda: self.node.tick(self.worker.gate.waiting))
 
     async def __call__(self, *, user_id: int, prefix_len: int, new_items: list[int], candidates: list[int],
-                       budget_s: float | None = None) -> dict:
+                       budget_s: float | None = None, warmup: bool = False) -> dict:
         self._start_ticker()
         deadline = time.time() + (self.cfg.deadline_s if budget_s is None else budget_s)
-        return await self.worker.serve(user_id, prefix_len, new_items, candidates, deadline) | {"node": self.name}
+        return await self.worker.serve(user_id, prefix_len, new_items, candidates, deadline, warmup) | {"node": self.name}
 
     async def record_routing_stats(self) -> dict:
         self._start_ticker()

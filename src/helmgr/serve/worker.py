@@ -25,14 +25,15 @@ class Worker:
         self.gate = Gate(clock)
 
     async def serve(self, user: int, prefix_len: int, new_items: list[int], candidates: list[int],
-                    deadline: float) -> dict:
+                    deadline: float, warmup: bool = False) -> dict:
         t0 = time.perf_counter()
         try:
             await self.gate.enter(self.node.predict_s(user, prefix_len, len(new_items), len(candidates)), deadline)
         except Late as late:
             return {"late": str(late)}
         work = asyncio.ensure_future(asyncio.to_thread(
-            self.node.serve, user, prefix_len, np.asarray(new_items, np.int64), np.asarray(candidates, np.int64)))
+            self.node.serve, user, prefix_len, np.asarray(new_items, np.int64), np.asarray(candidates, np.int64),
+            not warmup, warmup))                        # a warm-up appends nothing and leaves no K/V
         work.add_done_callback(lambda _: self._done(t0))
         out = await asyncio.shield(work)
         return out | {"replica_ms": (time.perf_counter() - t0) * 1e3, "cut": self.gate.cut}
