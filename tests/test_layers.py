@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "helmgr"
 LAYERS = [
     ("core",),
     ("memory",),
-    ("workload",),
+    ("workload", "history"),
     ("controller",),
     ("policy", "routing"),
     ("sim",),
