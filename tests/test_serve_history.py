@@ -69,3 +69,42 @@ def test_the_ingress_takes_the_prefix_from_the_store(cfg):
     assert progress.prefix(0, 4) == 4                                    # the client's word wins
     HistoryStore(cfg.history).append(0, [5, 6])                          # a replica in another process
     assert progress.prefix(0, None) == 32
+
+
+def test_a_logs_requests_are_replayed_in_its_time_order_at_the_rate(cfg, tmp_path):
+    from helmgr.serve.loadgen import Answer, LoadConfig, summarize, trace_requests
+    log = tmp_path / "log.inter"
+    log.write_text("user_id:token\titem_id:token\ttimestamp:float\n"
+                   "b\tx\t5\nA\ty\t1\nb\tz\t5\nA\tx\t7\nb\ty\t3\n")         # users A=0, b=1; items x=0, y=1, z=2
+    load = LoadConfig(rps=100.0, duration_s=1.0, trace=str(log))
+    sent = list(trace_requests(cfg, load))
+    # A's item at t=1, b's at t=3, b's two at t=5 (one request, file order), A's at t=7
+    assert [(s.body["user_id"], s.body["new_items"]) for s in sent] == [(0, [1]), (1, [1]), (1, [0, 2]), (0, [0])]
+    assert all("prefix_len" not in s.body and len(s.body["candidates"]) == 8 for s in sent)
+    t = [s.t for s in sent]
+    assert t == sorted(t) and 0 < t[-1] < 1.0                        # 4 arrivals at ~100/s, within the second
+    assert [s.body for s in trace_requests(cfg, load)] == [s.body for s in sent]      # seeded
+    assert len(list(trace_requests(cfg, LoadConfig(rps=100.0, duration_s=1.0, trace=str(log), max_requests=2)))) == 2
+    ok = [Answer(0.0, 0.01, 200, 10, 10, 14, 1.0, "a", 0.3, 6.0, 4.0, 3.0, appended) for appended in (True, False)]
+    assert summarize(ok, 50.0, 1.0)["appended"] == 1
+
+
+def test_a_users_requests_take_turns_in_arrival_order():
+    import asyncio
+
+    from helmgr.serve.turns import Turns
+    turns, log = Turns(), []
+
+    async def request(user: int, k: int, hold: float):
+        async with turns.of(user):
+            log.append(("in", user, k))
+            await asyncio.sleep(hold)
+            log.append(("out", user, k))
+
+    async def main():
+        await asyncio.gather(request(1, 0, 0.03), request(1, 1, 0.0), request(2, 0, 0.01), request(1, 2, 0.0))
+    asyncio.run(main())
+    mine = [e for e in log if e[1] == 1]
+    assert mine == [("in", 1, 0), ("out", 1, 0), ("in", 1, 1), ("out", 1, 1), ("in", 1, 2), ("out", 1, 2)]
+    assert log.index(("in", 2, 0)) < log.index(("out", 1, 0))         # another user does not wait
+    assert turns.locks == {}                                           # nobody waiting: forgotten

@@ -100,7 +100,7 @@ def _interrupt(signum, frame):
 
 
 SHOWN = ("requests", "completed", "errors", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
-         "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "mean_ratio", "wall_s")
+         "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "mean_ratio", "appended", "wall_s")
 
 
 @click.command("loadgen")
@@ -124,26 +124,33 @@ SHOWN = ("requests", "completed", "errors", "p50_ms", "p95_ms", "p99_ms", "p999_
 @click.option("--sim", "with_sim", is_flag=True,
               help="Also run the same requests through the simulator (the app's nodes, cost profile and "
                    "controller) and show the two side by side.")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Replay this log's requests in its time order at --rps (an app serving a history store).")
+@click.option("--trace-format", type=click.Choice(["inter", "sequences"]), default="inter", show_default=True,
+              help="inter: RecBole atomic file; sequences: 'user item item ...' per line.")
 @json_option
 @out_option
-def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, with_sim, as_json,
-                out_dir):
-    """Replay the synthetic workload against a serving app over HTTP; report latency, SLO
-    attainment, throughput, hit rates and errors.
+def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, with_sim, trace,
+                trace_format, as_json, out_dir):
+    """Replay the synthetic workload (or a log, --trace) against a serving app over HTTP; report
+    latency, SLO attainment, throughput, hit rates, errors and the actions appended to its store.
 
     \b
     helmgr loadgen --url http://127.0.0.1:8000 --workload steady --duration 20 --rps 20 --json
     helmgr loadgen --duration 30 --rps 8 --sim        # next to the simulator on the same requests
+    helmgr loadgen --trace ml-100k.inter --duration 60 --rps 20   # against helmgr serve --history DIR
     """
     require("serve", "aiohttp", what="helmgr loadgen")       # the HTTP client; --sim runs the simulator as well
     from helmgr.serve.loadgen import PARTS, LoadConfig, loadgen, server_config, simulated
     from helmgr.workload import parse_regime
 
     parse_regime(regime)
-    load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed)
+    if trace is not None and with_sim:
+        raise click.UsageError("--sim runs the synthetic workload's requests; it does not replay --trace")
+    load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, trace, trace_format)
     cfg = server_config(url)
     with progress("loadgen", None) as bar:
-        task = bar.add_task(f"loadgen {regime} at {rps:g} req/s", total=None)
+        task = bar.add_task(f"loadgen {trace or regime} at {rps:g} req/s", total=None)
         result = loadgen(load, lambda n: bar.update(task, total=n), lambda: bar.advance(task), cfg)
     if with_sim:
         sim = simulated(cfg, load)
@@ -157,7 +164,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     if with_sim:
         shown = {k: (v, result["simulated"].get(k, float("nan"))) for k, v in shown.items()}
         headers = ("served", "simulated")
-    title = f"loadgen {regime}, {rps:g} req/s for {duration:g} s"
+    title = f"loadgen {trace or regime}, {rps:g} req/s for {duration:g} s"
     with result_dir(out_dir) as scratch:
         if scratch is not None:
             (scratch / "loadgen.json").write_text(json_text(result))

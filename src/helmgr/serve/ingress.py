@@ -42,6 +42,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from helmgr.serve.body import BodyError, RecommendRequest, parse_body, read_body
 from helmgr.serve.config import ServeConfig
 from helmgr.serve.limits import RequestLimits
+from helmgr.serve.turns import Turns
 from helmgr.serve.warm import Warmup
 from helmgr.workload.users import SyntheticUsers
 
@@ -122,6 +123,7 @@ class Ingress:
     def __init__(self, backend, cfg: dict):
         self.backend, self.cfg = backend, ServeConfig.from_dict(cfg)
         self.progress = Progress(self.cfg)
+        self.turns = Turns()
         self.limits = RequestLimits(self.cfg)
         self.metrics = Metrics()
         self.warmup, self.warming = Warmup(self.cfg.replicas), None
@@ -144,17 +146,22 @@ class Ingress:
         try:
             req = parse_body(await read_body(request.stream(), request.headers.get("content-length"),
                                              self.cfg.max_body_bytes))
-            prefix_len = self.progress.prefix(req.user_id, req.prefix_len)
-            self.limits.check(req, prefix_len)
         except BodyError as exc:
             self.metrics.errors.labels(f"http_{exc.status}").inc()
             return JSONResponse({"detail": exc.detail}, status_code=exc.status)
-        try:
-            out, retries = await self._call(req, prefix_len, deadline)
-        except Deadline as exc:
-            self.metrics.errors.labels("deadline").inc()
-            return JSONResponse({"detail": [{"loc": [], "type": "deadline", "msg": str(exc)}]}, status_code=504)
-        self.progress.advance(req.user_id, prefix_len, len(req.new_items))
+        async with self.turns.of(req.user_id):        # a user's requests in order: each prefix counts the last
+            try:
+                prefix_len = self.progress.prefix(req.user_id, req.prefix_len)
+                self.limits.check(req, prefix_len)
+            except BodyError as exc:
+                self.metrics.errors.labels(f"http_{exc.status}").inc()
+                return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+            try:
+                out, retries = await self._call(req, prefix_len, deadline)
+            except Deadline as exc:
+                self.metrics.errors.labels("deadline").inc()
+                return JSONResponse({"detail": [{"loc": [], "type": "deadline", "msg": str(exc)}]}, status_code=504)
+            self.progress.advance(req.user_id, prefix_len, len(req.new_items))
         latency = time.perf_counter() - t0
         self.metrics.answered(out, latency)
         return {"scores": out["scores"], "node": out["node"], "kv_hit": out["kv_tokens"] > 0,

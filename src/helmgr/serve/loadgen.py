@@ -36,6 +36,8 @@ class LoadConfig:
     slo_ms: float = 50.0
     timeout_s: float = 30.0
     seed: int | None = None           # the request stream's seed (None: the app's, whose users it replays)
+    trace: str | None = None          # replay this log's requests instead (an app serving a history store)
+    trace_format: str = "inter"
 
     def validate(self) -> "LoadConfig":
         """Every number finite and > 0 (an infinite duration would never end the replay); the
@@ -62,6 +64,7 @@ class Answer(NamedTuple):
     ingress_ms: float = math.nan    # in the ingress's handler: body, routing, the hop to the replica and back
     replica_ms: float = math.nan    # at the replica: its queue (the gate) and the service
     service_ms: float = math.nan    # the real path's service
+    appended: bool = False          # its new items were added to the app's history store
 
 
 # A request's time, split: the client and HTTP proxy (sending, the proxy's hop to the ingress, the
@@ -93,6 +96,27 @@ def stream_seed(cfg: ServeConfig, load: LoadConfig) -> int:
     return cfg.seed if load.seed is None else load.seed
 
 
+def trace_requests(cfg: ServeConfig, load: LoadConfig) -> Iterator[Sent]:
+    """The log's requests (a user's interactions at one time form one), in the log's time order,
+    sent at `rps` (exponential gaps, seeded) for `duration_s`: each user's items as its new items,
+    `cfg.candidates` random candidates, no prefix (the app's store has it)."""
+    from helmgr.workload.trace import _requests, read_trace
+
+    log = read_trace(load.trace, load.trace_format)
+    if log.n_items > cfg.n_items:
+        raise HelmInputError(f"--trace {load.trace!r} has {log.n_items} items, the app's catalogue {cfg.n_items}: "
+                             f"serve a history store built from this log")
+    order = np.lexsort((np.arange(len(log.user)), log.time, log.user))      # by user, time, file order
+    t, user, sizes = _requests(log, order)
+    items = np.split(log.item[order], np.cumsum(sizes)[:-1])
+    rng = np.random.default_rng([stream_seed(cfg, load), 11])
+    arrivals = np.cumsum(rng.exponential(1.0 / load.rps, len(t)))
+    n = min(int(np.searchsorted(arrivals, load.duration_s)), load.max_requests)
+    for k, i in enumerate(np.argsort(t, kind="stable")[:n]):
+        yield Sent(float(arrivals[k]), {"user_id": int(user[i]), "new_items": items[i].tolist(),
+                                        "candidates": rng.integers(0, cfg.n_items, cfg.candidates).tolist()})
+
+
 def requests(cfg: ServeConfig, load: LoadConfig) -> Iterator[Sent]:
     """The workload's requests in arrival order (by default the server's seed: its users and
     histories; another seed draws other arrivals and items over the same user population)."""
@@ -121,10 +145,10 @@ async def _send(session, url: str, sent: Sent, t0: float, slots: asyncio.Semapho
     latency = time.perf_counter() - t0 - sent.t
     b = sent.body
     if status != 200:
-        return Answer(sent.t, latency, status, b["prefix_len"], 0, 0, 0.0, "", float("nan"))
-    ids = b["prefix_len"] - out["kv_tokens"] + len(b["new_items"]) + len(b["candidates"])
+        return Answer(sent.t, latency, status, b.get("prefix_len", 0), 0, 0, 0.0, "", float("nan"))
+    ids = out["prefix_len"] - out["kv_tokens"] + len(b["new_items"]) + len(b["candidates"])
     return Answer(sent.t, latency, status, out["prefix_len"], out["kv_tokens"], ids, out["emb_hit_rate"],
-                  out["node"], out["ratio"], out["latency_ms"], out["replica_ms"], out["service_ms"])
+                  out["node"], out["ratio"], out["latency_ms"], out["replica_ms"], out["service_ms"], out["appended"])
 
 
 async def replay(load: LoadConfig, reqs: list[Sent], on_answer: Callable[[], None] = lambda: None) -> list[Answer]:
@@ -172,7 +196,8 @@ def summarize(answers: list[Answer], slo_ms: float, wall_s: float) -> dict:
            "kv_hit_rate": sum(a.kv_tokens for a in ok) / prefix if prefix else 0.0,
            "mean_ratio": float(np.mean([a.ratio for a in ok])) if ok else None,
            "status_counts": dict(sorted(statuses.items())),
-           "requests_per_node": dict(sorted(nodes.items())), "split_ms": split(ok), "wall_s": wall_s}
+           "requests_per_node": dict(sorted(nodes.items())), "split_ms": split(ok),
+           "appended": sum(a.appended for a in ok), "wall_s": wall_s}
     if not ok:
         why = "no request was sent" if not answers else "no request completed"
         out["nulls"] = {k: why for k in ("p50_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ratio", "split_ms")}
@@ -200,10 +225,13 @@ def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
     """Replay the workload against the app; `cfg`: the app's config, if already fetched."""
     load.validate()
     cfg = cfg or server_config(load.url)
-    if cfg.store:
-        raise HelmInputError(f"the app at {load.url} serves users from a history store; loadgen replays the "
-                             f"synthetic workload's users, which it does not hold")
-    reqs = list(requests(cfg, load))
+    if cfg.store and load.trace is None:
+        raise HelmInputError(f"the app at {load.url} serves users from a history store; replay a log against it "
+                             f"(--trace), not the synthetic workload's users, which it does not hold")
+    if load.trace is not None and not cfg.store:
+        raise HelmInputError(f"--trace: the app at {load.url} serves the synthetic population; serve a history "
+                             f"store built from the log (helmgr serve --history DIR)")
+    reqs = list(trace_requests(cfg, load) if load.trace is not None else requests(cfg, load))
     on_start(len(reqs))
     t = time.perf_counter()
     answers = asyncio.run(replay(load, reqs, on_answer))
