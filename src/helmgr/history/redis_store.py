@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from helmgr.core.errors import HelmInputError
+from helmgr.history.store import Store
 
 COUNTERS = ("appends", "appended_actions")
 
@@ -55,7 +56,7 @@ def build_redis(client, user: np.ndarray, item: np.ndarray, time: np.ndarray, n_
     return RedisStore(client, prefix)
 
 
-class RedisStore:
+class RedisStore(Store):
     """A store in Redis: `length`, `items`, `append` and `stat`, as `HistoryStore`."""
 
     def __init__(self, client, prefix: str = "helm:"):
@@ -119,16 +120,8 @@ class RedisStore:
     def stat(self) -> dict:
         m = {k.decode(): v.decode() for k, v in self._call(self.client.hgetall, self.prefix + "meta").items()}
         c = {k: int(m[k]) for k in COUNTERS}
-        return {"users": self.n_users + self._call(self.client.scard, self.prefix + "new"), "actions": int(m["base_actions"]) + c["appended_actions"],
-                "base_users": self.n_users, "base_actions": int(m["base_actions"]), "appends": c["appends"],
-                "appended_actions": c["appended_actions"], "items": self.n_items, "torn_bytes_cut": 0,
-                "source": m.get("source", "")}
+        return self.record(self._call(self.client.scard, self.prefix + "new"), self.n_users, int(m["base_actions"]),
+                           c["appends"], c["appended_actions"], self.n_items, 0, m.get("source", ""))
 
     def close(self) -> None:
         self.client.close()
-
-    def __enter__(self) -> "RedisStore":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -63,7 +63,29 @@ def build(folder: Path, user: np.ndarray, item: np.ndarray, time: np.ndarray, n_
     return HistoryStore(folder)
 
 
-class HistoryStore:
+class Store:
+    """What both stores share: `stat`'s record, and `with` closing them."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @staticmethod
+    def record(new_users: int, base_users: int, base_actions: int, appends: int, appended_actions: int, items: int,
+               torn_bytes_cut: int, source: str) -> dict:
+        """`stat`: users and actions, the base's and the appends'."""
+        return {"users": base_users + new_users, "actions": base_actions + appended_actions,
+                "base_users": base_users, "base_actions": base_actions, "appends": appends,
+                "appended_actions": appended_actions, "items": items, "torn_bytes_cut": torn_bytes_cut,
+                "source": source}
+
+
+class HistoryStore(Store):
     """A built store, opened: `length`, `items` and `append` by user."""
 
     def __init__(self, folder: Path):
@@ -175,17 +197,9 @@ class HistoryStore:
 
     def stat(self) -> dict:
         """Users and actions: the base's, the appends', and any torn tail cut when it opened."""
-        users = self.n_users + sum(1 for u in self.added if not 0 <= u < self.n_users)
-        return {"users": users, "actions": int(self.meta["base_actions"] + self.appended_actions),
-                "base_users": self.n_users, "base_actions": int(self.meta["base_actions"]),
-                "appends": self.appends, "appended_actions": self.appended_actions, "items": int(self.meta["items"]),
-                "torn_bytes_cut": self.cut_bytes, "source": self.meta.get("source", "")}
+        return self.record(sum(1 for u in self.added if not 0 <= u < self.n_users), self.n_users,
+                           int(self.meta["base_actions"]), self.appends, self.appended_actions, int(self.meta["items"]),
+                           self.cut_bytes, self.meta.get("source", ""))
 
     def close(self) -> None:
         self.journal.close()
-
-    def __enter__(self) -> "HistoryStore":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
