@@ -239,3 +239,17 @@ def test_burst_ramp_rises_linearly_to_its_multiple(ramp_s, first_half):
     assert np.count_nonzero(t >= 20.0) == pytest.approx(20_000, rel=0.03)
     with pytest.raises(HelmInputError, match="burst_ramp_s"):
         default_config("burst", burst_ramp_s=-1.0).validate()
+
+
+def test_a_built_workload_is_kept_and_a_run_leaves_it_as_it_was():
+    """WorkloadSpec.build keeps the last synthetic workloads it built; that is sound only if a run
+    reads a workload and never changes it: a second run on the same object is the first again."""
+    from helmgr.sim import SimConfig, simulate
+    from helmgr.workload import WorkloadSpec
+    spec = WorkloadSpec("trend", 12.0, 3, 300.0)
+    w = spec.build()
+    assert WorkloadSpec("trend", 12.0, 3, 300.0).build() is w and WorkloadSpec("trend", 12.0, 4, 300.0).build() is not w
+    cfg = SimConfig(nodes=2, policy="helm", router="helm", seed=3, warmup_s=2.0)
+    runs = [simulate(cfg, w).summary for _ in range(2)]
+    keys = ("requests", "p50_ms", "p99_ms", "emb_hit_rate", "kv_hit_rate", "mean_ratio")
+    assert [r[k] for k in keys] == [runs[1][k] for k in keys] and runs[0]["requests"] > 0

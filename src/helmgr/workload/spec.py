@@ -1,7 +1,13 @@
 """A workload named by its options, so that a worker process (or a Ray task) can build the same
-stream from a small, picklable value."""
+stream from a small, picklable value.
+
+`build` keeps the last two synthetic workloads it built: a study runs many units over one spec
+(the evaluation's 36 a regime and seed), and building one takes ~0.7 s (its history and
+candidate pools); a run only reads a built workload, so the same object serves them all.
+"""
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from helmgr.workload.stream import Workload
@@ -9,6 +15,7 @@ from helmgr.workload.synthetic import default_config, parse_regime, synthetic_wo
 from helmgr.workload.trace import trace_workload
 
 TRACE_DURATION_S = 120.0
+KEEP = 2                                   # synthetic workloads kept built (each ~50-100 MB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +32,17 @@ class WorkloadSpec:
     overlays: tuple[str, ...] = ()
 
     def build(self) -> Workload:
+        if self.trace is None and self in _BUILT:
+            _BUILT.move_to_end(self)
+            return _BUILT[self]
+        w = self._build()
+        if self.trace is None:                    # a log may change on disk: built anew each time
+            _BUILT[self] = w
+            while len(_BUILT) > KEEP:
+                _BUILT.popitem(last=False)
+        return w
+
+    def _build(self) -> Workload:
         if self.trace is not None:
             duration = TRACE_DURATION_S if self.duration_s is None else self.duration_s
             return trace_workload(self.trace, self.trace_format, duration, self.seed, self.time_compression,
@@ -36,3 +54,6 @@ class WorkloadSpec:
         overrides = ({"duration_s": self.duration_s} if self.duration_s is not None else {}) | (
             {"rps": self.rps} if self.rps is not None else {})
         return synthetic_workload(replace(cfg, **overrides), self.seed)
+
+
+_BUILT: OrderedDict[WorkloadSpec, Workload] = OrderedDict()
