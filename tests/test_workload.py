@@ -252,4 +252,4 @@ def test_a_built_workload_is_kept_and_a_run_leaves_it_as_it_was():
     cfg = SimConfig(nodes=2, policy="helm", router="helm", seed=3, warmup_s=2.0)
     runs = [simulate(cfg, w).summary for _ in range(2)]
     keys = ("requests", "p50_ms", "p99_ms", "emb_hit_rate", "kv_hit_rate", "mean_ratio")
-    assert [r[k] for k in keys] == [runs[1][k] for k in keys] and runs[0]["requests"] > 0
+    assert [runs[0][k] for k in keys] == [runs[1][k] for k in keys] and runs[0]["requests"] > 0
