@@ -15,8 +15,8 @@ REDIS = click.option("--redis", "redis_url", default=None, metavar="URL",
 
 @click.group("history")
 def history() -> None:
-    """Users' action histories on disk (a folder): built from a log, read by position, appended
-    durably (an acknowledged append survives a crash and a restart)."""
+    """Users' action histories in a folder or in Redis: built from a log, read by position,
+    appended durably (an acknowledged append survives a crash and a restart)."""
 
 
 @history.command("build")
