@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from helmgr.core.errors import HelmInputError
-from helmgr.history.store import Store
+from helmgr.history.store import Store, by_user
 
 COUNTERS = ("appends", "appended_actions")
 
@@ -40,13 +40,11 @@ def build_redis(client, user: np.ndarray, item: np.ndarray, time: np.ndarray, n_
     """`history.store.build` into Redis under `prefix`, which must hold no store yet."""
     if client.exists(prefix + "meta"):
         raise HelmInputError(f"a history store already exists under {prefix!r}: delete it or use another prefix")
-    order = np.lexsort((np.arange(len(user)), time, user))
-    items = item[order].astype("<i8")
-    ends = np.cumsum(np.bincount(user, minlength=n_users))
-    starts = ends - np.bincount(user, minlength=n_users)
+    items, offsets = by_user(user, item, time, n_users)
+    items = items.astype("<i8")
     pipe = client.pipeline(transaction=False)
-    for u in np.flatnonzero(ends > starts):
-        pipe.set(f"{prefix}u:{u}", items[starts[u]:ends[u]].tobytes())
+    for u in np.flatnonzero(np.diff(offsets)):
+        pipe.set(f"{prefix}u:{u}", items[offsets[u]:offsets[u + 1]].tobytes())
         if len(pipe) >= 1000:
             pipe.execute()
     pipe.execute()
@@ -94,12 +92,7 @@ class RedisStore(Store):
     def append(self, user: int, items, at: int | None = None) -> int | None:
         """As `HistoryStore.append`; with `at`, the check and the append are one optimistic
         transaction (WATCH on the user's key: another client's append in between retries it)."""
-        items = np.asarray(items, np.int64).ravel()
-        if not 0 <= user < 1 << 62:
-            raise HelmInputError(f"user {user} must be an integer in [0, 2^62)")
-        if len(items) == 0 or items.min() < 0 or items.max() >= self.n_items:
-            raise HelmInputError(f"append of user {user}: 1 or more items, each in [0, {self.n_items}), "
-                                 f"got {items.tolist()[:8]}")
+        items = self.checked(user, items, self.n_items)
         return self._call(lambda: self.client.transaction(lambda pipe: self._append(pipe, user, items, at),
                                                           self._key(user), value_from_callable=True))
 

@@ -37,6 +37,13 @@ HEADER = struct.Struct("<qiI")          # user, count, CRC-32 of the items' byte
 FILES = ("meta.json", "base.npy", "offsets.npy")
 
 
+def by_user(user: np.ndarray, item: np.ndarray, time: np.ndarray, n_users: int) -> tuple[np.ndarray, np.ndarray]:
+    """The interactions' items grouped by user, each user's in time order (ties in file order),
+    and where each user's start (n_users + 1 offsets): what both stores are built from."""
+    order = np.lexsort((np.arange(len(user)), time, user))
+    return item[order].astype(np.int64), np.r_[0, np.cumsum(np.bincount(user, minlength=n_users))].astype(np.int64)
+
+
 def build(folder: Path, user: np.ndarray, item: np.ndarray, time: np.ndarray, n_users: int, n_items: int,
           source: str = "") -> "HistoryStore":
     """A store of the interactions (`user`, `item`, `time`: a `Log`'s columns) in `folder`, which
@@ -44,14 +51,13 @@ def build(folder: Path, user: np.ndarray, item: np.ndarray, time: np.ndarray, n_
     folder = Path(folder)
     if folder.exists():
         raise HelmInputError(f"history store {str(folder)!r} already exists: remove it or name another folder")
-    order = np.lexsort((np.arange(len(user)), time, user))
-    counts = np.bincount(user, minlength=n_users)
+    items, offsets = by_user(user, item, time, n_users)
     tmp = folder.with_name(folder.name + ".building")       # a build cut short leaves only this
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        np.save(tmp / "base.npy", item[order].astype(np.int64))
-        np.save(tmp / "offsets.npy", np.r_[0, np.cumsum(counts)].astype(np.int64))
+        np.save(tmp / "base.npy", items)
+        np.save(tmp / "offsets.npy", offsets)
         (tmp / "journal.bin").touch()
         meta = {"format": FORMAT, "users": int(n_users), "items": int(n_items), "base_actions": int(len(item)),
                 "source": source}
@@ -64,7 +70,19 @@ def build(folder: Path, user: np.ndarray, item: np.ndarray, time: np.ndarray, n_
 
 
 class Store:
-    """What both stores share: `stat`'s record, and `with` closing them."""
+    """What both stores share: an append's checks, `stat`'s record, and `with` closing them."""
+
+    @staticmethod
+    def checked(user: int, items, n_items: int) -> np.ndarray:
+        """`items` of an append of `user`, as int64: a HelmInputError unless the user is in
+        [0, 2^62) and there are 1 or more items, each in the catalogue."""
+        items = np.asarray(items, np.int64).ravel()
+        if not 0 <= user < 1 << 62:
+            raise HelmInputError(f"user {user} must be an integer in [0, 2^62)")
+        if len(items) == 0 or items.min() < 0 or items.max() >= n_items:
+            raise HelmInputError(f"append of user {user}: 1 or more items, each in [0, {n_items}), "
+                                 f"got {items.tolist()[:8]}")
+        return items
 
     def close(self) -> None:
         raise NotImplementedError
@@ -100,7 +118,7 @@ class HistoryStore(Store):
                                  f"this helmgr reads {FORMAT}")
         self.base = np.load(self.folder / "base.npy", mmap_mode="r")
         self.offsets = np.load(self.folder / "offsets.npy")
-        self.added: dict[int, list[np.ndarray]] = {}
+        self.added: dict[int, np.ndarray] = {}          # user -> its appended items, in order
         self.appends = self.appended_actions = self.cut_bytes = 0
         self.journal = open(self.folder / "journal.bin", "a+b")
         self._end = 0                                   # journal bytes read into `added`
@@ -148,7 +166,8 @@ class HistoryStore(Store):
             self.cut_bytes += len(data) - at
 
     def _keep(self, user: int, items: np.ndarray) -> None:
-        self.added.setdefault(user, []).append(items)
+        had = self.added.get(user)
+        self.added[user] = items if had is None else np.concatenate([had, items])
         self.appends += 1
         self.appended_actions += len(items)
 
@@ -157,7 +176,7 @@ class HistoryStore(Store):
 
     def length(self, user: int) -> int:
         """Actions of `user` so far: the base's and every append's."""
-        return self._base_len(user) + sum(len(a) for a in self.added.get(user, ()))
+        return self._base_len(user) + len(self.added.get(user, ()))
 
     def items(self, user: int, start: int, stop: int) -> np.ndarray:
         """`user`'s items at positions start .. stop - 1 (0 <= start <= stop <= length)."""
@@ -168,19 +187,13 @@ class HistoryStore(Store):
             if n else np.zeros(0, np.int64)
         if stop <= n:
             return base
-        tail = np.concatenate(self.added[user])
-        return np.concatenate([base, tail[max(start - n, 0): stop - n]])
+        return np.concatenate([base, self.added[user][max(start - n, 0): stop - n]])
 
     def append(self, user: int, items, at: int | None = None) -> int | None:
         """Add `items` after `user`'s last action, durably (written and fsynced before it
         returns); returns the user's new length. With `at`, only if the user has exactly `at`
         actions (the items continue the history the caller saw); None if not, nothing written."""
-        items = np.asarray(items, np.int64).ravel()
-        if not 0 <= user < 1 << 62:
-            raise HelmInputError(f"user {user} must be an integer in [0, 2^62)")
-        if len(items) == 0 or items.min() < 0 or items.max() >= self.meta["items"]:
-            raise HelmInputError(f"append of user {user}: 1 or more items, each in [0, {self.meta['items']}), "
-                                 f"got {items.tolist()[:8]}")
+        items = self.checked(user, items, self.meta["items"])
         payload = items.tobytes()
         frame = HEADER.pack(user, len(items), zlib.crc32(payload)) + payload
         with self._locked():
