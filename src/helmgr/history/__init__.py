@@ -13,10 +13,10 @@ def open_store(folder: str | None = None, redis: str | None = None):
 
 
 def reader(store):
-    """`history(user, start, stop)` over `store`, as the runtime asks for a KV miss's prefix: a
-    file store catches up with other processes' appends when asked past what it has read."""
+    """`history(user, start, stop)` over `store`, as the runtime asks for a KV miss's prefix: the
+    store catches up with other processes' appends when asked past what it has read."""
     def history(user: int, start: int, stop: int):
-        if stop > store.length(user) and hasattr(store, "refresh"):
+        if stop > store.length(user):
             store.refresh()
         return store.items(user, start, stop)
     return history

@@ -84,6 +84,9 @@ class Store:
                                  f"got {items.tolist()[:8]}")
         return items
 
+    def refresh(self) -> None:
+        """Catch up with other processes' appends (nothing to do where every read is current)."""
+
     def close(self) -> None:
         raise NotImplementedError
 

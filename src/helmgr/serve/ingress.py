@@ -58,18 +58,19 @@ class Progress:
     by what this ingress answered (bounded, least recently used out)."""
 
     def __init__(self, cfg: ServeConfig, size: int = 1 << 18):
-        self.store = None
+        self.store = self.users = None
         if cfg.store:
             from helmgr.history import open_store
             self.store = open_store(cfg.history, cfg.redis)
-        w = cfg.workload_config()
-        self.users = SyntheticUsers(w.n_clusters, w.len_median, w.len_sigma, w.len_cap, cfg.seed)
+        else:
+            w = cfg.workload_config()
+            self.users = SyntheticUsers(w.n_clusters, w.len_median, w.len_sigma, w.len_cap, cfg.seed)
         self.n_users, self.cap, self.size = cfg.n_users, cfg.max_prefix, size
         self.next: OrderedDict[int, int] = OrderedDict()
 
     def prefix(self, user: int, given: int | None) -> int:
         if self.store is not None:
-            if given is None and hasattr(self.store, "refresh"):
+            if given is None:
                 self.store.refresh()                    # the replicas' appends
             return self.store.length(user) if given is None else given
         if user >= self.n_users:
