@@ -23,13 +23,13 @@ CANDS = np.arange(100, 108)
 def cfg(tmp_path):
     build(tmp_path / "h", USER, ITEM, TIME, 3, 500).close()
     return ServeConfig(candidates=8, pool_mib=4.0, shrink=32, controller=False, history=str(tmp_path / "h"),
-                       len_cap=128).with_store()
+                       len_cap=128).with_sources()
 
 
 def test_a_store_sets_the_catalogue_and_users(cfg):
     assert (cfg.n_items, cfg.n_users, cfg.store) == (500, 3, True)
     with pytest.raises(Exception, match="is not a history store"):
-        ServeConfig(history=str(cfg.history) + "-nope").with_store()
+        ServeConfig(history=str(cfg.history) + "-nope").with_sources()
 
 
 def test_a_replica_appends_what_it_serves_and_a_hit_scores_as_a_recompute(cfg):

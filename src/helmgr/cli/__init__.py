@@ -15,6 +15,7 @@ from helmgr.cli.capacity_cmd import capacity_cmd
 from helmgr.cli.compare_cmd import compare_cmd
 from helmgr.cli.evaluate_cmd import evaluate_cmd
 from helmgr.cli.history_cmd import history
+from helmgr.cli.model_cmd import model
 from helmgr.cli.notuning_cmd import notuning_cmd
 from helmgr.cli.plan_cmd import plan_cmd
 from helmgr.cli.profile_cmd import profile
@@ -43,6 +44,7 @@ cli.add_command(capacity_cmd)
 cli.add_command(plan_cmd)
 cli.add_command(workload)
 cli.add_command(history)
+cli.add_command(model)
 cli.add_command(profile)
 cli.add_command(bench_cmd)
 cli.add_command(train_cmd)

@@ -48,13 +48,15 @@ from helmgr.serve.config import ServeConfig
               help="Refuse (413) a larger request body before reading it.")
 @click.option("--no-controller", is_flag=True, help="Keep every ratio fixed.")
 @click.option("--seed", type=SEED, default=0, show_default=True,
-              help="Model weights, item table, and the synthetic users' histories.")
+              help="Model weights and item table (without --model), the synthetic users' histories (without a store).")
 @click.option("--history", "history_dir", type=click.Path(file_okay=False), default=None,
               help="Users' histories from this store (helmgr history build); each served request's new items "
                    "are appended to it [default: the synthetic population].")
 @click.option("--redis", "redis_url", default=None, metavar="URL", help="... or from the store in this Redis.")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Model weights and item table from this checkpoint (helmgr model train) [default: seeded random].")
 def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, replica_cpus, pool_mib, ratio, hardware,
-              slo_ms, deadline_ms, max_cost_ms, max_body_kib, no_controller, seed, history_dir, redis_url):
+              slo_ms, deadline_ms, max_cost_ms, max_body_kib, no_controller, seed, history_dir, redis_url, model_dir):
     """Serve recommendations over HTTP: backend replicas with real caches, the HELM router, an
     ingress at POST /v1/recommend. Blocks until Ctrl-C.
 
@@ -77,7 +79,7 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
     cfg = ServeConfig(replicas=replicas, device=device, replica_cpus=replica_cpus, pool_mib=pool_mib, ratio=ratio,
                       hardware=hardware, slo_ms=slo_ms, deadline_ms=deadline_ms, max_cost_ms=max_cost_ms,
                       max_body_bytes=max_body_kib * 1024, controller=not no_controller, seed=seed,
-                      history=history_dir, redis=redis_url).with_store().validate()   # a bad store: exit 2 now
+                      history=history_dir, redis=redis_url, checkpoint=model_dir).with_sources().validate()  # exit 2 now
     stderr.print(f"starting {replicas} replicas ({device}) ...")
     try:
         url = start(cfg, port=port, host=host, address=address, num_cpus=num_cpus, metrics_port=metrics_port)

@@ -17,9 +17,9 @@ from helmgr.core.errors import HelmInputError
 # extra -> the top-level modules its commands import (import names, not distribution names)
 EXTRAS: dict[str, tuple[str, ...]] = {
     "train": ("gymnasium", "stable_baselines3", "torch"),
-    "real": ("torch",),
+    "real": ("torch", "safetensors"),
     # ray[serve] brings fastapi, pydantic, starlette, uvicorn, prometheus_client and aiohttp
-    "serve": ("ray", "fastapi", "pydantic", "starlette", "uvicorn", "prometheus_client", "aiohttp", "torch"),
+    "serve": ("ray", "fastapi", "pydantic", "starlette", "uvicorn", "prometheus_client", "aiohttp", "torch", "safetensors"),
     "redis": ("redis",),
 }
 

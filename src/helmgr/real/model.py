@@ -4,7 +4,10 @@ Each layer: h -> LayerNorm -> one linear to U, V, Q, K -> SiLU; pointwise attent
 A = SiLU(Q K^T) under a causal mask (no softmax); out = W_o (LayerNorm(A V) * U) + h.
 Each query's attention is divided by the number of keys it sees (i + 1 for position i), not by
 the sequence length, so a position's output never depends on what comes after it: that is
-what makes its K/V cacheable and `extend` exact. Relative attention bias is left out.
+what makes its K/V cacheable and `extend` exact. A learned relative attention bias (one value a
+head per bucket of query-to-key distance, log-spaced past 8; HSTU's positional `rab`) is added
+to Q K^T before the SiLU: it depends on distances only, so cached K/V stay exact. It starts at
+zero, so an untrained model attends by content alone.
 
 Scoring (M-FALCON): candidates are extra queries at every layer; each attends to the whole
 history (cached prefix + new tokens) and to itself, never to another candidate, so a
@@ -41,6 +44,15 @@ def shrink(profile: ModelProfile, factor: int) -> ModelProfile:
     return replace(profile, name=f"{profile.name}/{factor}", **{w: getattr(profile, w) // factor for w in widths})
 
 
+BUCKETS = 32         # relative attention bias: distances 0..7 each their own, then 4 a doubling, 256+ the last
+
+
+def bucket(distance: torch.Tensor) -> torch.Tensor:
+    """The bias bucket of each distance (>= 0) between a query's position and its key's."""
+    far = 8 + (torch.log2(distance.clamp(min=8).float() / 8) * 4).long()
+    return torch.where(distance < 8, distance, far).clamp(max=BUCKETS - 1)
+
+
 def _weight(rows: int, cols: int, g: torch.Generator, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.randn(rows, cols, generator=g, dtype=dtype) / cols ** 0.5)
 
@@ -51,6 +63,7 @@ class HSTUBlock(nn.Module):
         self.heads, self.d_qk, self.d_v = p.heads, p.d_qk, p.d_v
         self.w_uvqk = _weight(p.heads * (2 * p.d_v + 2 * p.d_qk), p.d_model, g, dtype)
         self.w_out = _weight(p.d_model, p.heads * p.d_v, g, dtype)
+        self.rab = nn.Parameter(torch.zeros(p.heads, BUCKETS, dtype=dtype))    # zero until trained
 
     def uvqk(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """U (n, heads*d_v), then V, Q, K as (n, heads, d)."""
@@ -65,23 +78,29 @@ class HSTUBlock(nn.Module):
         a = attn.reshape(h.shape[0], -1)
         return h + (F.layer_norm(a, a.shape[-1:]) * u) @ self.w_out.T
 
-    @staticmethod
-    def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    def bias(self, distance: torch.Tensor) -> torch.Tensor:
+        """The relative attention bias of a query `distance` positions after its key (any shape
+        of distances >= 0): one value per head, (heads, *distance.shape)."""
+        return self.rab[:, bucket(distance)]
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Causal pointwise attention of the last `len(q)` positions over `keys`/`values` (all
         positions so far); position i's sum is divided by its i + 1 keys. (t, heads, d_v) out."""
         pos = keys.shape[0] - q.shape[0] + torch.arange(q.shape[0], device=q.device)
-        visible = torch.arange(keys.shape[0], device=q.device)[None, :] <= pos[:, None]
-        a = F.silu(torch.einsum("thd,shd->hts", q, keys)) * (visible / (pos[:, None] + 1))
-        return torch.einsum("hts,shd->thd", a, values)
+        dist = pos[:, None] - torch.arange(keys.shape[0], device=q.device)[None, :]
+        a = F.silu(torch.einsum("thd,shd->hts", q, keys) + self.bias(dist.clamp(min=0)))
+        return torch.einsum("hts,shd->thd", a * ((dist >= 0) / (pos[:, None] + 1)), values)
 
-    @staticmethod
-    def attend_candidates(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+    def attend_candidates(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
                           values: torch.Tensor) -> torch.Tensor:
         """Candidates (queries `q`, their own `k`, `v`) over the history's `keys`/`values` and
-        themselves only, divided by the history's keys + 1. (c, heads, d_v) out."""
-        history = F.silu(torch.einsum("chd,nhd->hcn", q, keys))
-        own = F.silu((q * k).sum(-1, keepdim=True))                     # (c, heads, 1)
-        return (torch.einsum("hcn,nhd->chd", history, values) + own * v) / (keys.shape[0] + 1)
+        themselves only, divided by the history's keys + 1: a candidate stands at the position
+        after the history's last. (c, heads, d_v) out."""
+        n = keys.shape[0]
+        dist = n - torch.arange(n, device=q.device)
+        history = F.silu(torch.einsum("chd,nhd->hcn", q, keys) + self.bias(dist)[:, None, :])
+        own = F.silu((q * k).sum(-1, keepdim=True) + self.rab[:, :1])     # (c, heads, 1): distance 0
+        return (torch.einsum("hcn,nhd->chd", history, values) + own * v) / (n + 1)
 
     def forward(self, h: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor):
         """The new positions `h` after `past_k.shape[0]` cached ones; returns (h', K_all, V_all)."""

@@ -100,14 +100,15 @@ class RealBatch(NamedTuple):
 
 class NodeRuntime:
     """A node's pool (`budget_bytes`, which need not be `profile.pool_budget_bytes`), EMB cache,
-    KV cache and model on `device`, over a seeded synthetic host table of `n_items` rows. Refill
+    KV cache and model on `device`, over a host table of `n_items` rows: a trained `checkpoint`'s
+    (`real.checkpoint`, its table memory-mapped) or else seeded random weights and rows. Refill
     is lazy (rows enter on demand) and there is no host KV tier. The simulated node's
     `ratio`, `resize`, `refresh`, `stats`, `cost`, `config` and `check_integrity` are here; its
     EMB/KV internals that some policies inspect (shadow tracking, access logs) are not."""
 
     def __init__(self, profile: NodeProfile, budget_bytes: int, device: str | torch.device = "cpu", seed: int = 0,
                  n_items: int = 100_000, config: NodeConfig = NodeConfig(),
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, checkpoint=None):
         model = profile.model
         if model.dtype_bytes != FP32 or model.emb_dtype_bytes != FP32:
             raise ValueError(f"the runtime runs fp32: model {model.name!r} has dtype_bytes={model.dtype_bytes}, "
@@ -118,8 +119,16 @@ class NodeRuntime:
         self.profile, self.config, self.clock = profile, config, clock
         self.device = torch.device(device)
         self.cost = CostModel.from_profile(profile)
-        self.model = HSTUModel(model, torch.Generator().manual_seed(seed)).to(self.device).eval()
-        table = torch.randn(n_items, self.model.in_dim, generator=torch.Generator().manual_seed(seed + 1))
+        if checkpoint is None:
+            self.model = HSTUModel(model, torch.Generator().manual_seed(seed)).to(self.device).eval()
+            table = torch.randn(n_items, self.model.in_dim, generator=torch.Generator().manual_seed(seed + 1))
+        else:
+            shape = ("layers", "heads", "d_qk", "d_v", "d_model", "features_per_token", "emb_dim")
+            bad = next((f for f in shape if getattr(checkpoint.model.profile, f) != getattr(model, f)), None)
+            if bad or checkpoint.n_items != n_items:
+                raise ValueError(f"the checkpoint's model {checkpoint.model.profile.name!r} with {checkpoint.n_items} "
+                                 f"items is not the node's {model.name!r} with {n_items}")
+            self.model, table = checkpoint.model.to(self.device).eval(), checkpoint.table
         self.pool = DevicePool(budget_bytes, profile.page_bytes, model.row_bytes, self.device,
                                config.ratio, config.r_min, config.r_max)
         self.emb = DeviceEmbCache(self.pool, table, config.emb_policy, config.emb_decay)

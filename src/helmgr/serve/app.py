@@ -34,7 +34,7 @@ def start(cfg: ServeConfig, port: int = 8000, host: str = "127.0.0.1", address: 
     import ray
     from ray import serve
 
-    cfg = cfg.with_store().validate()           # a store's catalogue and users: the item table covers its items
+    cfg = cfg.with_sources().validate()           # a store's catalogue and users: the item table covers its items
     if not ray.is_initialized():
         kw = {"include_dashboard": False, "log_to_driver": False}
         if address is None:

@@ -41,17 +41,26 @@ class ServeConfig:
     seed: int = 0
     history: str | None = None        # users' histories from this store folder (helmgr history build) ...
     redis: str | None = None          # ... or this Redis URL; None for both: the synthetic population
+    checkpoint: str | None = None     # model weights and item table from this folder (helmgr model train);
+                                      # None: seeded random ones
 
     @property
     def store(self) -> bool:
         """Histories come from a store: served requests' new items are appended to it."""
         return self.history is not None or self.redis is not None
 
-    def with_store(self) -> "ServeConfig":
-        """This config with the store's catalogue and users (the item table covers its items), the
-        store checked: a folder that is not a store or a Redis that is down is a HelmInputError."""
+    def with_sources(self) -> "ServeConfig":
+        """This config with its checkpoint's model and catalogue and its store's users (the item
+        table covers the store's items), both checked: a folder that is not a checkpoint or a
+        store, a Redis that is down, a store with items the checkpoint has no row for, is a
+        HelmInputError."""
+        cfg = self
+        if self.checkpoint is not None:
+            from helmgr.real.checkpoint import describe
+            meta = describe(self.checkpoint)
+            cfg = replace(cfg, model=meta["preset"], shrink=meta["shrink"], n_items=meta["n_items"])
         if not self.store:
-            return self
+            return cfg
         if self.history is not None and self.redis is not None:
             raise HelmInputError("name one history store: --history DIR or --redis URL, not both")
         from helmgr.history import open_store
@@ -60,7 +69,10 @@ class ServeConfig:
             stat = s.stat()
         finally:
             s.close()
-        return replace(self, n_items=stat["items"], n_users=stat["base_users"])
+        if cfg.checkpoint is not None and stat["items"] > cfg.n_items:
+            raise HelmInputError(f"the history store holds {stat['items']} items, checkpoint {cfg.checkpoint!r} "
+                                 f"has rows for {cfg.n_items}: train it on the store's log")
+        return replace(cfg, n_items=cfg.n_items if cfg.checkpoint else stat["items"], n_users=stat["base_users"])
 
     def validate(self) -> "ServeConfig":
         if self.device not in ("cpu", "cuda"):

@@ -202,8 +202,10 @@ class Ingress:
     @api.get("/v1/config")
     async def config(self) -> dict:
         """The app's sizes and seed (the load generator builds its workload over them); where its
-        history store is stays private (a Redis URL may hold a password): only that it has one."""
-        return self.cfg.to_dict() | {k: "(set)" for k in ("history", "redis") if getattr(self.cfg, k) is not None}
+        history store and checkpoint are stays private (a Redis URL may hold a password): only that it
+        has them."""
+        private = ("history", "redis", "checkpoint")
+        return self.cfg.to_dict() | {k: "(set)" for k in private if getattr(self.cfg, k) is not None}
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics(self) -> str:

@@ -9,6 +9,9 @@ client's word wins there). With a store, a served request that continues the use
 (prefix_len = its length) has its new items appended, durably, before it is answered, so the next
 request's prefix includes them. Synthetic users outside the population have no history: the
 ingress sends them with prefix_len 0.
+
+The model and item table: a checkpoint's (`ServeConfig.checkpoint`, `helmgr model train`; the
+table memory-mapped), or else seeded random ones (the same on every replica).
 """
 from __future__ import annotations
 
@@ -36,8 +39,12 @@ def with_new(history, prefix_len: int, new_ids: np.ndarray):
 class ServeNode:
     def __init__(self, cfg: ServeConfig, clock: Callable[[], float] = time.perf_counter):
         self.cfg, self.clock = cfg, clock
+        ckpt = None
+        if cfg.checkpoint is not None:
+            from helmgr.real.checkpoint import load
+            ckpt = load(cfg.checkpoint)
         self.runtime = NodeRuntime(cfg.node_profile(), cfg.budget_bytes, cfg.device, cfg.seed, cfg.n_items,
-                                   cfg.node_config())
+                                   cfg.node_config(), checkpoint=ckpt)
         self.store = None
         if cfg.store:
             from helmgr.history import open_store, reader

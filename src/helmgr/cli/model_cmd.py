@@ -1,0 +1,118 @@
+"""`helmgr model`: the runtime's HSTU trained on a log (next-item prediction), saved as a checkpoint
+folder that `helmgr serve --model` loads, and evaluated (HR@10, NDCG@10) beside popularity."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from helmgr.cli.output import emit_json, json_option, progress, stdout, table
+from helmgr.cli.types import POSITIVE, SEED
+from helmgr.core.errors import HelmInputError
+from helmgr.core.extras import require
+from helmgr.workload import FORMATS
+
+TRACE = (click.option("--trace", type=click.Path(dir_okay=False), required=True, help="The log."),
+         click.option("--trace-format", type=click.Choice(FORMATS), default="inter", show_default=True,
+                      help="inter: RecBole atomic file; sequences: 'user item item ...' per line."))
+EVAL_USERS = click.option("--eval-users", type=click.IntRange(min=1), default=2000, show_default=True,
+                          help="Users evaluated (a seeded sample when the log has more).")
+
+
+def _trace(f):
+    for opt in reversed(TRACE):
+        f = opt(f)
+    return f
+
+
+@click.group("model")
+def model() -> None:
+    """The HSTU model the serving replicas run: trained on a log, kept in a checkpoint folder."""
+
+
+@model.command("train")
+@_trace
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The checkpoint folder (must not exist).")
+@click.option("--steps", type=click.IntRange(min=1), default=1000, show_default=True, help="Optimizer steps.")
+@click.option("--preset", default="small", show_default=True, help="Model preset ...")
+@click.option("--shrink", type=click.IntRange(min=1), default=16, show_default=True,
+              help="... with every width divided by this (what `helmgr serve` runs).")
+@click.option("--lr", type=POSITIVE, default=3e-3, show_default=True, help="Adam's learning rate.")
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@EVAL_USERS
+@json_option
+def train_cmd(trace, trace_format, out_dir, steps, preset, shrink, lr, seed, eval_users, as_json):
+    """Train on next-item prediction (each user's last item held out), save the weights and the
+    item table, and report HR@10 / NDCG@10 on the held-out items beside popularity's.
+
+    \b
+    helmgr model train --trace ml-100k.inter --out model/
+    helmgr model train --trace amazon-beauty.txt --trace-format sequences --out model/ --steps 2000
+    """
+    require("real", what="helmgr model train")
+    from helmgr.real import checkpoint, nextitem
+    from helmgr.real.runtime import runtime_model
+    from helmgr.workload.trace import read_trace
+
+    if out_dir.exists():
+        raise HelmInputError(f"checkpoint folder {str(out_dir)!r} already exists: remove it or name another")
+    try:
+        runtime_model(preset, shrink)
+    except ValueError as exc:
+        raise HelmInputError(f"--preset {preset!r} --shrink {shrink}: {exc}") from None
+    seqs = nextitem.Sequences.from_log(read_trace(trace, trace_format, seed))
+    cfg = nextitem.TrainConfig(preset=preset, shrink=shrink, steps=steps, lr=lr, seed=seed, eval_users=eval_users)
+    t0 = time.perf_counter()
+    with progress("model train", steps) as bar:
+        task = bar.add_task(f"next-item training on {Path(trace).name}", total=steps)
+        net, items, loss = nextitem.train(seqs, cfg, lambda n, _: bar.update(task, completed=n))
+    train_s = time.perf_counter() - t0
+    scores = nextitem.evaluate(net, items, seqs, eval_users, seed)
+    info = {"trace": Path(trace).name, "trace_format": trace_format, "users": len(seqs.offsets) - 1,
+            "actions": len(seqs.items), "training": {**nextitem.describe(cfg), "final_loss": round(loss, 4),
+                                                      "wall_s": round(train_s, 1)},
+            "held_out_last_item": scores}
+    checkpoint.save(out_dir, net, items, preset, shrink, info)
+    _show({"out": str(out_dir), **info}, as_json)
+
+
+@model.command("eval")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="A checkpoint folder (helmgr model train).")
+@_trace
+@click.option("--seed", type=SEED, default=0, show_default=True, help="The sample of users (with --eval-users).")
+@EVAL_USERS
+@json_option
+def eval_cmd(model_dir, trace, trace_format, seed, eval_users, as_json):
+    """HR@10 / NDCG@10 of a checkpoint on each user's last item of a log, beside popularity's
+    (the model sees the rest of the user's history, as a served request would).
+
+    \b
+    helmgr model eval --model model/ --trace ml-100k.inter
+    """
+    require("real", what="helmgr model eval")
+    from helmgr.real import checkpoint, nextitem
+    from helmgr.workload.trace import read_trace
+
+    ckpt = checkpoint.load(model_dir)
+    seqs = nextitem.Sequences.from_log(read_trace(trace, trace_format, seed))
+    if seqs.n_items > ckpt.n_items:
+        raise HelmInputError(f"the log has {seqs.n_items} items, checkpoint {str(model_dir)!r} has rows for "
+                             f"{ckpt.n_items}")
+    _show({"model": str(model_dir), "trace": Path(trace).name,
+           "held_out_last_item": nextitem.evaluate(ckpt.model, ckpt.table, seqs, eval_users, seed)}, as_json)
+
+
+def _show(result: dict, as_json: bool) -> None:
+    if as_json:
+        emit_json(result)
+        return
+    held = result["held_out_last_item"]
+    rows = {name: (held[name]["hr@10"], held[name]["ndcg@10"], held[name]["users"]) for name in ("model", "popularity")}
+    stdout.print(table(f"held-out last item, {result['trace']}", rows, ("HR@10", "NDCG@10", "users")))
+    if "out" in result:
+        t = result["training"]
+        stdout.print(f"checkpoint -> {result['out']}  ({t['steps']} steps, {t['wall_s']:.0f} s, "
+                     f"final loss {t['final_loss']:.3f})")

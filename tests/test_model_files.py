@@ -1,0 +1,147 @@
+"""The model from files: next-item training scores as serving scores, a checkpoint round-trips
+(table memory-mapped), a served answer equals the checkpoint's model computed from scratch, and a
+checkpoint that does not fit its preset is refused naming the tensor."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from helmgr.cli import main
+from helmgr.core.errors import HelmInputError
+from helmgr.real import checkpoint, nextitem
+from helmgr.real.model import HSTUModel
+from helmgr.real.runtime import runtime_model
+from helmgr.serve.config import ServeConfig
+from helmgr.serve.node import ServeNode
+
+torch.set_num_threads(1)
+
+
+def small_model(seed=1, shrink=32):
+    return HSTUModel(runtime_model("small", shrink), torch.Generator().manual_seed(seed))
+
+
+def clustered_log(path, users=120, clusters=4, per=15, length=12, seed=0):
+    """Users who each act only on their cluster's `per` items (4 x 15 = 60 items): what a user did
+    tells which items come next, which popularity cannot know."""
+    rng = np.random.default_rng(seed)
+    lines = ["user_id:token\titem_id:token\ttimestamp:float"]
+    for u in range(users):
+        c = u % clusters
+        for t, i in enumerate(rng.integers(0, per, length)):
+            lines.append(f"u{u}\ti{c * per + i:03d}\t{t}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def mapped_from(t: torch.Tensor) -> str | None:
+    """The file whose memory mapping holds `t`'s data (Linux: /proc/self/maps)."""
+    addr = t.data_ptr()
+    for line in open("/proc/self/maps"):
+        span, *rest = line.split()
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        if lo <= addr < hi:
+            return rest[4] if len(rest) > 4 else None
+    return None
+
+
+def test_training_scores_are_the_served_scores():
+    m = small_model()
+    with torch.no_grad():
+        for block in m.blocks:                                           # a trained model's position bias
+            block.rab.copy_(torch.randn(block.rab.shape, generator=torch.Generator().manual_seed(8)))
+    table = torch.randn(50, m.in_dim, generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(3))
+    pos = torch.tensor([[0, 3, 19], [12, 5, 1]])                        # distances past 8 share buckets
+    cand = torch.randint(0, 50, (2, 3, 4), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        got = nextitem.candidate_scores(m, table[ids], pos, table[cand])
+    for b in range(2):
+        for p in range(3):
+            _, kv = m.prefill(table[ids[b, :int(pos[b, p]) + 1]])      # the history up to the position
+            torch.testing.assert_close(got[b, p], m.score(kv, table[cand[b, p]]), atol=1e-5, rtol=1e-5)
+
+
+def test_ranks_and_metrics_by_hand():
+    # users 0..2: [3, 1, 2], [1, 1], [2, 0, 0, 1]; training counts (last items out): item 0: 2, 1: 2, 2: 1, 3: 1
+    seqs = nextitem.Sequences(np.array([3, 1, 2, 1, 1, 2, 0, 0, 1]), np.array([0, 3, 5, 9]), 4)
+    assert seqs.train_counts().tolist() == [2, 2, 1, 1]
+    # user 0's target 2 (count 1): items 0 and 1 count more, but 1 is in its history; user 2's 1: nothing counts more
+    assert nextitem.popularity_ranks(seqs, np.array([0, 1, 2])).tolist() == [1, 0, 0]
+    r = nextitem.ranking(np.array([0, 9, 10, 3]))
+    assert (r.hr10, r.users) == (0.75, 4)
+    assert r.ndcg10 == pytest.approx((1 + 1 / np.log2(11) + 1 / np.log2(5)) / 4)
+
+
+def test_a_checkpoint_round_trips_with_its_table_mapped(tmp_path):
+    m = small_model()
+    table = torch.randn(40, m.in_dim, generator=torch.Generator().manual_seed(5))
+    checkpoint.save(tmp_path / "ck", m, table, "small", 32, {"trace": "x"})
+    with pytest.raises(HelmInputError, match="already exists"):
+        checkpoint.save(tmp_path / "ck", m, table, "small", 32, {})
+    ck = checkpoint.load(tmp_path / "ck")
+    assert ck.meta["trace"] == "x" and ck.n_items == 40
+    assert mapped_from(ck.table) == str(tmp_path / "ck" / "items.safetensors")   # mapped, not read whole
+    torch.testing.assert_close(ck.table, table, rtol=0, atol=0)
+    ck.table[0] = 7.0                                                    # copy-on-write: the file keeps its rows
+    torch.testing.assert_close(checkpoint.load(tmp_path / "ck").table, table, rtol=0, atol=0)
+    _, kv = m.prefill(table[:5])
+    _, kv2 = ck.model.prefill(table[:5])
+    torch.testing.assert_close(ck.model.score(kv2, table[5:9]), m.score(kv, table[5:9]), rtol=0, atol=0)
+
+
+def test_a_checkpoint_that_does_not_fit_its_preset_is_refused_naming_the_tensor(tmp_path):
+    checkpoint.save(tmp_path / "ck", small_model(shrink=32), torch.zeros(10, 64), "small", 32, {})
+    meta = json.loads((tmp_path / "ck" / "model.json").read_text())
+    (tmp_path / "ck" / "model.json").write_text(json.dumps({**meta, "shrink": 16}))   # weights of small/32
+    with pytest.raises(HelmInputError, match="'w_in' is \\(32, 64\\), model 'small/16-fp32' needs \\(32, 128\\)|"
+                                             "tensor 'w_in'"):
+        checkpoint.load(tmp_path / "ck")
+    with pytest.raises(HelmInputError, match="not a model checkpoint"):
+        checkpoint.load(tmp_path)
+
+
+def test_a_replica_serves_the_checkpoints_scores(tmp_path):
+    m = small_model(seed=9)
+    table = torch.randn(300, m.in_dim, generator=torch.Generator().manual_seed(6))
+    checkpoint.save(tmp_path / "ck", m, table, "small", 32, {})
+    cfg = ServeConfig(candidates=8, pool_mib=4.0, shrink=16, n_items=5, controller=False, warm=False,
+                      checkpoint=str(tmp_path / "ck")).with_sources()
+    assert (cfg.shrink, cfg.n_items) == (32, 300)                        # the checkpoint's model and catalogue
+    node = ServeNode(cfg)
+    user = cfg.n_users + 7                                               # outside the synthetic population: no history
+    cands = np.arange(100, 108)
+    first = node.serve(user, 0, np.array([1, 2, 3]), cands)
+    hit = node.serve(user, 3, np.array([4]), cands)                      # a KV hit on the first request's prefix
+    assert hit["kv_tokens"] == 3
+    _, kv = m.prefill(table[torch.tensor([1, 2, 3, 4])])
+    np.testing.assert_allclose(hit["scores"], m.score(kv, table[torch.from_numpy(cands)]).numpy(), atol=1e-5)
+    _, kv = m.prefill(table[torch.tensor([1, 2, 3])])
+    np.testing.assert_allclose(first["scores"], m.score(kv, table[torch.from_numpy(cands)]).numpy(), atol=1e-5)
+
+
+def test_training_learns_what_popularity_cannot(tmp_path):
+    from helmgr.workload.trace import read_trace
+    seqs = nextitem.Sequences.from_log(read_trace(str(clustered_log(tmp_path / "c.inter")), "inter"))
+    assert (seqs.n_items, len(seqs.evaluable())) == (60, 120)
+    cfg = nextitem.TrainConfig(shrink=32, steps=40, batch=8, positions=4, negatives=15)
+    model, table, _ = nextitem.train(seqs, cfg)
+    held = nextitem.evaluate(model, table, seqs, 1000, 0)
+    assert held["model"]["users"] == held["popularity"]["users"] == 120
+    assert held["model"]["hr@10"] > held["popularity"]["hr@10"] + 0.1      # 0.45 against 0.23 when written
+
+
+def test_model_train_writes_a_checkpoint_that_model_eval_scores_alike(tmp_path, capsys):
+    log = clustered_log(tmp_path / "c.inter", users=40)
+    rc = main(["model", "train", "--trace", str(log), "--out", str(tmp_path / "ck"), "--steps", "2",
+               "--shrink", "32", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and (out["users"], out["actions"]) == (40, 480)
+    rc = main(["model", "eval", "--model", str(tmp_path / "ck"), "--trace", str(log), "--json"])
+    again = json.loads(capsys.readouterr().out)["held_out_last_item"]
+    assert rc == 0 and again["model"] == out["held_out_last_item"]["model"]   # the saved model ranks as the trained one
+    assert main(["model", "train", "--trace", str(log), "--out", str(tmp_path / "ck")]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["model", "eval", "--model", str(tmp_path), "--trace", str(log)]) == 2
+    assert "not a model checkpoint" in capsys.readouterr().err
