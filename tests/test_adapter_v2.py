@@ -273,3 +273,33 @@ def test_a_samples_price_from_its_sums(value, expected):
     from helmgr.policy.marginal import MarginalSampler
     acc = [2.0, 1.0, 100, 0, 0.1, 1.0, 0.5, 1.0]
     assert MarginalSampler(0.05, value).price(acc) == pytest.approx(expected)
+
+
+def test_the_library_controller_decides_as_policy_helm():
+    """One HELM: the windows, samples and loads that node 0's controller saw in a `--policy helm`
+    run (two nodes, 8 s, the HELM router), replayed into `Controller.default()`, give the same
+    ratios, one for one, and the same adapter state."""
+    from helmgr.policy.helm import HelmPolicy
+    from helmgr.sim import SimConfig, simulate
+    from tests.test_sim import small
+
+    seen = []
+
+    class Recording(HelmPolicy):
+        def attach(self, index, node):
+            super().attach(index, node)
+            if index == 0:
+                step = self.ctl[0].step
+                def recorded(stats, marginal=None, load=None):
+                    seen.append((stats, marginal, load, step(stats, marginal, load)))
+                    return seen[-1][-1]
+                self.ctl[0].step = recorded
+
+    policy = Recording()
+    r = simulate(SimConfig(nodes=2, ratio=0.5, router="helm", warmup_s=2.0), small(duration_s=8.0), policy=policy)
+    assert len(seen) == 8 and sum(m is not None for _, m, _, _ in seen) >= 3     # samples reached adapter v2
+    node = r.cluster.nodes[0]
+    ctl = Controller.default()
+    ctl.safety.r_min, ctl.safety.r_max = node.config.r_min, node.config.r_max
+    assert [ctl.step(s, m, load) for s, m, load, _ in seen] == [ratio for *_, ratio in seen]
+    assert isinstance(ctl.adapter, MarginalAdapter) and ctl.adapter.updates == policy.ctl[0].adapter.updates

@@ -1,7 +1,8 @@
 """The three-tier HELM controller for one node, as a plain library object.
 
-    ctl = helmgr.Controller.default()          # the shipped base policy, adapter and recovery on
-    ratio = ctl.step(stats)                    # stats: a WindowStats of the node's last window
+    ctl = helmgr.Controller.default()          # the shipped HELM: base policy, adapter v2, recovery
+    ratio = ctl.step(stats, marginal, load)    # stats: a WindowStats of the node's last window;
+                                               # marginal: adapter v2's sample if one closed (or None)
 
 Each step: check the window's stats (a non-finite or impossible value: the window is refused,
 counted and answered by Safety's fallback, and nothing below sees it; safety.py); build the
@@ -146,11 +147,12 @@ class Controller:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def load(cls, path, adapter: bool | str = True, recovery: bool = True, seed: int = 0,
+    def load(cls, path, adapter: bool | str | None = "marginal", recovery: bool = True, seed: int = 0,
              adapter_kw: dict | None = None, **kw) -> "Controller":
-        """A controller around the base policy in `path` (an exported .npz); `adapter` True (or
-        "reward") the first version's adapter, "marginal" adapter v2 (`adapter_kw`: its
-        settings, e.g. bound), False none."""
+        """A controller around the base policy in `path` (an exported .npz); `adapter`
+        "marginal" (the default) adapter v2 (`adapter_kw`: its settings, e.g. bound; it learns
+        from the counterfactual samples passed to `step`), None or False none, True or "reward"
+        the first version's (kept for its tests, not shipped)."""
         base = MLPPolicy.load(path)
         if adapter == "marginal":
             tier = MarginalAdapter(N_FEATURES, **(adapter_kw or {}))
@@ -164,7 +166,10 @@ class Controller:
 
     @classmethod
     def default(cls, **kw) -> "Controller":
-        """The base policy that ships with the package (docs/controller.md says how it was trained)."""
+        """The shipped HELM, the controller `--policy helm` runs on every node: the base policy that
+        ships with the package (docs/controller.md says how it was trained), adapter v2 with its
+        default settings and the recovery tier. A stack that cannot give adapter v2 its samples
+        (the real caches keep no shadows yet) asks for `adapter=None` by name."""
         ref = default_policy_file()
         if not ref.is_file():
             raise HelmInputError("no default policy ships with this build; pass one: "

@@ -87,28 +87,33 @@ def router_bench(router_name: str, sizes: list[int], decisions: int, repeats: in
 
 
 def controller_bench(policy_path=None, steps: int = 20000, seed: int = 1, cold_mb: int = 0) -> dict:
-    """Wall-clock latency of `Controller.step` (all three tiers and safety on), from its own
-    per-decision record, over `steps` windows of plausible, varying stats. `cold_mb` > 0 writes
+    """Wall-clock latency of `Controller.step` (the shipped HELM: base, adapter v2, recovery and
+    safety on), from its own per-decision record, over `steps` windows of plausible, varying stats,
+    with a counterfactual sample for adapter v2 every second window (as the simulator's EMB
+    refresh gives one) and the window's rate as its load. `cold_mb` > 0 writes
     over a buffer of that size between two decisions, as the rest of a serving process would,
     so each decision finds its code and data as cold as that leaves them (docs/controller.md)."""
     from helmgr.controller import Controller, WindowStats
     ctl = Controller.load(policy_path) if policy_path else Controller.default()
     rng = np.random.default_rng(seed)
-    u = rng.random((steps, 6))
+    u = rng.random((steps, 7))
     ratio = 0.5
     other = np.zeros(cold_mb * 2**20 // 8) if cold_mb > 0 else None
     for k in range(steps):
         if other is not None:
             other += 1.0
         burst = 1.0 + 3.0 * ((k // 500) % 10 == 9)           # a 4x burst every 5,000 windows
+        sample = (u[k, 6] - 0.2) * 1e-4 if k % 2 else None          # seconds a window, leaning to a larger EMB share
         ratio = ctl.step(WindowStats(ratio=ratio, arrival_rps=300.0 * burst * (0.9 + 0.2 * u[k, 0]),
                                      p99_s=0.005 + 0.03 * u[k, 1], slo_s=0.03, emb_hit_rate=0.8 + 0.15 * u[k, 2],
                                      kv_hit_rate=0.6 + 0.3 * u[k, 3], queue_len=10 * u[k, 4],
-                                     h2d_utilization=0.5 * u[k, 5], new_user_share=0.1, emb_time_share=0.4))
+                                     h2d_utilization=0.5 * u[k, 5], new_user_share=0.1, emb_time_share=0.4),
+                         sample)
     us = np.asarray(ctl.latency_ns[steps // 10:], float) / 1e3
     return {"steps": steps, "p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99)),
             "p999_us": float(np.percentile(us, 99.9)), "mean_us": float(us.mean()), "bursts": len(ctl.events) // 2,
-            "policy": str(policy_path) if policy_path else "default", "cold_mb": cold_mb}
+            "policy": str(policy_path) if policy_path else "default", "cold_mb": cold_mb,
+            "adapter_steps": ctl.adapter.applied if ctl.adapter else 0}
 
 
 # -- the simulator's own speed (docs/simulator.md#speed) ----------------------------------------

@@ -57,7 +57,8 @@ class ServeNode:
                 ids, requests, _ = workload.first_second_lookups()
                 self.runtime.emb.warm(workload.prior, ids / requests if requests else 1.0)
         self.reporter = Reporter(self.runtime)
-        self.ctl = Controller.default() if cfg.controller else None
+        # adapter v2 learns from the caches' shadows, which the real caches do not keep: no samples, so off by name
+        self.ctl = Controller.default(adapter=None) if cfg.controller else None
         self.decisions = 0
         self._window = (clock(), self.runtime.counters())
         self._latencies: list[float] = []
@@ -88,7 +89,7 @@ class ServeNode:
             self.serve(user, 0, new, cands, append=False)                       # a cold prefill, cached ...
             self.serve(user, len(new), (new + 8) % self.cfg.n_items, cands, append=False, forget=True)  # a hit, gone
         if self.cfg.controller:
-            Controller.default().step(self.window())
+            Controller.default(adapter=None).step(self.window())
         self.report()
         self.window()
         self.slowdown = 1.0                 # the warm-up's first calls are not this machine's speed
