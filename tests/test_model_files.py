@@ -145,3 +145,44 @@ def test_model_train_writes_a_checkpoint_that_model_eval_scores_alike(tmp_path, 
     assert "already exists" in capsys.readouterr().err
     assert main(["model", "eval", "--model", str(tmp_path), "--trace", str(log)]) == 2
     assert "not a model checkpoint" in capsys.readouterr().err
+
+
+def test_a_replays_scores_are_checked_against_the_model_from_scratch(tmp_path):
+    """A log replayed through a replica serving a store built from it and a checkpoint: every
+    answer (cold, then KV hits on the appended history) scores as the model from scratch on the
+    log's sequence + the earlier appends + the new items; a changed score is a mismatch, another
+    prefix is not checked."""
+    from helmgr.history import HistoryStore, build
+    from helmgr.serve.loadgen import Answer, LoadConfig, trace_requests
+    from helmgr.serve.verify import check_scores
+    from helmgr.workload.trace import read_trace
+
+    log = tmp_path / "log.inter"
+    log.write_text("user_id:token\titem_id:token\ttimestamp:float\n" + "".join(
+        f"u{u}\ti{(7 * u + 3 * t) % 40:02d}\t{t}\n" for u in range(3) for t in range(5 + 4 * u)))
+    trace = read_trace(str(log), "inter")
+    build(tmp_path / "h", trace.user, trace.item, trace.time, trace.n_users, trace.n_items).close()
+    m = small_model(seed=4)
+    checkpoint.save(tmp_path / "ck", m, torch.randn(trace.n_items, m.in_dim), "small", 32, {})
+    cfg = ServeConfig(candidates=6, pool_mib=4.0, controller=False, history=str(tmp_path / "h"),
+                      checkpoint=str(tmp_path / "ck")).with_sources()
+    node, store = ServeNode(cfg), HistoryStore(cfg.history)
+    sent = list(trace_requests(cfg, LoadConfig(rps=50.0, duration_s=10.0, trace=str(log))))
+    answers = []
+    for s in sent:
+        b = s.body
+        store.refresh()
+        prefix = store.length(b["user_id"])                              # what the ingress resolves
+        out = node.serve(b["user_id"], prefix, np.array(b["new_items"]), np.array(b["candidates"]))
+        answers.append(Answer(s.t, 0.01, 200, prefix, out["kv_tokens"], 0, 1.0, "n", 0.5,
+                              appended=out["appended"], scores=tuple(out["scores"])))
+    assert len(sent) == 5 + 9 + 13 and all(a.appended for a in answers)     # one request an interaction
+    assert sum(a.kv_tokens > 0 for a in answers) >= len(sent) - 3          # every user's first request is cold
+    ck = checkpoint.load(tmp_path / "ck")
+    got = check_scores(sent, answers, trace, ck)
+    assert (got["score_checked"], got["score_mismatch"], got["score_unchecked"]) == (len(sent), 0, 0)
+    assert got["score_max_diff"] < 1e-4
+    answers[5] = answers[5]._replace(scores=(answers[5].scores[0] + 1e-2,) + answers[5].scores[1:])
+    answers[7] = answers[7]._replace(prefix_len=answers[7].prefix_len + 1)
+    got = check_scores(sent, answers, trace, ck)
+    assert (got["score_checked"], got["score_mismatch"], got["score_unchecked"]) == (len(sent) - 1, 1, 1)

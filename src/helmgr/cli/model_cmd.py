@@ -35,7 +35,7 @@ def model() -> None:
 @_trace
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="The checkpoint folder (must not exist).")
-@click.option("--steps", type=click.IntRange(min=1), default=1000, show_default=True, help="Optimizer steps.")
+@click.option("--steps", type=click.IntRange(min=1), default=4000, show_default=True, help="Optimizer steps.")
 @click.option("--preset", default="small", show_default=True, help="Model preset ...")
 @click.option("--shrink", type=click.IntRange(min=1), default=16, show_default=True,
               help="... with every width divided by this (what `helmgr serve` runs).")
@@ -49,7 +49,7 @@ def train_cmd(trace, trace_format, out_dir, steps, preset, shrink, lr, seed, eva
 
     \b
     helmgr model train --trace ml-100k.inter --out model/
-    helmgr model train --trace amazon-beauty.txt --trace-format sequences --out model/ --steps 2000
+    helmgr model train --trace amazon-beauty.txt --trace-format sequences --out model/
     """
     require("real", what="helmgr model train")
     from helmgr.real import checkpoint, nextitem

@@ -103,6 +103,7 @@ def _interrupt(signum, frame):
 
 SHOWN = ("requests", "completed", "errors", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
          "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "mean_ratio", "appended", "wall_s")
+CHECKED = ("score_checked", "score_mismatch", "score_unchecked", "score_max_diff")     # with --model
 
 
 @click.command("loadgen")
@@ -130,10 +131,13 @@ SHOWN = ("requests", "completed", "errors", "p50_ms", "p95_ms", "p99_ms", "p999_
               help="Replay this log's requests in its time order at --rps (an app serving a history store).")
 @click.option("--trace-format", type=click.Choice(["inter", "sequences"]), default="inter", show_default=True,
               help="inter: RecBole atomic file; sequences: 'user item item ...' per line.")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="With --trace: the checkpoint the app serves (helmgr serve --model); every answer's scores are "
+                   "checked against the model computed from scratch (score_mismatch).")
 @json_option
 @out_option
 def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, with_sim, trace,
-                trace_format, as_json, out_dir):
+                trace_format, model_dir, as_json, out_dir):
     """Replay the synthetic workload (or a log, --trace) against a serving app over HTTP; report
     latency, SLO attainment, throughput, hit rates, errors and the actions appended to its store.
 
@@ -141,6 +145,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     helmgr loadgen --url http://127.0.0.1:8000 --workload steady --duration 20 --rps 20 --json
     helmgr loadgen --duration 30 --rps 8 --sim        # next to the simulator on the same requests
     helmgr loadgen --trace ml-100k.inter --duration 60 --rps 20   # against helmgr serve --history DIR
+    helmgr loadgen --trace ml-100k.inter --model model/           # ... --model model/: scores checked
     """
     require("serve", "aiohttp", what="helmgr loadgen")       # the HTTP client; --sim runs the simulator as well
     from helmgr.serve.loadgen import PARTS, LoadConfig, loadgen, server_config, simulated
@@ -149,7 +154,8 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     parse_regime(regime)
     if trace is not None and with_sim:
         raise click.UsageError("--sim runs the synthetic workload's requests; it does not replay --trace")
-    load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, trace, trace_format)
+    load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, trace, trace_format,
+                      model_dir)
     cfg = server_config(url)
     with progress("loadgen", None) as bar:
         task = bar.add_task(f"loadgen {trace or regime} at {rps:g} req/s", total=None)
@@ -161,7 +167,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
                          f"loadgen sent {result['requests']} (--max-requests)[/yellow]")
         result["simulated"] = {k: sim.get(k) for k in SHOWN if k in sim} | {"policy": sim["policy"],
                                                                               "router": sim["router"]}
-    shown = {k: result[k] for k in SHOWN}
+    shown = {k: result[k] for k in SHOWN + CHECKED if k in result}
     headers = ("value",)
     if with_sim:
         shown = {k: (v, result["simulated"].get(k, float("nan"))) for k, v in shown.items()}

@@ -72,7 +72,7 @@ class Sequences:
 class TrainConfig:
     preset: str = "small"
     shrink: int = 16          # the runtime's model (`runtime_model`): widths of small / 16 by default
-    steps: int = 400
+    steps: int = 4000
     batch: int = 16           # users a step
     window: int = 64          # items of a user's sequence a step reads
     positions: int = 8        # target positions a user contributes to a step

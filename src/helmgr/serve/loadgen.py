@@ -38,6 +38,7 @@ class LoadConfig:
     seed: int | None = None           # the request stream's seed (None: the app's, whose users it replays)
     trace: str | None = None          # replay this log's requests instead (an app serving a history store)
     trace_format: str = "inter"
+    model: str | None = None          # with `trace`: the app's checkpoint, to check every answer's scores (verify.py)
 
     def validate(self) -> "LoadConfig":
         """Every number finite and > 0 (an infinite duration would never end the replay); the
@@ -65,6 +66,7 @@ class Answer(NamedTuple):
     replica_ms: float = math.nan    # at the replica: its queue (the gate) and the service
     service_ms: float = math.nan    # the real path's service
     appended: bool = False          # its new items were added to the app's history store
+    scores: tuple = ()              # one per candidate
 
 
 # A request's time, split: the client and HTTP proxy (sending, the proxy's hop to the ingress, the
@@ -148,7 +150,8 @@ async def _send(session, url: str, sent: Sent, t0: float, slots: asyncio.Semapho
         return Answer(sent.t, latency, status, b.get("prefix_len", 0), 0, 0, 0.0, "", float("nan"))
     ids = out["prefix_len"] - out["kv_tokens"] + len(b["new_items"]) + len(b["candidates"])
     return Answer(sent.t, latency, status, out["prefix_len"], out["kv_tokens"], ids, out["emb_hit_rate"],
-                  out["node"], out["ratio"], out["latency_ms"], out["replica_ms"], out["service_ms"], out["appended"])
+                  out["node"], out["ratio"], out["latency_ms"], out["replica_ms"], out["service_ms"], out["appended"],
+                  tuple(out["scores"]))
 
 
 async def replay(load: LoadConfig, reqs: list[Sent], on_answer: Callable[[], None] = lambda: None) -> list[Answer]:
@@ -231,10 +234,24 @@ def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
     if load.trace is not None and not cfg.store:
         raise HelmInputError(f"--trace: the app at {load.url} serves the synthetic population; serve a history "
                              f"store built from the log (helmgr serve --history DIR)")
+    checkpoint = None
+    if load.model is not None:
+        if load.trace is None:
+            raise HelmInputError("--model checks the scores of a log's replay: give the log (--trace)")
+        from helmgr.real.checkpoint import load as load_checkpoint
+        checkpoint = load_checkpoint(load.model)
+        if checkpoint.n_items != cfg.n_items:
+            raise HelmInputError(f"--model {load.model!r} has {checkpoint.n_items} items, the app's catalogue "
+                                 f"{cfg.n_items}: give the checkpoint the app serves")
     reqs = list(trace_requests(cfg, load) if load.trace is not None else requests(cfg, load))
     on_start(len(reqs))
     t = time.perf_counter()
     answers = asyncio.run(replay(load, reqs, on_answer))
-    return {"url": load.url, "workload": load.workload, "rps": load.rps, "duration_s": load.duration_s,
-            "concurrency": load.concurrency, "replicas": cfg.replicas} | summarize(answers, load.slo_ms,
-                                                                                   time.perf_counter() - t)
+    out = {"url": load.url, "workload": load.workload, "rps": load.rps, "duration_s": load.duration_s,
+           "concurrency": load.concurrency, "replicas": cfg.replicas} | summarize(answers, load.slo_ms,
+                                                                                  time.perf_counter() - t)
+    if checkpoint is not None:
+        from helmgr.serve.verify import check_scores
+        from helmgr.workload.trace import read_trace
+        out |= check_scores(reqs, answers, read_trace(load.trace, load.trace_format), checkpoint)
+    return out

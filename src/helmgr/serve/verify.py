@@ -1,0 +1,53 @@
+"""Served scores checked against the model computed from scratch (`helmgr loadgen --trace LOG
+--model DIR`).
+
+A replay of a log against an app that serves a store built from that log: a user's history when
+a request is served is the log's sequence, then the new items of that user's earlier requests
+that the app appended (the ingress serves a user's requests one at a time, in arrival order),
+then the request's own new items. For each answered request whose prefix is that length, the
+checkpoint's model prefills the whole history from nothing and scores the candidates; a score
+further than `ATOL + RTOL x |score|` from the served one makes the answer a mismatch, whether
+the replica had the prefix's K/V cached or recomputed it. An answer with another prefix (the
+store held appends from an earlier replay, or lost some) cannot be checked and is counted apart.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+ATOL = RTOL = 1e-4
+
+
+def check_scores(sent: list, answers: list, log, checkpoint) -> dict:
+    """{"score_checked", "score_mismatch", "score_unchecked", "score_max_diff"} for the replay of
+    `log` (a `workload.trace.Log`) that sent `sent` (bodies with user_id, new_items, candidates)
+    and got `answers` (in the same order; status, prefix_len, scores, appended)."""
+    import torch
+
+    from helmgr.history.store import by_user
+
+    items, offsets = by_user(log.user, log.item, log.time, log.n_users)
+    appended: dict[int, list[int]] = {}
+    model, table = checkpoint.model, checkpoint.table
+    checked = mismatch = unchecked = 0
+    worst = 0.0
+    for s, a in zip(sent, answers):
+        if a.status != 200:
+            continue
+        user, new = s.body["user_id"], s.body["new_items"]
+        past = appended.setdefault(user, [])
+        base = items[offsets[user]:offsets[user + 1]] if user < len(offsets) - 1 else items[:0]
+        if a.prefix_len != len(base) + len(past):
+            unchecked += 1
+        else:
+            history = torch.from_numpy(np.concatenate([base, np.asarray(past + new, np.int64)]))
+            with torch.no_grad():
+                _, kv = model.prefill(table[history])
+                ref = model.score(kv, table[torch.as_tensor(s.body["candidates"])]).numpy()
+            diff = np.abs(np.asarray(a.scores, np.float64) - ref)
+            worst = max(worst, float(diff.max(initial=0.0)))
+            mismatch += bool((diff > ATOL + RTOL * np.abs(ref)).any())
+            checked += 1
+        if a.appended:
+            past += new
+    return {"score_checked": checked, "score_mismatch": mismatch, "score_unchecked": unchecked,
+            "score_max_diff": worst}
