@@ -150,7 +150,8 @@ def test_model_train_writes_a_checkpoint_that_model_eval_scores_alike(tmp_path, 
 def test_a_replays_scores_are_checked_against_the_model_from_scratch(tmp_path):
     """A log replayed through a replica serving a store built from it and a checkpoint: every
     answer (cold, then KV hits on the appended history) scores as the model from scratch on the
-    log's sequence + the earlier appends + the new items; a changed score is a mismatch, another
+    log's sequence + the appends served before it + the new items, also where the app served two
+    of a user's requests in another order than sent; a changed score is a mismatch, another
     prefix is not checked."""
     from helmgr.history import HistoryStore, build
     from helmgr.serve.loadgen import Answer, LoadConfig, trace_requests
@@ -168,14 +169,19 @@ def test_a_replays_scores_are_checked_against_the_model_from_scratch(tmp_path):
                       checkpoint=str(tmp_path / "ck")).with_sources()
     node, store = ServeNode(cfg), HistoryStore(cfg.history)
     sent = list(trace_requests(cfg, LoadConfig(rps=50.0, duration_s=10.0, trace=str(log))))
-    answers = []
-    for s in sent:
+    # the app serves user 2's 3rd and 4th requests swapped (they reached the ingress in that order)
+    third, fourth = [k for k, s in enumerate(sent) if s.body["user_id"] == 2][2:4]
+    order = list(range(len(sent)))
+    order[third], order[fourth] = fourth, third
+    answers = [None] * len(sent)
+    for k in order:
+        s = sent[k]
         b = s.body
         store.refresh()
         prefix = store.length(b["user_id"])                              # what the ingress resolves
         out = node.serve(b["user_id"], prefix, np.array(b["new_items"]), np.array(b["candidates"]))
-        answers.append(Answer(s.t, 0.01, 200, prefix, out["kv_tokens"], 0, 1.0, "n", 0.5,
-                              appended=out["appended"], scores=tuple(out["scores"])))
+        answers[k] = Answer(s.t, 0.01, 200, prefix, out["kv_tokens"], 0, 1.0, "n", 0.5,
+                            appended=out["appended"], scores=tuple(out["scores"]))
     assert len(sent) == 5 + 9 + 13 and all(a.appended for a in answers)     # one request an interaction
     assert sum(a.kv_tokens > 0 for a in answers) >= len(sent) - 3          # every user's first request is cold
     ck = checkpoint.load(tmp_path / "ck")

@@ -2,9 +2,11 @@
 --model DIR`).
 
 A replay of a log against an app that serves a store built from that log: a user's history when
-a request is served is the log's sequence, then the new items of that user's earlier requests
-that the app appended (the ingress serves a user's requests one at a time, in arrival order),
-then the request's own new items. For each answered request whose prefix is that length, the
+a request is served is the log's sequence, then the new items of that user's requests that the
+app appended before it, then the request's own new items. The app serves a user's requests one
+at a time, in the order they reach its ingress, which need not be the order they were sent (two
+sent a few ms apart can arrive swapped); an appended request's prefix is the user's length when
+it was served, so a user's answers ordered by their prefix are the order the app served them in. For each answered request whose prefix is that length, the
 checkpoint's model prefills the whole history from nothing and scores the candidates; a score
 further than `ATOL + RTOL x |score|` from the served one makes the answer a mismatch, whether
 the replica had the prefix's K/V cached or recomputed it. An answer with another prefix (the
@@ -30,9 +32,9 @@ def check_scores(sent: list, answers: list, log, checkpoint) -> dict:
     model, table = checkpoint.model, checkpoint.table
     checked = mismatch = unchecked = 0
     worst = 0.0
-    for s, a in zip(sent, answers):
-        if a.status != 200:
-            continue
+    served = sorted((a.prefix_len, k) for k, a in enumerate(answers) if a.status == 200)   # in served order, per user
+    for _, k in served:
+        s, a = sent[k], answers[k]
         user, new = s.body["user_id"], s.body["new_items"]
         past = appended.setdefault(user, [])
         base = items[offsets[user]:offsets[user + 1]] if user < len(offsets) - 1 else items[:0]
