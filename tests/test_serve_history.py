@@ -87,6 +87,17 @@ def test_a_logs_requests_are_replayed_in_its_time_order_at_the_rate(cfg, tmp_pat
     assert len(list(trace_requests(cfg, LoadConfig(rps=100.0, duration_s=1.0, trace=str(log), max_requests=2)))) == 2
     ok = [Answer(0.0, 0.01, 200, 10, 10, 14, 1.0, "a", 0.3, 6.0, 4.0, 3.0, appended) for appended in (True, False)]
     assert summarize(ok, 50.0, 1.0)["appended"] == 1
+    # the same replay for the simulator: the same arrivals, users and new items, each prefix starting
+    # at the user's whole log (A: y x; b: y x z) and growing by what was replayed before it
+    from helmgr.workload.replay import log_replay, store_replay_workload
+    from helmgr.workload.trace import read_trace
+    trace = read_trace(str(log), "inter")
+    w = store_replay_workload(trace, log_replay(trace, 100.0, 1.0, 100, cfg.seed), cfg.n_items, 8, cfg.seed, 1.0)
+    chunk = next(iter(w.chunks(1.0)))
+    assert chunk.t.tolist() == t and chunk.user.tolist() == [0, 1, 1, 0]
+    assert chunk.prefix_len.tolist() == [2, 3, 4, 3]
+    assert [chunk.items(i).tolist() for i in range(4)] == [[1], [1], [0, 2], [0]]
+    assert chunk.cand_ids.size == 32 and 0 <= chunk.cand_ids.min() and chunk.cand_ids.max() < cfg.n_items
 
 
 def test_a_users_requests_take_turns_in_arrival_order():

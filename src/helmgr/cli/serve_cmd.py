@@ -145,15 +145,13 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     helmgr loadgen --url http://127.0.0.1:8000 --workload steady --duration 20 --rps 20 --json
     helmgr loadgen --duration 30 --rps 8 --sim        # next to the simulator on the same requests
     helmgr loadgen --trace ml-100k.inter --duration 60 --rps 20   # against helmgr serve --history DIR
-    helmgr loadgen --trace ml-100k.inter --model model/           # ... --model model/: scores checked
+    helmgr loadgen --trace ml-100k.inter --model model/ --sim     # ... --model model/: scores checked
     """
     require("serve", "aiohttp", what="helmgr loadgen")       # the HTTP client; --sim runs the simulator as well
     from helmgr.serve.loadgen import PARTS, LoadConfig, loadgen, server_config, simulated
     from helmgr.workload import parse_regime
 
     parse_regime(regime)
-    if trace is not None and with_sim:
-        raise click.UsageError("--sim runs the synthetic workload's requests; it does not replay --trace")
     load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, trace, trace_format,
                       model_dir)
     cfg = server_config(url)

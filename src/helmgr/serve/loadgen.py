@@ -23,6 +23,7 @@ from helmgr.core.errors import HelmInputError
 from helmgr.core.validate import check_numbers
 from helmgr.serve.config import ServeConfig
 from helmgr.workload import synthetic_workload
+from helmgr.workload.replay import log_replay, store_replay_workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,21 +103,23 @@ def trace_requests(cfg: ServeConfig, load: LoadConfig) -> Iterator[Sent]:
     """The log's requests (a user's interactions at one time form one), in the log's time order,
     sent at `rps` (exponential gaps, seeded) for `duration_s`: each user's items as its new items,
     `cfg.candidates` random candidates, no prefix (the app's store has it)."""
-    from helmgr.workload.trace import _requests, read_trace
+    log = trace_log(cfg, load)
+    sent = log_replay(log, load.rps, load.duration_s, load.max_requests, stream_seed(cfg, load))
+    rng = np.random.default_rng([stream_seed(cfg, load), 12])
+    for k in range(len(sent)):
+        yield Sent(float(sent.t[k]), {"user_id": int(sent.user[k]), "new_items": sent.new_items(k).tolist(),
+                                      "candidates": rng.integers(0, cfg.n_items, cfg.candidates).tolist()})
+
+
+def trace_log(cfg: ServeConfig, load: LoadConfig):
+    """The log `load.trace`, checked against the app's catalogue."""
+    from helmgr.workload.trace import read_trace
 
     log = read_trace(load.trace, load.trace_format)
     if log.n_items > cfg.n_items:
         raise HelmInputError(f"--trace {load.trace!r} has {log.n_items} items, the app's catalogue {cfg.n_items}: "
                              f"serve a history store built from this log")
-    order = np.lexsort((np.arange(len(log.user)), log.time, log.user))      # by user, time, file order
-    t, user, sizes = _requests(log, order)
-    items = np.split(log.item[order], np.cumsum(sizes)[:-1])
-    rng = np.random.default_rng([stream_seed(cfg, load), 11])
-    arrivals = np.cumsum(rng.exponential(1.0 / load.rps, len(t)))
-    n = min(int(np.searchsorted(arrivals, load.duration_s)), load.max_requests)
-    for k, i in enumerate(np.argsort(t, kind="stable")[:n]):
-        yield Sent(float(arrivals[k]), {"user_id": int(user[i]), "new_items": items[i].tolist(),
-                                        "candidates": rng.integers(0, cfg.n_items, cfg.candidates).tolist()})
+    return log
 
 
 def requests(cfg: ServeConfig, load: LoadConfig) -> Iterator[Sent]:
@@ -212,11 +215,18 @@ def simulated(cfg: ServeConfig, load: LoadConfig) -> dict:
     replica with the router's cost profile (`cfg.hardware` and the runtime's model), the HELM
     router, the controller ticking every `window_s` as the replicas' do (static at `cfg.ratio`
     without one), no warm-up skipped (loadgen counts every request). What it leaves out is the
-    serving path itself: HTTP, the ingress and the handle hop."""
+    serving path itself: HTTP, the ingress and the handle hop. A log's replay (`load.trace`)
+    runs as `workload.replay` builds it: the store's histories, the same arrivals, users and new
+    items, candidates drawn the same way."""
     from helmgr.sim import SimConfig, simulate
 
-    w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload),
-                           stream_seed(cfg, load))
+    seed = stream_seed(cfg, load)
+    if load.trace is not None:
+        log = trace_log(cfg, load)
+        sent = log_replay(log, load.rps, load.duration_s, load.max_requests, seed)
+        w = store_replay_workload(log, sent, cfg.n_items, cfg.candidates, seed, load.duration_s)
+    else:
+        w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload), seed)
     sim = SimConfig(nodes=cfg.replicas, hardware=cfg.hardware, policy="helm" if cfg.controller else "static",
                     ratio=cfg.ratio, router="helm", slo_ms=load.slo_ms, seed=cfg.seed, tick_s=cfg.window_s,
                     window_s=cfg.window_s, warmup_s=0.0)
