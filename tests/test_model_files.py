@@ -192,3 +192,11 @@ def test_a_replays_scores_are_checked_against_the_model_from_scratch(tmp_path):
     answers[7] = answers[7]._replace(prefix_len=answers[7].prefix_len + 1)
     got = check_scores(sent, answers, trace, ck)
     assert (got["score_checked"], got["score_mismatch"], got["score_unchecked"]) == (len(sent) - 1, 1, 1)
+
+
+def test_serve_refuses_a_checkpoint_that_does_not_fit_before_starting(tmp_path):
+    checkpoint.save(tmp_path / "ck", small_model(shrink=32), torch.zeros(10, 64), "small", 32, {})
+    meta = json.loads((tmp_path / "ck" / "model.json").read_text())
+    (tmp_path / "ck" / "model.json").write_text(json.dumps({**meta, "shrink": 16}))
+    with pytest.raises(HelmInputError, match="tensor 'w_in'"):
+        ServeConfig(checkpoint=str(tmp_path / "ck")).with_sources()

@@ -56,8 +56,8 @@ class ServeConfig:
         HelmInputError."""
         cfg = self
         if self.checkpoint is not None:
-            from helmgr.real.checkpoint import describe
-            meta = describe(self.checkpoint)
+            from helmgr.real.checkpoint import load          # every tensor checked here, not in a replica
+            meta = load(self.checkpoint).meta
             cfg = replace(cfg, model=meta["preset"], shrink=meta["shrink"], n_items=meta["n_items"])
         if not self.store:
             return cfg
