@@ -7,12 +7,14 @@ Objective: at a position t of a user's sequence, the next item must outscore `ne
 drawn from the catalogue (one draw per step, shared by the batch; half uniformly, half by
 popularity), by sampled softmax cross entropy with each score less the log of its sampling
 probability (the logQ correction: what the full softmax over the catalogue would learn, so that
-ranking the whole catalogue is what is trained). Every score is M-FALCON's (`HSTUModel.score`): the candidate attends, at every layer, to
-the history's K/V up to t and to itself, divided by t + 2. `candidate_scores` computes the scores
-of all of a batch's positions at once with the same blocks, masks in place of the prefix cut, so
-the model trained is the one served. A step draws `batch` users, a window of at most `window`
-consecutive items from each (anywhere in its sequence: the model has no positions, so a window
-reads as a shorter history) and `positions` target positions in each window.
+ranking the whole catalogue is what is trained). Every score is M-FALCON's (`HSTUModel.score`):
+the candidate attends, at every layer, to the history's K/V up to t and to itself, divided by
+t + 2, with the relative attention bias of its distance to each key. `candidate_scores` computes
+the scores of all of a batch's positions at once with the same blocks, masks in place of the
+prefix cut, so the model trained is the one served. A step draws `batch` users, a window of at
+most `window` consecutive items from each (anywhere in its sequence: the model knows distances,
+not absolute positions, so a window reads as a shorter history) and `positions` target positions
+in each window.
 
 Evaluation (`evaluate`): for each user, the history without its last item is prefilled and every
 item of the catalogue is scored (`HSTUModel.prefill` + `score`, what a replica runs); the rank
@@ -149,7 +151,8 @@ def train(seqs: Sequences, cfg: TrainConfig, on_step: Callable[[int, float], Non
     losses = []
     model.train()
     for step in range(cfg.steps):
-        ids, pos, cand = _batch(seqs, rng.choice(trainable, min(cfg.batch, len(trainable)), replace=False), cfg, rng, sampling)
+        users = rng.choice(trainable, min(cfg.batch, len(trainable)), replace=False)
+        ids, pos, cand = _batch(seqs, users, cfg, rng, sampling)
         logits = candidate_scores(model, table[ids], pos, table[cand]) - log_q[cand]
         logits[:, :, 1:][cand[:, :, 1:] == cand[:, :, :1]] = -torch.inf         # a negative that is the next item
         logits = logits.reshape(-1, logits.shape[-1])

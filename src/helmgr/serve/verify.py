@@ -6,8 +6,9 @@ a request is served is the log's sequence, then the new items of that user's req
 app appended before it, then the request's own new items. The app serves a user's requests one
 at a time, in the order they reach its ingress, which need not be the order they were sent (two
 sent a few ms apart can arrive swapped); an appended request's prefix is the user's length when
-it was served, so a user's answers ordered by their prefix are the order the app served them in. For each answered request whose prefix is that length, the
-checkpoint's model prefills the whole history from nothing and scores the candidates; a score
+it was served, so a user's answers ordered by their prefix are the order the app served them
+in. For each answered request whose prefix is that length, the checkpoint's model prefills the
+whole history from nothing and scores the candidates; a score
 further than `ATOL + RTOL x |score|` from the served one makes the answer a mismatch, whether
 the replica had the prefix's K/V cached or recomputed it. An answer with another prefix (the
 store held appends from an earlier replay, or lost some) cannot be checked and is counted apart.
