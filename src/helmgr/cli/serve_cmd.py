@@ -134,10 +134,13 @@ CHECKED = ("score_checked", "score_mismatch", "score_unchecked", "score_max_diff
 @click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="With --trace: the checkpoint the app serves (helmgr serve --model); every answer's scores are "
                    "checked against the model computed from scratch (score_mismatch).")
+@click.option("--resume", is_flag=True,
+              help="With --trace: continue a replay that stopped (the app or loadgen killed): skip the requests "
+                   "whose items the app's store already holds, send the rest.")
 @json_option
 @out_option
 def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, with_sim, trace,
-                trace_format, model_dir, as_json, out_dir):
+                trace_format, model_dir, resume, as_json, out_dir):
     """Replay the synthetic workload (or a log, --trace) against a serving app over HTTP; report
     latency, SLO attainment, throughput, hit rates, errors and the actions appended to its store.
 
@@ -152,8 +155,10 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     from helmgr.workload import parse_regime
 
     parse_regime(regime)
+    if resume and with_sim:
+        raise click.UsageError("--sim simulates a whole replay; it cannot go with --resume")
     load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, trace, trace_format,
-                      model_dir)
+                      model_dir, resume)
     cfg = server_config(url)
     with progress("loadgen", None) as bar:
         task = bar.add_task(f"loadgen {trace or regime} at {rps:g} req/s", total=None)

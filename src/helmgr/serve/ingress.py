@@ -207,6 +207,15 @@ class Ingress:
         private = ("history", "redis", "checkpoint")
         return self.cfg.to_dict() | {k: "(set)" for k in private if getattr(self.cfg, k) is not None}
 
+    @api.post("/v1/lengths")
+    async def lengths(self, users: list[int]) -> dict:
+        """Each user's history length in the app's store, in the order asked (a log's replay
+        resumes past what the store holds). 409 for an app without a store."""
+        if self.progress.store is None:
+            raise HTTPException(409, "this app serves the synthetic population: it has no history store")
+        self.progress.store.refresh()
+        return {"lengths": [self.progress.store.length(u) for u in users]}
+
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics(self) -> str:
         return generate_latest(self.metrics.registry).decode()

@@ -40,6 +40,7 @@ class LoadConfig:
     trace: str | None = None          # replay this log's requests instead (an app serving a history store)
     trace_format: str = "inter"
     model: str | None = None          # with `trace`: the app's checkpoint, to check every answer's scores (verify.py)
+    resume: bool = False              # with `trace`: skip the requests the app's store already holds (an earlier replay's)
 
     def validate(self) -> "LoadConfig":
         """Every number finite and > 0 (an infinite duration would never end the replay); the
@@ -254,14 +255,61 @@ def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
             raise HelmInputError(f"--model {load.model!r} has {checkpoint.n_items} items, the app's catalogue "
                                  f"{cfg.n_items}: give the checkpoint the app serves")
     reqs = list(trace_requests(cfg, load) if load.trace is not None else requests(cfg, load))
+    skipped, already = 0, {}
+    if load.resume:
+        if load.trace is None:
+            raise HelmInputError("--resume continues a log's replay: give the log (--trace)")
+        reqs, skipped, already = resume(reqs, trace_log(cfg, load), store_lengths(load.url, reqs))
     on_start(len(reqs))
     t = time.perf_counter()
     answers = asyncio.run(replay(load, reqs, on_answer))
     out = {"url": load.url, "workload": load.workload, "rps": load.rps, "duration_s": load.duration_s,
            "concurrency": load.concurrency, "replicas": cfg.replicas} | summarize(answers, load.slo_ms,
                                                                                   time.perf_counter() - t)
+    if load.resume:
+        out["resumed_after"] = skipped
     if checkpoint is not None:
         from helmgr.serve.verify import check_scores
         from helmgr.workload.trace import read_trace
-        out |= check_scores(reqs, answers, read_trace(load.trace, load.trace_format), checkpoint)
+        out |= check_scores(reqs, answers, read_trace(load.trace, load.trace_format), checkpoint, already)
     return out
+
+
+def store_lengths(url: str, sent: list[Sent], timeout_s: float = 30.0) -> dict[int, int]:
+    """The app's store length of every user `sent` names (POST /v1/lengths)."""
+    users = sorted({s.body["user_id"] for s in sent})
+    req = urllib.request.Request(url.rstrip("/") + "/v1/lengths", data=json.dumps(users).encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return dict(zip(users, json.loads(r.read())["lengths"]))
+    except OSError as exc:
+        raise HelmInputError(f"--resume: cannot read the store's lengths from {url} ({exc})") from None
+
+
+def resume(sent: list[Sent], log, lengths: dict[int, int]) -> tuple[list[Sent], int, dict[int, list[int]]]:
+    """The replay `sent` past what the store holds: each user's requests whose items it already
+    appended (its length less its log's) are dropped; the rest keep their order and gaps, the
+    first of them sent at once. Returns (the rest, how many were dropped, each user's items
+    already appended). A store that holds part of a request, or more than the replay sends, is
+    not this replay's: an error."""
+    base = np.bincount(log.user, minlength=log.n_users)
+    left = {u: n - (base[u] if u < len(base) else 0) for u, n in lengths.items()}
+    already: dict[int, list[int]] = {u: [] for u in lengths}
+    rest = []
+    for s in sent:
+        u, new = s.body["user_id"], s.body["new_items"]
+        if left[u] > 0:
+            if left[u] < len(new):
+                raise HelmInputError(f"--resume: user {u}'s history stops inside a request of this replay: "
+                                     f"not this log's replay at this rate and seed")
+            left[u] -= len(new)
+            already[u] += new
+        else:
+            rest.append(s)
+    bad = [u for u, v in left.items() if v != 0]
+    if bad:
+        raise HelmInputError(f"--resume: user {bad[0]}'s history in the store does not match this replay of the "
+                             f"log ({left[bad[0]]:+d} items)")
+    t0 = rest[0].t if rest else 0.0
+    return [s._replace(t=s.t - t0) for s in rest], len(sent) - len(rest), already

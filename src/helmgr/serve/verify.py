@@ -20,16 +20,17 @@ import numpy as np
 ATOL = RTOL = 1e-4
 
 
-def check_scores(sent: list, answers: list, log, checkpoint) -> dict:
+def check_scores(sent: list, answers: list, log, checkpoint, already: dict | None = None) -> dict:
     """{"score_checked", "score_mismatch", "score_unchecked", "score_max_diff"} for the replay of
     `log` (a `workload.trace.Log`) that sent `sent` (bodies with user_id, new_items, candidates)
-    and got `answers` (in the same order; status, prefix_len, scores, appended)."""
+    and got `answers` (in the same order; status, prefix_len, scores, appended); `already`: each
+    user's items an earlier part of the replay appended (a resumed replay)."""
     import torch
 
     from helmgr.history.store import by_user
 
     items, offsets = by_user(log.user, log.item, log.time, log.n_users)
-    appended: dict[int, list[int]] = {}
+    appended: dict[int, list[int]] = {u: list(v) for u, v in (already or {}).items()}
     model, table = checkpoint.model, checkpoint.table
     checked = mismatch = unchecked = 0
     worst = 0.0
