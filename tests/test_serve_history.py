@@ -123,27 +123,27 @@ def test_a_users_requests_take_turns_in_arrival_order():
 
 def test_a_replay_resumes_past_what_the_store_holds(cfg, tmp_path):
     """The log: A=0 acts y at 1 and x at 7, b=1 acts y at 3 and x z at 5 (two actions, one
-    request). The store took the replay's first two requests (A's y, b's y): the resumed replay
-    sends the other two, the first at once, their gap kept; a store that stops inside a request,
-    or holds more than the replay sends, is refused."""
+    request). The store appended A's y and b's x z (b's two requests served swapped): the resumed
+    replay sends the other two, the first at once, their gap kept. A tail that no order of the
+    replay's requests makes is refused."""
     from helmgr.core.errors import HelmInputError
-    from helmgr.serve.loadgen import LoadConfig, resume, trace_requests
+    from helmgr.serve.loadgen import LoadConfig, log_lengths, resume, trace_requests
     from helmgr.workload.trace import read_trace
 
     log = tmp_path / "log.inter"
     log.write_text("user_id:token\titem_id:token\ttimestamp:float\n"
                    "b\tx\t5\nA\ty\t1\nb\tz\t5\nA\tx\t7\nb\ty\t3\n")
     trace = read_trace(str(log), "inter")
+    assert log_lengths(trace).tolist() == [2, 3]
     sent = list(trace_requests(cfg, LoadConfig(rps=100.0, duration_s=1.0, trace=str(log))))
     assert [(s.body["user_id"], s.body["new_items"]) for s in sent] == [(0, [1]), (1, [1]), (1, [0, 2]), (0, [0])]
-    logged = {0: 2, 1: 3}                                                 # each user's actions in the log
-    rest, skipped, already = resume(sent, trace, {0: logged[0] + 1, 1: logged[1] + 1})
-    assert skipped == 2 and [s.body for s in rest] == [sent[2].body, sent[3].body]
-    assert rest[0].t == 0.0 and rest[1].t == pytest.approx(sent[3].t - sent[2].t)
-    assert already == {0: [1], 1: [1]}
-    rest, skipped, _ = resume(sent, trace, logged)                        # nothing replayed yet: all of it
+    rest, skipped, already = resume(sent, {0: [1], 1: [0, 2]})
+    assert skipped == 2 and [s.body for s in rest] == [sent[1].body, sent[3].body]
+    assert rest[0].t == 0.0 and rest[1].t == pytest.approx(sent[3].t - sent[1].t)
+    assert already == {0: [1], 1: [0, 2]}
+    rest, skipped, _ = resume(sent, {0: [], 1: []})                      # nothing replayed yet: all of it
     assert skipped == 0 and len(rest) == 4
-    with pytest.raises(HelmInputError, match="user 1's history stops inside a request"):
-        resume(sent, trace, {0: 2, 1: 5})                                  # b: y, then 1 of [0, 2]
-    with pytest.raises(HelmInputError, match=r"user 0's history in the store does not match .*\(\+1 items\)"):
-        resume(sent, trace, {0: 5, 1: 3})
+    rest, skipped, _ = resume(sent, {0: [1, 0], 1: [1, 0, 2]})           # all of it: nothing left
+    assert skipped == 4 and rest == []
+    with pytest.raises(HelmInputError, match=r"user 1.s history in the store, past the log, .* \(at its item 1\)"):
+        resume(sent, {0: [], 1: [1, 0]})                                  # b: y, then half of [0, 2]

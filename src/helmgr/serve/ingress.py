@@ -207,14 +207,18 @@ class Ingress:
         private = ("history", "redis", "checkpoint")
         return self.cfg.to_dict() | {k: "(set)" for k in private if getattr(self.cfg, k) is not None}
 
-    @api.post("/v1/lengths")
-    async def lengths(self, users: list[int]) -> dict:
-        """Each user's history length in the app's store, in the order asked (a log's replay
-        resumes past what the store holds). 409 for an app without a store."""
-        if self.progress.store is None:
+    @api.post("/v1/tails")
+    async def tails(self, users: list[int], starts: list[int]) -> dict:
+        """Each user's items in the app's store from position `starts[k]` on, in the order asked
+        (a log's replay resumes past what the store holds: what it appended). 409 for an app
+        without a store, 422 for lists of different lengths."""
+        store = self.progress.store
+        if store is None:
             raise HTTPException(409, "this app serves the synthetic population: it has no history store")
-        self.progress.store.refresh()
-        return {"lengths": [self.progress.store.length(u) for u in users]}
+        if len(users) != len(starts):
+            raise HTTPException(422, f"{len(users)} users and {len(starts)} starts")
+        store.refresh()
+        return {"tails": [store.items(u, s, store.length(u)).tolist() for u, s in zip(users, starts)]}
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics(self) -> str:

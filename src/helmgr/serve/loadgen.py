@@ -259,7 +259,7 @@ def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
     if load.resume:
         if load.trace is None:
             raise HelmInputError("--resume continues a log's replay: give the log (--trace)")
-        reqs, skipped, already = resume(reqs, trace_log(cfg, load), store_lengths(load.url, reqs))
+        reqs, skipped, already = resume(reqs, store_tails(load.url, reqs, log_lengths(trace_log(cfg, load))))
     on_start(len(reqs))
     t = time.perf_counter()
     answers = asyncio.run(replay(load, reqs, on_answer))
@@ -275,41 +275,47 @@ def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
     return out
 
 
-def store_lengths(url: str, sent: list[Sent], timeout_s: float = 30.0) -> dict[int, int]:
-    """The app's store length of every user `sent` names (POST /v1/lengths)."""
+def log_lengths(log) -> np.ndarray:
+    """Each user's actions in the log (what a store built from it holds before any replay)."""
+    return np.bincount(log.user, minlength=log.n_users)
+
+
+def store_tails(url: str, sent: list[Sent], base: np.ndarray, timeout_s: float = 30.0) -> dict[int, list[int]]:
+    """What the app's store holds past the log for every user `sent` names (POST /v1/tails)."""
     users = sorted({s.body["user_id"] for s in sent})
-    req = urllib.request.Request(url.rstrip("/") + "/v1/lengths", data=json.dumps(users).encode(),
+    body = {"users": users, "starts": [int(base[u]) if u < len(base) else 0 for u in users]}
+    req = urllib.request.Request(url.rstrip("/") + "/v1/tails", data=json.dumps(body).encode(),
                                  headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return dict(zip(users, json.loads(r.read())["lengths"]))
+            return dict(zip(users, json.loads(r.read())["tails"]))
     except OSError as exc:
-        raise HelmInputError(f"--resume: cannot read the store's lengths from {url} ({exc})") from None
+        raise HelmInputError(f"--resume: cannot read what the app's store appended, from {url} ({exc})") from None
 
 
-def resume(sent: list[Sent], log, lengths: dict[int, int]) -> tuple[list[Sent], int, dict[int, list[int]]]:
-    """The replay `sent` past what the store holds: each user's requests whose items it already
-    appended (its length less its log's) are dropped; the rest keep their order and gaps, the
-    first of them sent at once. Returns (the rest, how many were dropped, each user's items
-    already appended). A store that holds part of a request, or more than the replay sends, is
-    not this replay's: an error."""
-    base = np.bincount(log.user, minlength=log.n_users)
-    left = {u: n - (base[u] if u < len(base) else 0) for u, n in lengths.items()}
-    already: dict[int, list[int]] = {u: [] for u in lengths}
-    rest = []
-    for s in sent:
-        u, new = s.body["user_id"], s.body["new_items"]
-        if left[u] > 0:
-            if left[u] < len(new):
-                raise HelmInputError(f"--resume: user {u}'s history stops inside a request of this replay: "
-                                     f"not this log's replay at this rate and seed")
-            left[u] -= len(new)
-            already[u] += new
-        else:
-            rest.append(s)
-    bad = [u for u, v in left.items() if v != 0]
-    if bad:
-        raise HelmInputError(f"--resume: user {bad[0]}'s history in the store does not match this replay of the "
-                             f"log ({left[bad[0]]:+d} items)")
+def resume(sent: list[Sent], tails: dict[int, list[int]]) -> tuple[list[Sent], int, dict[int, list[int]]]:
+    """The replay `sent` past what the store appended (`tails`: each user's items past its log).
+    A user's appended items are matched to its requests: at each point of its tail, the first of
+    its requests not yet matched whose items come next (the app serves a user's requests in the
+    order they reach it, which can differ from the order sent). The rest keep their order and
+    gaps, the first sent at once. Returns (the rest, how many were dropped, the tails). A tail
+    that no order of the replay's requests gives is not this replay's: an error."""
+    mine: dict[int, list[int]] = {}
+    for k, s in enumerate(sent):
+        mine.setdefault(s.body["user_id"], []).append(k)
+    done = set()
+    for u, tail in tails.items():
+        pos, left = 0, list(mine.get(u, []))
+        while pos < len(tail):
+            k = next((k for k in left if tail[pos:pos + len(sent[k].body["new_items"])] == sent[k].body["new_items"]),
+                     None)
+            if k is None:
+                raise HelmInputError(f"--resume: user {u}'s history in the store, past the log, is not made of this "
+                                     f"replay's requests (at its item {pos}): not this log's replay at this rate "
+                                     f"and seed")
+            left.remove(k)
+            done.add(k)
+            pos += len(sent[k].body["new_items"])
+    rest = [s for k, s in enumerate(sent) if k not in done]
     t0 = rest[0].t if rest else 0.0
-    return [s._replace(t=s.t - t0) for s in rest], len(sent) - len(rest), already
+    return [s._replace(t=s.t - t0) for s in rest], len(done), {u: list(v) for u, v in tails.items()}
