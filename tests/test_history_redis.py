@@ -75,3 +75,26 @@ def test_the_cli_builds_and_counts_in_redis(capsys, tmp_path, redis_url):
     assert main(["history", "stat", "--redis", "unix:///nonexistent/redis.sock"]) == 2
     err = capsys.readouterr().err
     assert "down or unreachable" in err and err.count("\n") == 1
+
+
+def test_a_replica_whose_redis_is_down_answers_so_and_appends_nothing(redis_url):
+    """A replica serving from Redis: a request served, then the server unreachable (the client
+    pointed at a socket nobody listens on): the answer names the store and has no scores; once
+    the server is back, the store holds only the first request's items and the next is served."""
+    import redis
+
+    from helmgr.serve.config import ServeConfig
+    from helmgr.serve.node import ServeNode
+
+    build_redis(connect(redis_url), USER, ITEM, TIME, 3, 9).close()
+    cfg = ServeConfig(candidates=4, pool_mib=4.0, shrink=32, controller=False, redis=redis_url).with_sources()
+    node = ServeNode(cfg)
+    n = node.store.length(0)
+    assert node.serve(0, n, np.array([1, 2]), np.array([3, 4, 5, 6]))["appended"]
+    live = node.store.client
+    node.store.client = redis.Redis(unix_socket_path="/nonexistent/redis.sock")
+    down = node.serve(0, n + 2, np.array([7]), np.array([3, 4, 5, 6]))
+    assert set(down) == {"store_down"} and "Redis history store is down" in down["store_down"]
+    node.store.client = live
+    assert node.store.length(0) == n + 2 and node.store.items(0, n, n + 2).tolist() == [1, 2]
+    assert node.serve(0, n + 2, np.array([7]), np.array([3, 4, 5, 6]))["appended"]

@@ -1,5 +1,5 @@
 """Users' action histories: a store built from a log, read by position, appended durably."""
-from helmgr.history.store import HistoryStore, build
+from helmgr.history.store import HistoryStore, StoreUnavailable, build
 
 
 def open_store(folder: str | None = None, redis: str | None = None):
@@ -22,4 +22,4 @@ def reader(store):
     return history
 
 
-__all__ = ["HistoryStore", "build", "open_store", "reader"]
+__all__ = ["HistoryStore", "StoreUnavailable", "build", "open_store", "reader"]

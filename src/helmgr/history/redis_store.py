@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from helmgr.core.errors import HelmInputError
-from helmgr.history.store import Store, by_user
+from helmgr.history.store import Store, StoreUnavailable, by_user
 
 COUNTERS = ("appends", "appended_actions")
 
@@ -72,7 +72,7 @@ class RedisStore(Store):
         try:
             return f(*args)
         except self._errors as exc:
-            raise HelmInputError(f"the Redis history store is down or unreachable ({exc})") from None
+            raise StoreUnavailable(f"the Redis history store is down or unreachable ({exc})") from None
 
     def _key(self, user: int) -> str:
         return f"{self.prefix}u:{user}"

@@ -37,6 +37,10 @@ HEADER = struct.Struct("<qiI")          # user, count, CRC-32 of the items' byte
 FILES = ("meta.json", "base.npy", "offsets.npy")
 
 
+class StoreUnavailable(HelmInputError):
+    """The store cannot be reached (a Redis server down): serving answers 503 naming it."""
+
+
 def by_user(user: np.ndarray, item: np.ndarray, time: np.ndarray, n_users: int) -> tuple[np.ndarray, np.ndarray]:
     """The interactions' items grouped by user, each user's in time order (ties in file order),
     and where each user's start (n_users + 1 offsets): what both stores are built from."""

@@ -14,7 +14,9 @@ naming the field, never echoing the input); `RequestLimits` refuses (422) item i
 table, a prefix past `max_prefix` and a request whose worst-case predicted service is above
 `max_cost_ms`. Every request gets a deadline (`deadline_ms` from its arrival): the backend does
 not start it when it cannot finish by then, and the ingress cuts the call when the deadline
-passes (the queued request is cancelled on its replica); the client gets 504 either way.
+passes (the queued request is cancelled on its replica); the client gets 504 either way. A history
+store that cannot be reached, at the ingress (the prefix) or at the replica (a KV miss's history,
+the append), is a 503 naming it; nothing was appended, so the request can be sent again.
 
 Readiness: `/healthz` answers 503 until the ingress has sent warm-up requests through its
 handle (the router's first decisions and its compiled kernel, the replica set it learns) and
@@ -39,6 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from helmgr.history.store import StoreUnavailable
 from helmgr.serve.body import BodyError, RecommendRequest, parse_body, read_body
 from helmgr.serve.config import ServeConfig
 from helmgr.serve.limits import RequestLimits
@@ -154,14 +157,16 @@ class Ingress:
             try:
                 prefix_len = self.progress.prefix(req.user_id, req.prefix_len)
                 self.limits.check(req, prefix_len)
+                out, retries = await self._call(req, prefix_len, deadline)
             except BodyError as exc:
                 self.metrics.errors.labels(f"http_{exc.status}").inc()
                 return JSONResponse({"detail": exc.detail}, status_code=exc.status)
-            try:
-                out, retries = await self._call(req, prefix_len, deadline)
             except Deadline as exc:
                 self.metrics.errors.labels("deadline").inc()
                 return JSONResponse({"detail": [{"loc": [], "type": "deadline", "msg": str(exc)}]}, status_code=504)
+            except StoreUnavailable as exc:         # nothing was appended: the request can be sent again
+                self.metrics.errors.labels("store_down").inc()
+                return JSONResponse({"detail": [{"loc": [], "type": "store_down", "msg": str(exc)}]}, status_code=503)
             self.progress.advance(req.user_id, prefix_len, len(req.new_items))
         latency = time.perf_counter() - t0
         self.metrics.answered(out, latency)
@@ -191,6 +196,8 @@ class Ingress:
                 continue
             if "late" in out:
                 raise Deadline(f"refused by its replica, which could not serve it within {budget}: {out['late']}")
+            if "store_down" in out:
+                raise StoreUnavailable(out["store_down"])
             return out, attempt
 
     @api.get("/healthz")
@@ -217,8 +224,11 @@ class Ingress:
             raise HTTPException(409, "this app serves the synthetic population: it has no history store")
         if len(users) != len(starts):
             raise HTTPException(422, f"{len(users)} users and {len(starts)} starts")
-        store.refresh()
-        return {"tails": [store.items(u, s, store.length(u)).tolist() for u, s in zip(users, starts)]}
+        try:
+            store.refresh()
+            return {"tails": [store.items(u, s, store.length(u)).tolist() for u, s in zip(users, starts)]}
+        except StoreUnavailable as exc:
+            raise HTTPException(503, str(exc)) from None
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics(self) -> str:

@@ -7,7 +7,8 @@ the ingress), or else the synthetic workload's users (same config and seed on ev
 recomputes. The request's own new items are what is computed for positions prefix_len.. (the
 client's word wins there). With a store, a served request that continues the user's history
 (prefix_len = its length) has its new items appended, durably, before it is answered, so the next
-request's prefix includes them. Synthetic users outside the population have no history: the
+request's prefix includes them. A store that cannot be reached (`StoreUnavailable`) makes the
+answer `{"store_down": why}`: nothing appended (a Redis append is one transaction), no scores. Synthetic users outside the population have no history: the
 ingress sends them with prefix_len 0.
 
 The model and item table: a checkpoint's (`ServeConfig.checkpoint`, `helmgr model train`; the
@@ -21,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from helmgr.controller import Controller
+from helmgr.history.store import StoreUnavailable
 from helmgr.core.window import WindowStats, node_window
 from helmgr.real.runtime import NodeRuntime
 from helmgr.serve.config import ServeConfig
@@ -100,11 +102,14 @@ class ServeNode:
         continues the user's history. `forget`: drop the user's K/V afterwards (a warm-up's, which
         a real user of that id must not find)."""
         self._arrivals += 1
-        s = self.runtime.serve(self.clock(), user, prefix_len, new_ids, cand_ids,
-                               with_new(self.history, prefix_len, new_ids))
-        if forget:
-            self.runtime.kv.drop(user)
-        appended = self.store is not None and append and self.store.append(user, new_ids, at=prefix_len) is not None
+        try:
+            s = self.runtime.serve(self.clock(), user, prefix_len, new_ids, cand_ids,
+                                   with_new(self.history, prefix_len, new_ids))
+            if forget:
+                self.runtime.kv.drop(user)
+            appended = self.store is not None and append and self.store.append(user, new_ids, at=prefix_len) is not None
+        except StoreUnavailable as exc:     # a KV miss could not read the history, or the append failed whole
+            return {"store_down": str(exc)}
         model_s = self._model_s(prefix_len, s.kv_tokens, len(new_ids), len(cand_ids))
         if model_s > 0:
             self.slowdown += 0.2 * (min(max(s.service_s / model_s, 0.5), 10.0) - self.slowdown)
