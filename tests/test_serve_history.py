@@ -147,3 +147,10 @@ def test_a_replay_resumes_past_what_the_store_holds(cfg, tmp_path):
     assert skipped == 4 and rest == []
     with pytest.raises(HelmInputError, match=r"user 1.s history in the store, past the log, .* \(at its item 1\)"):
         resume(sent, {0: [], 1: [1, 0]})                                  # b: y, then half of [0, 2]
+
+
+def test_loadgen_counts_the_users_the_store_did_not_know():
+    from helmgr.serve.loadgen import Answer, summarize
+    answers = [Answer(0.0, 0.01, 200, 0, 0, 5, 1.0, "a", 0.3, appended=True, new_user=new) for new in (True, False, True)]
+    answers.append(Answer(0.0, 0.01, 503, 0, 0, 0, 0.0, "", 0.3, new_user=True))       # not answered: not counted
+    assert summarize(answers, 50.0, 1.0)["new_users"] == 2

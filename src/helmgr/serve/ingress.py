@@ -98,6 +98,8 @@ class Metrics:
         self.latency = Histogram("helm_request_latency_seconds", "End-to-end latency at the ingress",
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.errors = Counter("helm_errors", "Requests that failed after retries", ("kind",), registry=r)
+        self.new_users = Counter("helm_new_users", "Requests of users the history store held nothing for",
+                                 registry=r)
         self.retries = Counter("helm_retries", "Backend calls retried after a replica failure", registry=r)
         self.emb_hit = Gauge("helm_emb_hit_rate", "Node's EMB hit rate since it started", ("node",), registry=r)
         self.kv_hit = Gauge("helm_kv_hit_rate", "Node's KV hit rate (tokens) since it started", ("node",), registry=r)
@@ -168,13 +170,15 @@ class Ingress:
                 self.metrics.errors.labels("store_down").inc()
                 return JSONResponse({"detail": [{"loc": [], "type": "store_down", "msg": str(exc)}]}, status_code=503)
             self.progress.advance(req.user_id, prefix_len, len(req.new_items))
+        new_user = self.progress.store is not None and req.prefix_len is None and prefix_len == 0
+        self.metrics.new_users.inc(new_user)
         latency = time.perf_counter() - t0
         self.metrics.answered(out, latency)
         return {"scores": out["scores"], "node": out["node"], "kv_hit": out["kv_tokens"] > 0,
                 "kv_tokens": out["kv_tokens"], "prefix_len": prefix_len,
                 "emb_hit_rate": 1.0 - out["misses"] / out["ids"], "latency_ms": latency * 1e3,
                 "service_ms": out["service_ms"], "replica_ms": out["replica_ms"], "ratio": out["ratio"],
-                "retries": retries, "appended": out["appended"]}
+                "retries": retries, "appended": out["appended"], "new_user": new_user}
 
     async def _call(self, req: RecommendRequest, prefix_len: int, deadline: float) -> tuple[dict, int]:
         budget = f"its deadline of {self.cfg.deadline_s * 1e3:.0f} ms"

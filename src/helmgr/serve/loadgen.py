@@ -69,6 +69,7 @@ class Answer(NamedTuple):
     service_ms: float = math.nan    # the real path's service
     appended: bool = False          # its new items were added to the app's history store
     scores: tuple = ()              # one per candidate
+    new_user: bool = False          # the app's store held nothing for the user: served cold (and created)
 
 
 # A request's time, split: the client and HTTP proxy (sending, the proxy's hop to the ingress, the
@@ -155,7 +156,7 @@ async def _send(session, url: str, sent: Sent, t0: float, slots: asyncio.Semapho
     ids = out["prefix_len"] - out["kv_tokens"] + len(b["new_items"]) + len(b["candidates"])
     return Answer(sent.t, latency, status, out["prefix_len"], out["kv_tokens"], ids, out["emb_hit_rate"],
                   out["node"], out["ratio"], out["latency_ms"], out["replica_ms"], out["service_ms"], out["appended"],
-                  tuple(out["scores"]))
+                  tuple(out["scores"]), out.get("new_user", False))
 
 
 async def replay(load: LoadConfig, reqs: list[Sent], on_answer: Callable[[], None] = lambda: None) -> list[Answer]:
@@ -204,7 +205,7 @@ def summarize(answers: list[Answer], slo_ms: float, wall_s: float) -> dict:
            "mean_ratio": float(np.mean([a.ratio for a in ok])) if ok else None,
            "status_counts": dict(sorted(statuses.items())),
            "requests_per_node": dict(sorted(nodes.items())), "split_ms": split(ok),
-           "appended": sum(a.appended for a in ok), "wall_s": wall_s}
+           "appended": sum(a.appended for a in ok), "new_users": sum(a.new_user for a in ok), "wall_s": wall_s}
     if not ok:
         why = "no request was sent" if not answers else "no request completed"
         out["nulls"] = {k: why for k in ("p50_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ratio", "split_ms")}
