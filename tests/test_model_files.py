@@ -200,3 +200,12 @@ def test_serve_refuses_a_checkpoint_that_does_not_fit_before_starting(tmp_path):
     (tmp_path / "ck" / "model.json").write_text(json.dumps({**meta, "shrink": 16}))
     with pytest.raises(HelmInputError, match="tensor 'w_in'"):
         ServeConfig(checkpoint=str(tmp_path / "ck")).with_sources()
+
+
+def test_model_eval_takes_a_checkpoint_or_an_app_not_both(tmp_path, capsys):
+    log = clustered_log(tmp_path / "c.inter", users=8)
+    assert main(["model", "eval", "--trace", str(log)]) == 2
+    assert "--model DIR or --url URL" in capsys.readouterr().err
+    assert main(["model", "eval", "--trace", str(log), "--model", str(tmp_path), "--url", "http://x"]) == 2
+    assert main(["model", "eval", "--trace", str(log), "--url", "http://127.0.0.1:9"]) == 2     # nobody listens
+    assert "cannot reach the app" in capsys.readouterr().err

@@ -79,25 +79,38 @@ def train_cmd(trace, trace_format, out_dir, steps, preset, shrink, lr, seed, eva
 
 
 @model.command("eval")
-@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="A checkpoint folder (helmgr model train).")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="A checkpoint folder (helmgr model train) ...")
+@click.option("--url", default=None, help="... or a serving app (helmgr serve --history DIR --model DIR, the store "
+                                          "built from this log): its scores, over HTTP.")
 @_trace
 @click.option("--seed", type=SEED, default=0, show_default=True, help="The sample of users (with --eval-users).")
 @EVAL_USERS
 @json_option
-def eval_cmd(model_dir, trace, trace_format, seed, eval_users, as_json):
-    """HR@10 / NDCG@10 of a checkpoint on each user's last item of a log, beside popularity's
-    (the model sees the rest of the user's history, as a served request would).
+def eval_cmd(model_dir, url, trace, trace_format, seed, eval_users, as_json):
+    """HR@10 / NDCG@10 of a checkpoint (or of a serving app's answers) on each user's last item of
+    a log, beside popularity's (the model sees the rest of the user's history, as a served request
+    would).
 
     \b
     helmgr model eval --model model/ --trace ml-100k.inter
+    helmgr model eval --url http://127.0.0.1:8000 --trace ml-100k.inter     # the same through HTTP
     """
     require("real", what="helmgr model eval")
     from helmgr.real import checkpoint, nextitem
     from helmgr.workload.trace import read_trace
 
-    ckpt = checkpoint.load(model_dir)
+    if (model_dir is None) == (url is None):
+        raise click.UsageError("name what to evaluate: --model DIR or --url URL, one of them")
     seqs = nextitem.Sequences.from_log(read_trace(trace, trace_format, seed))
+    if url is not None:
+        from helmgr.serve.verify import http_ranks
+        users = nextitem.eval_users(seqs, eval_users, seed)
+        held = {"model": nextitem.ranking(http_ranks(url, seqs, users)).to_dict(),
+                "popularity": nextitem.ranking(nextitem.popularity_ranks(seqs, users)).to_dict()}
+        _show({"url": url, "trace": Path(trace).name, "held_out_last_item": held}, as_json)
+        return
+    ckpt = checkpoint.load(model_dir)
     if seqs.n_items > ckpt.n_items:
         raise HelmInputError(f"the log has {seqs.n_items} items, checkpoint {str(model_dir)!r} has rows for "
                              f"{ckpt.n_items}")

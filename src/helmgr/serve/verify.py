@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from helmgr.core.errors import HelmInputError
+
 ATOL = RTOL = 1e-4
 
 
@@ -55,3 +57,34 @@ def check_scores(sent: list, answers: list, log, checkpoint, already: dict | Non
             past += new
     return {"score_checked": checked, "score_mismatch": mismatch, "score_unchecked": unchecked,
             "score_max_diff": worst}
+
+
+def http_ranks(url: str, seqs, users, timeout_s: float = 60.0) -> np.ndarray:
+    """The held-out item's rank for each of `users`, from the app's scores (`nextitem.model_ranks`
+    through HTTP): the app serves a store built from the same log, so a user's history there is
+    its whole sequence; the request asks for the prefix without the last two items, sends the
+    second-to-last as its new item (off the store's history: nothing is appended) and every item
+    of the catalogue as candidates, so the model sees exactly the history the offline evaluation
+    prefills. Ranks count the unseen items scoring strictly higher, as offline."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    ranks = np.empty(len(users), np.int64)
+    cands = list(range(seqs.n_items))
+    for i, u in enumerate(users):
+        s = seqs.user(int(u))
+        body = {"user_id": int(u), "prefix_len": len(s) - 2, "new_items": [int(s[-2])], "candidates": cands}
+        req = urllib.request.Request(url.rstrip("/") + "/v1/recommend", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                scores = np.asarray(json.loads(r.read())["scores"])
+        except urllib.error.HTTPError as exc:
+            raise HelmInputError(f"user {int(u)}: the app answered {exc.code}: {exc.read()[:300]!r}") from None
+        except OSError as exc:
+            raise HelmInputError(f"--url {url!r}: cannot reach the app ({exc})") from None
+        target = scores[int(s[-1])]
+        scores[s[:-1]] = -np.inf
+        ranks[i] = int((scores > target).sum())
+    return ranks
