@@ -191,6 +191,14 @@ def eval_users(seqs: Sequences, n: int, seed: int) -> np.ndarray:
     return users
 
 
+def held_out_rank(scores: np.ndarray, seq: np.ndarray) -> int:
+    """The rank of `seq`'s last item by `scores` (one per catalogue item): how many items the
+    user has not acted on (`seq[:-1]`) score strictly higher."""
+    higher = scores > scores[seq[-1]]
+    higher[seq[:-1]] = False
+    return int(higher.sum())
+
+
 @torch.no_grad()
 def model_ranks(model: HSTUModel, table: torch.Tensor, seqs: Sequences, users: np.ndarray) -> np.ndarray:
     """The held-out item's rank among the whole catalogue's scores, per user (the runtime's calls)."""
@@ -199,23 +207,13 @@ def model_ranks(model: HSTUModel, table: torch.Tensor, seqs: Sequences, users: n
     for i, u in enumerate(users):
         s = seqs.user(u)
         _, kv = model.prefill(table[torch.from_numpy(s[:-1])])
-        scores = model.score(kv, all_rows)
-        target = float(scores[int(s[-1])])
-        scores[torch.from_numpy(s[:-1])] = -torch.inf           # items the user has seen are not ranked
-        ranks[i] = int((scores > target).sum())
+        ranks[i] = held_out_rank(model.score(kv, all_rows).numpy(), s)
     return ranks
 
 
 def popularity_ranks(seqs: Sequences, users: np.ndarray) -> np.ndarray:
     counts = seqs.train_counts()
-    above = np.cumsum(np.bincount(counts, minlength=counts.max() + 2)[::-1])[::-1]   # above[c]: items counted >= c
-    ranks = np.empty(len(users), np.int64)
-    for i, u in enumerate(users):
-        s = seqs.user(u)
-        c = counts[s[-1]]
-        seen = np.unique(s[:-1])
-        ranks[i] = above[c + 1] - int((counts[seen] > c).sum())
-    return ranks
+    return np.array([held_out_rank(counts, seqs.user(u)) for u in users], np.int64)
 
 
 def evaluate(model: HSTUModel, table: torch.Tensor, seqs: Sequences, n_users: int, seed: int) -> dict:

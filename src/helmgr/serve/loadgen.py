@@ -101,11 +101,12 @@ def stream_seed(cfg: ServeConfig, load: LoadConfig) -> int:
     return cfg.seed if load.seed is None else load.seed
 
 
-def trace_requests(cfg: ServeConfig, load: LoadConfig) -> Iterator[Sent]:
+def trace_requests(cfg: ServeConfig, load: LoadConfig, log=None) -> Iterator[Sent]:
     """The log's requests (a user's interactions at one time form one), in the log's time order,
     sent at `rps` (exponential gaps, seeded) for `duration_s`: each user's items as its new items,
-    `cfg.candidates` random candidates, no prefix (the app's store has it)."""
-    log = trace_log(cfg, load)
+    `cfg.candidates` random candidates, no prefix (the app's store has it). `log`: the log, if
+    already read."""
+    log = trace_log(cfg, load) if log is None else log
     sent = log_replay(log, load.rps, load.duration_s, load.max_requests, stream_seed(cfg, load))
     rng = np.random.default_rng([stream_seed(cfg, load), 12])
     for k in range(len(sent)):
@@ -255,12 +256,13 @@ def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
         if checkpoint.n_items != cfg.n_items:
             raise HelmInputError(f"--model {load.model!r} has {checkpoint.n_items} items, the app's catalogue "
                                  f"{cfg.n_items}: give the checkpoint the app serves")
-    reqs = list(trace_requests(cfg, load) if load.trace is not None else requests(cfg, load))
+    if load.resume and load.trace is None:
+        raise HelmInputError("--resume continues a log's replay: give the log (--trace)")
+    log = trace_log(cfg, load) if load.trace is not None else None      # read once: requests, resume, check
+    reqs = list(trace_requests(cfg, load, log) if log is not None else requests(cfg, load))
     skipped, already = 0, {}
     if load.resume:
-        if load.trace is None:
-            raise HelmInputError("--resume continues a log's replay: give the log (--trace)")
-        reqs, skipped, already = resume(reqs, store_tails(load.url, reqs, log_lengths(trace_log(cfg, load))))
+        reqs, skipped, already = resume(reqs, store_tails(load.url, reqs, log_lengths(log)))
     on_start(len(reqs))
     t = time.perf_counter()
     answers = asyncio.run(replay(load, reqs, on_answer))
@@ -271,8 +273,7 @@ def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
         out["resumed_after"] = skipped
     if checkpoint is not None:
         from helmgr.serve.verify import check_scores
-        from helmgr.workload.trace import read_trace
-        out |= check_scores(reqs, answers, read_trace(load.trace, load.trace_format), checkpoint, already)
+        out |= check_scores(reqs, answers, log, checkpoint, already)
     return out
 
 

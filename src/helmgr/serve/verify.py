@@ -70,6 +70,8 @@ def http_ranks(url: str, seqs, users, timeout_s: float = 60.0) -> np.ndarray:
     import urllib.error
     import urllib.request
 
+    from helmgr.real.nextitem import held_out_rank
+
     ranks = np.empty(len(users), np.int64)
     cands = list(range(seqs.n_items))
     for i, u in enumerate(users):
@@ -84,7 +86,5 @@ def http_ranks(url: str, seqs, users, timeout_s: float = 60.0) -> np.ndarray:
             raise HelmInputError(f"user {int(u)}: the app answered {exc.code}: {exc.read()[:300]!r}") from None
         except OSError as exc:
             raise HelmInputError(f"--url {url!r}: cannot reach the app ({exc})") from None
-        target = scores[int(s[-1])]
-        scores[s[:-1]] = -np.inf
-        ranks[i] = int((scores > target).sum())
+        ranks[i] = held_out_rank(scores, s)
     return ranks
