@@ -1,6 +1,7 @@
 """The controller's slow, readable reference: each tier as a plain Python object, one step at a
 time, from the same configuration objects the package's compiled controller reads
-(helmgr.controller.{detect,adapter,safety,mlp}). The compiled kernel is checked against it
+(helmgr.controller.{detect,safety,mlp}); adapter v2 learns in Python, so its object is
+copied and fed the same samples. The compiled kernel is checked against it
 decision for decision (tests/test_controller_kernel.py); the tiers' own properties are tested on
 it (tests/test_detect.py, tests/test_controller_parts.py)."""
 from __future__ import annotations
@@ -12,10 +13,8 @@ from collections import deque
 
 import numpy as np
 
-from helmgr.controller import adapter as adapter_cfg
 from helmgr.controller import detect as detect_cfg
 from helmgr.controller import safety as safety_cfg
-from helmgr.controller.adapter import NOISE_BATCH
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.controller.layout import MARGINAL_ALPHA
 from helmgr.controller.observe import MEAN_ALPHA, MISS_PENALTY, MOVE_COST, N_FEATURES, P99_CAP
@@ -160,72 +159,6 @@ def forward(p: MLPPolicy, obs: np.ndarray) -> float:
     return float(np.clip(x[0], -1.0, 1.0))
 
 
-# -- adapter ----------------------------------------------------------------------------------
-class ResidualAdapter:
-    """The adapter's decide/learn, one decision at a time. Takes the package's container (its
-    parameters copied, its rng cloned) or the same arguments."""
-
-    def __init__(self, n_features: int | None = None, config: adapter_cfg.ResidualAdapter | None = None, **kw):
-        c = config or adapter_cfg.ResidualAdapter(n_features, **kw)
-        self.bound, self.lr, self.sigma, self.baseline_alpha = c.bound, c.lr, c.sigma, c.baseline_alpha
-        self.block, self.z, self.explore, self.n = c.block, c.z, c.explore, c.n_features
-        self.params = c.params.copy()
-        self.rng = copy.deepcopy(c.rng) if config is not None else c.rng
-        self.frozen = False
-        self.baseline: float | None = None
-        self.updates = self.applied = 0
-        self._sum, self._sq, self._k = np.zeros(self.n + 1), np.zeros(self.n + 1), 0
-        self._noise: list[float] = []
-        self._trace: list[tuple[np.ndarray, float, float]] = []   # (x, eps, d output / d z), awaiting a reward
-        self._latest: list[tuple[np.ndarray, float, float]] = []  # the latest decision's: its window is next
-
-    def output(self, x: np.ndarray) -> float:
-        p = self.params
-        return self.bound * math.tanh(float(p[:self.n] @ x) + p[self.n])
-
-    def decide(self, x: np.ndarray) -> float:
-        p = self.params
-        t = math.tanh(float(p[:self.n] @ x) + p[self.n])
-        out = self.bound * t
-        if self.explore and not self.frozen:
-            if not self._noise:
-                self._noise = self.rng.normal(0.0, self.sigma, NOISE_BATCH).tolist()
-            eps = self._noise.pop()
-            self._latest.append((x.copy(), eps, self.bound * (1.0 - t * t)))
-            out += eps
-        return out
-
-    def learn(self, reward: float) -> None:
-        """Credit `reward` (non-finite: none) to the decisions made before the latest `decide`."""
-        trace, self._trace, self._latest = self._trace, self._latest, []
-        if self.frozen or not trace or not np.isfinite(reward):
-            return
-        if self.baseline is None:
-            self.baseline = reward
-            return
-        advantage = reward - self.baseline
-        self.baseline += self.baseline_alpha * advantage
-        grad = np.zeros_like(self.params)
-        for x, eps, dz in trace:
-            g = advantage * eps / self.sigma**2 * dz / len(trace)
-            grad[:self.n] += g * x
-            grad[self.n] += g
-        self.updates += 1
-        self._sum += grad
-        self._sq += grad * grad
-        self._k += 1
-        if self._k < self.block:
-            return
-        k, total = self._k, self._sum
-        mean = total / k
-        se = np.sqrt(np.maximum(self._sq - k * mean * mean, 0.0) / (k - 1) / k)
-        keep = np.abs(mean) > self.z * se
-        self._sum, self._sq, self._k = np.zeros_like(total), np.zeros_like(total), 0
-        if keep.any():
-            self.params = self.params + self.lr * np.where(keep, total, 0.0)
-            self.applied += 1
-
-
 # -- safety -----------------------------------------------------------------------------------
 def _within(v: float, lo: float, hi: float) -> bool:
     try:
@@ -294,7 +227,7 @@ class ReferenceController:
 
     def __init__(self, ctl):
         self.base = ctl.base
-        self.adapter = ResidualAdapter(config=ctl.adapter) if ctl.adapter is not None else None
+        self.adapter = copy.deepcopy(ctl.adapter)
         self.detector = BurstDetector(config=ctl.detector) if ctl.detector is not None else None
         self.safety = Safety(config=ctl.safety)
         self.recovery_ratio, self.recovery_step = ctl.recovery_ratio, ctl.recovery_step
@@ -325,9 +258,12 @@ class ReferenceController:
             self.hold = plan if self._hold_step() > 0 else None
             self.events.append((self.windows, "end"))
 
-    def _base_plan(self, plan: float, obs: np.ndarray) -> float:
+    def _base_plan(self, plan: float, obs: np.ndarray, offset: float) -> float:
         if self.base is not None:
-            plan += forward(self.base, obs) * self.base.max_step
+            step = forward(self.base, obs) * self.base.max_step
+            if self.adapter is not None and self.adapter.hold_base and step * offset < 0:   # anti-windup
+                step *= max(0.0, 1.0 - abs(offset) / self.adapter.bound)
+            plan += step
         if self.hold is not None:                 # after a burst the plan decays, no faster
             self.hold -= self._hold_step()
             if self.hold <= self.safety.r_min:
@@ -356,7 +292,7 @@ class ReferenceController:
             plan += step
         return plan
 
-    def step(self, stats: WindowStats, marginal: float | None = None) -> float:
+    def step(self, stats: WindowStats, marginal: float | None = None, load: float | None = None) -> float:
         if not stats_ok(stats):             # refused: counted, answered, and nothing else changes
             self.windows += 1
             return self.safety.fallback(stats.ratio, self.last)
@@ -366,23 +302,21 @@ class ReferenceController:
         obs[0] = plan                    # the learned tiers see the plan, not the node's ratio
         if self.detector is not None:
             self._switch(stats, plan)
-        if self.adapter is not None:
-            self.adapter.frozen = self.recovering
         offset = 0.0
         if self.recovering:
             plan = self._recover(stats, plan, marginal)
         else:
-            plan = self._base_plan(plan, obs)
-            if self.adapter is not None:
-                offset = self.adapter.decide(obs)
+            offset = self.adapter.offset if self.adapter is not None else 0.0
+            plan = self._base_plan(plan, obs, offset)
         ratio = self.safety.apply(plan + offset, current)
         if ratio != plan + offset:          # clamped, slewed or non-finite: the plan is what was set
             plan = ratio - offset if math.isfinite(offset) else ratio
         self.plan = min(self.safety.r_max, max(self.safety.r_min, plan))
         self.target = ratio
         ratio = self.safety.settle(ratio, current)
-        if self.adapter is not None:        # the window just seen is the outcome of the previous decision
-            self.adapter.learn(reward(stats, self.moved) if self.windows else math.nan)
+        if self.adapter is not None:        # learning after the decision
+            self.adapter.frozen = self.recovering
+            self.adapter.learn(marginal, stats.arrival_rps if load is None else load)
         self.moved = ratio - current
         self.last = ratio
         self.windows += 1

@@ -6,7 +6,6 @@ import pytest
 
 from helmgr.controller import Controller
 from helmgr.controller.adapter import MarginalAdapter
-from helmgr.controller.observe import N_FEATURES
 from helmgr.controller.safety import Safety
 from tests.test_controller import constant_policy, stats
 
@@ -16,11 +15,11 @@ def test_a_block_of_significant_samples_steps_the_offset_toward_its_sign():
     error sqrt(0.025 / 5) = 0.0707, so 14 standard errors: +0.02. The same block negated: back to
     0. Eight such blocks end at the bound (0.15, not 0.16); a ninth moves nothing. (A fixed step:
     grow 1; bound 0.15.)"""
-    a = MarginalAdapter(N_FEATURES, bound=0.15, grow=1.0, max_step=None)
+    a = MarginalAdapter(bound=0.15, grow=1.0, max_step=None)
     block = [1.0, 1.2, 0.8, 1.1, 0.9]
     assert [a.learn(x) for x in block] == [False] * 4 + [True]
     assert a.offset == pytest.approx(0.02) and a.updates == 5 and a.applied == 1
-    assert math.tanh(a.params[-1]) * a.bound == pytest.approx(0.02) and not a.params[:-1].any()
+    assert a.params.tolist() == pytest.approx([0.02])
     for x in block:
         a.learn(-x)
     assert a.offset == pytest.approx(0.0, abs=1e-12)
@@ -40,10 +39,10 @@ def test_each_load_level_learns_its_own_offset():
     keeps its -0.02 (levels between hold 0)."""
     block = [1.0, 1.2, 0.8, 1.1, 0.9]
     low, high = 1.1 ** 48, 1.1 ** 53
-    a = MarginalAdapter(N_FEATURES, grow=1.0, max_step=None, load_width=0.1)
+    a = MarginalAdapter(grow=1.0, max_step=None, load_width=0.1)
     assert [a.learn(x, low) for x in block] == [False] * 4 + [True]
     assert a.level == 48 and a.offset == pytest.approx(0.02)
-    assert a.learn(0.0, high) and a.level == 50 and a.offset == 0.0 and math.tanh(a.params[-1]) == 0.0
+    assert a.learn(0.0, high) and a.level == 50 and a.offset == 0.0 and a.params.tolist() == [0.0]
     for _ in range(20):
         a.learn(0.0, high)
     assert a.level == 53 and a.offset == 0.0
@@ -66,7 +65,7 @@ def test_load_levels_follow_the_node_or_the_cluster_mean_rate():
     default; "node" gives None (the controller then takes the node's own)."""
     from helmgr.policy.helm import HelmPolicy
     for load, level in ((None, 60), (1.1 ** 48, 48)):
-        ctl = Controller(constant_policy(0.0), adapter=MarginalAdapter(N_FEATURES, load_width=0.1))
+        ctl = Controller(constant_policy(0.0), adapter=MarginalAdapter(load_width=0.1))
         ctl.step(stats(0.5, rps=300.0), marginal=1.0, load=load)
         assert ctl.adapter.level == level
     p = HelmPolicy()
@@ -80,7 +79,7 @@ def test_load_levels_follow_the_node_or_the_cluster_mean_rate():
 def test_noise_frozen_and_missing_samples_leave_the_offset_alone():
     """Mean 0.2 with samples 1, -1, 1, -1, 0.2: standard error sqrt(4.2 / 4 / 5) = 0.458, 0.44
     errors: no step. Frozen (recovery) or None / NaN: not even counted."""
-    a = MarginalAdapter(N_FEATURES)
+    a = MarginalAdapter()
     params = a.params
     for x in (1.0, -1.0, 1.0, -1.0, 0.2):
         assert not a.learn(x)
@@ -98,7 +97,7 @@ def test_steps_in_one_direction_grow_and_a_turn_starts_again_from_the_first():
     """step 0.02, grow 1.5, max_step 0.06, bound 0.15: four positive blocks step 0.02, 0.03,
     0.045, then 0.06 (0.0675 capped), the offsets 0.02, 0.05, 0.095, 0.15 (0.155 at the bound).
     A negative block turns: 0.02 back to 0.13; the next one grows again: 0.03, to 0.10."""
-    a = MarginalAdapter(N_FEATURES, bound=0.15, grow=1.5, max_step=0.06)
+    a = MarginalAdapter(bound=0.15, grow=1.5, max_step=0.06)
     block = [1.0, 1.2, 0.8, 1.1, 0.9]
     offsets = []
     for sign in (1, 1, 1, 1, -1, -1):
@@ -111,24 +110,24 @@ def test_steps_in_one_direction_grow_and_a_turn_starts_again_from_the_first():
 
 def test_adapter_v2_rejects_a_step_past_its_bound():
     with pytest.raises(ValueError, match="step"):
-        MarginalAdapter(N_FEATURES, bound=0.05, step=0.1, max_step=0.1)
+        MarginalAdapter(bound=0.05, step=0.1, max_step=0.1)
     with pytest.raises(ValueError, match="block"):
-        MarginalAdapter(N_FEATURES, block=1)
+        MarginalAdapter(block=1)
     with pytest.raises(ValueError, match="max_step 0.3"):
-        MarginalAdapter(N_FEATURES, max_step=0.3)
+        MarginalAdapter(max_step=0.3)
     with pytest.raises(ValueError, match="grow 0.5"):
-        MarginalAdapter(N_FEATURES, grow=0.5)
+        MarginalAdapter(grow=0.5)
     with pytest.raises(ValueError, match="load_hysteresis"):
-        MarginalAdapter(N_FEATURES, load_hysteresis=0.4)
+        MarginalAdapter(load_hysteresis=0.4)
     with pytest.raises(ValueError, match="load_width"):
-        MarginalAdapter(N_FEATURES, load_width=0.0)
+        MarginalAdapter(load_width=0.0)
 
 
 def test_the_controller_adds_the_learned_offset_after_the_decision_that_closed_the_block():
     """A base that holds at 0.5 (no min_move), a sample every other window: the block closes in
     the learning after the ninth decision (the fifth sample's), which is still 0.5; from the
     tenth decision on the ratio is 0.52. Windows without a sample learn nothing."""
-    ctl = Controller(constant_policy(0.0), adapter=MarginalAdapter(N_FEATURES), safety=Safety(max_slew=0.1))
+    ctl = Controller(constant_policy(0.0), adapter=MarginalAdapter(), safety=Safety(max_slew=0.1))
     ratios = []
     for k in range(7):
         ratios.append(ctl.step(stats(0.5), marginal=1.0 + 0.1 * (k % 2)))
@@ -139,15 +138,13 @@ def test_the_controller_adds_the_learned_offset_after_the_decision_that_closed_t
 
 
 @pytest.mark.parametrize("offset, hold, moved", [(-0.125, True, 0.01), (-0.125, False, 0.02), (0.125, True, 0.02),
-                                                  (-0.25 * math.tanh(10.0), True, 0.0)])
+                                                  (-0.25, True, 0.0)])
 def test_a_base_step_against_the_offset_shrinks_with_the_share_of_the_bound_it_takes(offset, hold, moved):
     """A base that steps up by 0.02 a window, an offset held by the adapter (no samples): against
     an offset of -0.125 (half the 0.25 bound) the plan climbs 0.01 a window with the hold and
     0.02 without; with the offset (+0.125) it climbs 0.02; at the bound it holds still."""
-    adapter = MarginalAdapter(N_FEATURES, hold_base=hold)
-    params = adapter.params.copy()
-    params[-1] = math.atanh(offset / adapter.bound)
-    adapter.params = params
+    adapter = MarginalAdapter(hold_base=hold)
+    adapter.set(offset)
     ctl = Controller(constant_policy(1.0), adapter=adapter, safety=Safety(max_slew=1.0))
     ratio = 0.5
     for k in range(1, 4):

@@ -260,10 +260,8 @@ def test_the_slew_limit_holds_for_the_ratio_set_under_the_hysteresis():
 
 
 def test_zero_adapter_changes_nothing_until_it_learns():
-    from helmgr.controller.adapter import ResidualAdapter
-    a = ResidualAdapter(N_FEATURES)
-    a.explore = False
-    ctl = Controller(constant_policy(0.5, max_step=0.02), adapter=a)
+    from helmgr.controller.adapter import MarginalAdapter
+    ctl = Controller(constant_policy(0.5, max_step=0.02), adapter=MarginalAdapter())
     plain = Controller(constant_policy(0.5, max_step=0.02))
     for k in range(5):
         assert ctl.step(stats(0.3 + 0.01 * k)) == plain.step(stats(0.3 + 0.01 * k))
@@ -373,12 +371,12 @@ def test_recovery_steps_down_when_the_samples_mean_is_clearly_negative():
 
 
 def test_adapter_is_a_bounded_offset_around_the_plan_never_a_walk():
-    """A saturated adapter (+0.05 every window) with a base that holds: the ratio sits 0.05 above
-    the plan, it does not climb 0.05 a window."""
-    from helmgr.controller.adapter import ResidualAdapter
-    a = ResidualAdapter(N_FEATURES, bound=0.05)
-    a.explore = False
-    a.params = np.full(N_FEATURES + 1, 1e6)
+    """An adapter at its bound (+0.05) with a base that holds: the ratio sits 0.05 above the plan,
+    it does not climb 0.05 a window."""
+    from helmgr.controller.adapter import MarginalAdapter
+    a = MarginalAdapter(bound=0.05, step=0.05, max_step=None)
+    a.set(1.0)                                          # clamped to the bound
+    assert a.offset == 0.05
     ctl = Controller(constant_policy(0.0), adapter=a)
     ratios = [ctl.step(stats(0.4)) for _ in range(10)]
     assert ratios == pytest.approx([0.45] * 10) and ctl.plan == pytest.approx(0.4)
@@ -398,12 +396,11 @@ def test_the_base_does_not_cancel_the_adapters_offset(compiled):
     """A base that steers toward 0.4, an adapter held at +0.05: the node settles at 0.45, the plan
     at 0.4. (When the base read the node's ratio, it saw 0.45, steered the plan to 0.35 and the
     node ended at 0.4: the offset was cancelled.)"""
-    from helmgr.controller.adapter import ResidualAdapter
+    from helmgr.controller.adapter import MarginalAdapter
     runs = {}
     for offset in (0.0, 0.05):
-        a = ResidualAdapter(N_FEATURES, bound=0.05)
-        a.explore, a.params = False, np.zeros(N_FEATURES + 1)
-        a.params[-1] = 1e6 if offset else 0.0
+        a = MarginalAdapter(hold_base=False)
+        a.set(offset)
         ctl = stepper(compiled, Controller(pull_policy(0.4), adapter=a, safety=Safety(max_slew=0.1)))
         ratio = 0.6
         for _ in range(60):

@@ -8,7 +8,6 @@ from helmgr.controller.layout import layout
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.core.errors import HelmInputError
 from tests import controller_reference as ref
-from tests.controller_reference import ResidualAdapter
 
 
 class CompiledSafety:
@@ -16,7 +15,7 @@ class CompiledSafety:
 
     def __init__(self, **kw):
         self.limits = safety.Safety(**kw)
-        _, (self.st, self.cfg, *_) = layout(0, 0, 0)
+        _, (self.st, self.cfg, *_) = layout(0, 0)
         self.limits.configure(self.cfg)
 
     def apply(self, proposed, last):
@@ -96,50 +95,3 @@ def test_mlp_file_round_trip_and_bad_files(tmp_path):
         MLPPolicy.load(tmp_path / "junk.npz")
     with pytest.raises(ValueError, match="do not fit"):
         MLPPolicy([np.zeros((4, 3))], [np.zeros(3)], np.zeros(3), np.ones(3))
-
-
-# the adapter's learning, on its reference (the compiled adapter decides and learns as it does:
-# tests/test_controller_kernel.py)
-def test_adapter_starts_as_a_no_op_and_stays_bounded():
-    a = ResidualAdapter(3, bound=0.05)
-    x = np.array([5.0, -2.0, 1.0])
-    assert a.output(x) == 0.0
-    a.explore = False
-    assert a.decide(x) == 0.0
-    a.params = np.full(4, 1e6)                          # absurd weights: still within the bound
-    assert a.output(x) == pytest.approx(0.05)
-    a.params = np.array([-1e6, -1e6, -1e6, 0.0])
-    assert a.output(x) == pytest.approx(-0.05)
-
-
-def test_adapter_does_not_walk_on_noise():
-    """Rewards that do not depend on the decisions (a steady node's window noise: sd 0.073 around
-    -0.3): after 3,000 windows the gated adapter is still an exact no-op; without the gate (z = 0)
-    the same estimates walk it away."""
-    x = np.array([1.0, 0.5, -0.3])
-    for seed in range(4):
-        gated, ungated = (ResidualAdapter(3, z=z, rng=np.random.default_rng(seed)) for z in (4.0, 0.0))
-        noise = np.random.default_rng(100 + seed).normal(-0.3, 0.073, 3000)
-        for r in noise:
-            for a in (gated, ungated):
-                a.decide(x)
-                a.learn(r)
-        assert gated.updates == 2998 and gated.applied == 0 and gated.output(x) == 0.0
-        assert ungated.applied == 49 and abs(ungated.output(x)) > 0.005
-
-
-def test_adapter_learns_a_correction_from_window_rewards_and_swaps_whole():
-    a = ResidualAdapter(2, rng=np.random.default_rng(1))
-    x = np.array([1.0, 0.5])
-    before = a.params
-    out = None
-    for _ in range(1500):                               # reward peaks where the correction is +0.03 ...
-        prev, out = out, a.decide(x)                    # ... and arrives one decision late, as a window's does
-        a.learn(math.nan if prev is None else -((prev - 0.03) / 0.05) ** 2)
-    assert a.output(x) == pytest.approx(0.03, abs=0.006)
-    assert before.tolist() == [0.0, 0.0, 0.0] and a.params is not before     # replaced, never edited
-    a.frozen = True
-    frozen = a.params
-    for _ in range(50):
-        a.learn(-1.0 if a.decide(x) else 0.0)
-    assert a.params is frozen

@@ -20,7 +20,7 @@ from helmgr.controller import layout as L
 from helmgr.controller.safety import Safety
 from tests import controller_reference as ref
 from tests.test_controller import constant_policy
-from tests.test_controller_kernel import controller, stats_stream
+from tests.test_controller_kernel import controller, samples, stats_stream
 
 
 def window(**kw) -> WindowStats:
@@ -136,8 +136,9 @@ def after_history():
     example below starts from copies of these."""
     fast = controller(True, True)
     slow = ref.ReferenceController(fast)
-    for s in stats_stream(1, 200):
-        assert fast.step(s) == pytest.approx(slow.step(s), abs=1e-12)
+    for s, m in zip(stats_stream(1, 200), samples(4, 200)):
+        assert fast.step(s, m) == pytest.approx(slow.step(s, m), abs=1e-12)
+    assert fast.adapter.applied > 0
     return fast, slow
 
 
@@ -182,10 +183,3 @@ def test_a_signalling_nan_p99_is_refused_not_raised():
     ctl = Controller.default()
     assert ctl.step(WindowStats(ratio=0.5, arrival_rps=300, p99_s=Decimal("sNaN"), slo_s=0.03)) == 0.5
     assert ctl.safety.bad_input == 1
-
-
-def test_an_adapter_of_another_size_is_refused_before_the_compiled_step():
-    from helmgr.controller.adapter import ResidualAdapter
-    base = Controller.default().base
-    with pytest.raises(ValueError, match="adapter"):
-        Controller(base, ResidualAdapter(5, rng=np.random.default_rng(0)))

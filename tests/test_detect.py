@@ -27,7 +27,7 @@ class CompiledDetector:
 
     def __init__(self, n_signals=3, **kw):
         c = detect.BurstDetector(n_signals, **kw)
-        _, (self.st, self.cfg, *_) = layout(0, 0, 0)
+        _, (self.st, self.cfg, *_) = layout(0, 0)
         self.det, self.ring = np.zeros((n_signals, D_COLS)), np.zeros(c.exit_ticks)
         c.configure(self.cfg, self.det, on=True)
         self.base = [self.Row(self, i) for i in range(n_signals)]

@@ -8,8 +8,8 @@ Each step: check the window's stats (a non-finite or impossible value: the windo
 counted and answered by Safety's fallback, and nothing below sees it; safety.py); build the
 observation; run the burst detector on arrival rate and miss rates; then
 - no burst: the plan (the base tier's ratio) moves by the base policy's step, and the adapter's
-  correction is added on top of the plan: the adapter is a bounded *offset* (v1: ±0.05, v2: ±0.25)
-  around the base tier's trajectory, never a step of its own, so it cannot walk the ratio away;
+  correction is added on top of the plan: the adapter is a bounded *offset* (±0.25) around the
+  base tier's trajectory, never a step of its own, so it cannot walk the ratio away;
 - recovery: the plan steers toward the recovery target, at most `recovery_step` per window, and
   the adapter is left out (transients must not push the learned tiers around). It grows the
   EMB cache only while the window's EMB miss rate is above `recovery_miss` (default 0.01): a
@@ -28,9 +28,8 @@ observation; run the burst detector on arrival rate and miss rates; then
 then pass the proposal through Safety (finite, clamped, slew-limited: the *target*), which moves
 the node's ratio to the target only once the two are `min_move` apart (a resize's churn costs
 more than a small step earns; default 0.03). Only then, with the decision made and its
-wall-clock latency recorded, the adapter learns from the reward of the window the previous
-decision produced (never during recovery): the noise of the decision just made is credited with
-the next window's reward, the window it sets. Start/end events are kept.
+wall-clock latency recorded, the adapter learns from the window's counterfactual sample (never
+during recovery). Start/end events are kept.
 
 The learned tiers see the *plan* as the ratio feature, not the node's ratio: the base policy
 closes its loop on its own trajectory, as in training (where the two were the same); fed the
@@ -38,10 +37,10 @@ node's ratio, it would read the adapter's offset as its own error and cancel it.
 features still come from the node's split, so adapter v2 also scales down the base's steps
 against its offset (`MarginalAdapter.hold_base`: anti-windup).
 
-The decision is one compiled call (`helmgr.controller.kernel.decide`) and the learning after it
-another (`kernel.learn`), on one array of running state built at the first step. The tier
-objects (`base`, `adapter`, `detector`, `safety`) hold the configuration; after each step the
-controller copies the kernel's counters back into them (`safety.slewed`, `adapter.updates`...).
+The decision is one compiled call (`helmgr.controller.kernel.decide`) on one array of running
+state built at the first step; the adapter learns after it, in Python, off the decision's
+clock. The tier objects (`base`, `adapter`, `detector`, `safety`) hold the configuration; after
+each step the controller copies the kernel's counters back into them (`safety.slewed`...).
 """
 from __future__ import annotations
 
@@ -54,10 +53,10 @@ import numpy as np
 
 from helmgr.controller import kernel as K
 from helmgr.controller import layout as L
-from helmgr.controller.adapter import NOISE_BATCH, MarginalAdapter, ResidualAdapter
+from helmgr.controller.adapter import MarginalAdapter
 from helmgr.controller.detect import BurstDetector
 from helmgr.controller.mlp import MLPPolicy
-from helmgr.controller.observe import MEAN_ALPHA, MISS_PENALTY, MOVE_COST, N_FEATURES
+from helmgr.controller.observe import MEAN_ALPHA, N_FEATURES
 from helmgr.controller.safety import Safety
 from helmgr.core.errors import HelmInputError
 from helmgr.core.window import WindowStats
@@ -108,7 +107,7 @@ def _floats(s: WindowStats) -> list[float]:
 
 
 class Controller:
-    def __init__(self, base: MLPPolicy | None, adapter: ResidualAdapter | MarginalAdapter | None = None,
+    def __init__(self, base: MLPPolicy | None, adapter: MarginalAdapter | None = None,
                  detector: BurstDetector | None = None, safety: Safety | None = None,
                  recovery_ratio: float = 0.95, recovery_step: float = 0.1, recovery_hold: float = 60.0,
                  recovery_miss: float = 0.01, recovery_signal: float = 0.05, recovery_samples: int = 3,
@@ -118,8 +117,6 @@ class Controller:
                              f"(or the first {L.N_FEATURES_V1})")
         if detector is not None and detector.n_signals != L.N_SIG:
             raise ValueError(f"the compiled step watches {L.N_SIG} signals, the detector {detector.n_signals}")
-        if adapter is not None and adapter.params.shape != (N_FEATURES + 1,):
-            raise ValueError(f"the compiled step reads {N_FEATURES} features, the adapter has {adapter.n_features}")
         self.base, self.adapter, self.detector = base, adapter, detector
         self.safety = safety or Safety(max_slew=0.1, min_move=MIN_MOVE)
         if not recovery_hold >= 0:
@@ -147,29 +144,27 @@ class Controller:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def load(cls, path, adapter: bool | str | None = "marginal", recovery: bool = True, seed: int = 0,
-             adapter_kw: dict | None = None, **kw) -> "Controller":
+    def load(cls, path, adapter: str | None = "marginal", recovery: bool = True, adapter_kw: dict | None = None,
+             **kw) -> "Controller":
         """A controller around the base policy in `path` (an exported .npz); `adapter`
         "marginal" (the default) adapter v2 (`adapter_kw`: its settings, e.g. bound; it learns
-        from the counterfactual samples passed to `step`), None or False none, True or "reward"
-        the first version's (kept for its tests, not shipped)."""
+        from the counterfactual samples passed to `step`), None (or False) none."""
         base = MLPPolicy.load(path)
         if adapter == "marginal":
-            tier = MarginalAdapter(N_FEATURES, **(adapter_kw or {}))
-        elif adapter in (True, "reward"):
-            tier = ResidualAdapter(N_FEATURES, rng=np.random.default_rng(seed))
+            tier = MarginalAdapter(**(adapter_kw or {}))
         elif adapter is False or adapter is None:
             tier = None
         else:
-            raise ValueError(f"unknown adapter {adapter!r} (known: reward, marginal, or False)")
+            raise ValueError(f"unknown adapter {adapter!r} (known: 'marginal', or None)")
         return cls(base, tier, BurstDetector(3) if recovery else None, **kw)
 
     @classmethod
     def default(cls, **kw) -> "Controller":
         """The shipped HELM, the controller `--policy helm` runs on every node: the base policy that
         ships with the package (docs/controller.md says how it was trained), adapter v2 with its
-        default settings and the recovery tier. A stack that cannot give adapter v2 its samples
-        (the real caches keep no shadows yet) asks for `adapter=None` by name."""
+        default settings and the recovery tier (the serving replicas run it too, their caches'
+        shadows giving adapter v2 its samples). A stack that cannot give adapter v2 its samples
+        asks for `adapter=None` by name."""
         ref = default_policy_file()
         if not ref.is_file():
             raise HelmInputError("no default policy ships with this build; pass one: "
@@ -194,23 +189,23 @@ class Controller:
     # -- the decision ---------------------------------------------------------------------
     def _kernel_arrays(self) -> tuple:
         """The kernel's memory, configured from the tiers: (mem, the policy's flat weights and
-        widths, a spare parameter array for the adapter's next swap, mem's views)."""
+        widths, an offset of 0 for a controller without an adapter, mem's views)."""
         b, a = self.base, self.adapter
         d = self.detector or BurstDetector(3)
         flat, dims, h = (b.flat, b.dims, b.scratch) if b else (np.zeros(1), np.zeros(1, np.int64), np.zeros(2))
-        mem, views = L.layout(d.exit_ticks, len(h), NOISE_BATCH if a is not None and a.explore else 0)
-        st, cfg, lc, _, det = views[:5]
+        mem, views = L.layout(d.exit_ticks, len(h))
+        st, cfg, _, det = views[:4]
         cfg[L.C_OB_ALPHA] = MEAN_ALPHA
         d.configure(cfg, det, on=self.detector is not None)
         cfg[[L.C_HAS_BASE, L.C_MAX_STEP]] = b is not None, b.max_step if b else 0.0
         if a is not None:
-            a.configure(cfg, lc, MISS_PENALTY, MOVE_COST)
+            a.configure(cfg)
         self.safety.configure(cfg)
         rec = [L.C_REC_RATIO, L.C_REC_STEP, L.C_HOLD_STEP, L.C_REC_MISS, L.C_REC_SIGNAL, L.C_REC_SIG_N, L.C_REC_SIG_Z]
         cfg[rec] = (self.recovery_ratio, self.recovery_step, self.hold_step, self.recovery_miss, self.recovery_signal,
                     self.recovery_samples, self.recovery_z)
         st[[L.TARGET, L.PLAN, L.HOLD, L.APPLIED]] = np.nan
-        return mem, flat, dims, np.zeros(a.params.shape if a is not None else 1), views
+        return mem, flat, dims, np.zeros(1), views
 
     def step(self, stats: WindowStats, marginal: float | None = None, load: float | None = None) -> float:
         """The next ratio for the window `stats` describes (one compiled call up to the decision).
@@ -225,13 +220,9 @@ class Controller:
         t0 = time.perf_counter_ns()
         if self._k is None:
             self._k = self._kernel_arrays()
-        mem, flat, dims, spare, views = self._k
+        mem, flat, dims, zero, views = self._k
         st, s, a = views[0], stats, self.adapter
-        if a is not None and a.explore and st[L.NOISE_I] == 0:   # the adapter's next batch of exploration noise
-            noise = views[-1]
-            noise[:] = a.rng.normal(0.0, a.sigma, len(noise))
-            st[L.NOISE_I] = len(noise)
-        bad, ad = st[L.BAD_INPUT], spare if a is None else a.params
+        bad, ad = st[L.BAD_INPUT], zero if a is None else a.params
         signal = math.nan if marginal is None else float(marginal)
         try:
             p99 = s.p99_s                                # None: NaN to the kernel; a NaN is refused (-inf)
@@ -246,8 +237,9 @@ class Controller:
         self.windows += 1
         if st[L.BAD_INPUT] != bad:                       # refused: the window never happened, but for the count
             return ratio
-        if a is not None:
-            self._learn(a, mem, spare, views, marginal, s.arrival_rps if load is None else load)
+        if a is not None:                                # learning, off the decision's clock
+            a.frozen = self.recovering
+            a.learn(marginal, s.arrival_rps if load is None else load)
         self.moved = ratio - (float(s.ratio) if self.last is None else self.last)
         self.last = ratio
         return ratio
@@ -261,18 +253,3 @@ class Controller:
         self.safety.report(st)
         self.plan, self.target = st[L.PLAN], st[L.TARGET]
         self.hold = None if math.isnan(st[L.HOLD]) else float(st[L.HOLD])
-
-    def _learn(self, a, mem, spare, views, marginal: float | None, load: float | None = None) -> None:
-        """The adapter's learning, after the decision: v1's into the spare array (the next
-        parameters), the window just seen being the outcome of the previous decision; v2's from
-        the sample (it swaps its own parameters)."""
-        a.frozen = self.recovering
-        if isinstance(a, MarginalAdapter):
-            a.learn(marginal, load)
-            return
-        if K.learn(mem, a.params, spare, self.moved):
-            a.params = spare                     # the atomic swap; a fresh spare for the next one
-            self._k = self._k[:3] + (np.empty_like(spare), views)
-        st = views[0]
-        a.updates, a.applied = int(st[L.UPDATES]), int(st[L.BLOCKS_APPLIED])
-        a.baseline = st[L.BASELINE] if st[L.HAS_BASELINE] else None

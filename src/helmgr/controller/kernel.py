@@ -1,13 +1,13 @@
-"""The controller's decision as one compiled call (`decide`), and its learning as another (`learn`).
+"""The controller's decision as one compiled call (`decide`).
 
 The tiers' compiled code lives with their constants (observe, detect, mlp, adapter, safety);
 this module strings it together in the order of `Controller`'s docstring. A decision is one
 numba call on one preallocated array (helmgr.controller.layout), because calling the tiers one
 by one from Python would be nearly all interpreter overhead on ten-element vectors. The stats
 come in as ten floats (cheaper than writing them into an array from Python first). The adapter's
-parameters come in as the one array the adapter swaps whole, so a decision reads either the old
-or the new parameters, never a mix. The slow, readable reference that this code is tested
-against, decision for decision, is tests/controller_reference.py.
+offset comes in as the one array the adapter swaps whole when it learns. The slow, readable
+reference that this code is tested against, decision for decision, is
+tests/controller_reference.py.
 
 numba's on-disk cache keys each entry point on its own file only, while every cached function in
 this package bakes in layout.py's offsets and calls the tiers' code: the package clears its cache
@@ -19,18 +19,14 @@ import math
 
 from numba import njit
 
-from helmgr.controller.adapter import learn as adapter_learn
-from helmgr.controller.adapter import offset as adapter_offset
 from helmgr.controller.detect import detect
 from helmgr.controller.layout import (ACTIVE, APPLIED, C_BOUND, C_HAS_AD, C_HAS_BASE, C_HAS_DET, C_HOLD_BASE,
                                       C_HOLD_STEP, C_MAX_STEP, C_R_MAX, C_R_MIN, C_REC_MISS, C_REC_RATIO, C_REC_SIG_N,
-                                      C_REC_SIG_Z, C_REC_SIGNAL, C_REC_STEP, DZ, EPS, EVENT, HOLD, L_MISS_PENALTY,
-                                      L_MOVE_COST, N_FEATURES, OBS, PLAN, RECOVERING, SIG, SIG_N, SIG_SQ,
-                                      SIG_STEPPED, SIG_SUM, TARGET,
-                                      STATS_SIGNATURE,
-                                      X_EMB, X_KV, X_P99, X_RATIO, X_RPS, X_SLO, store, views)
+                                      C_REC_SIG_Z, C_REC_SIGNAL, C_REC_STEP, EVENT, HOLD, N_FEATURES, OBS, PLAN,
+                                      RECOVERING, SIG, SIG_N, SIG_SQ, SIG_STEPPED, SIG_SUM, STATS_SIGNATURE, TARGET,
+                                      X_EMB, X_KV, X_RATIO, X_RPS, store, views)
 from helmgr.controller.mlp import forward
-from helmgr.controller.observe import observe_window, reward_of
+from helmgr.controller.observe import observe_window
 from helmgr.controller.safety import fallback, limit, settle, stats_ok
 
 # explicit types: compiled once, at import (cached), and a stack's ints or bools arrive as floats
@@ -121,11 +117,11 @@ def _set(plan, offset, current, st, cfg):
 @njit(f"float64(float64[::1], float64[::1], int64[::1], float64[::1], {STATS_SIGNATURE}, float64)", cache=True,
       nogil=True)
 def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time, signal):
-    """One Controller.step up to the decision, for a window's stats (p99 NaN: none) and adapter
-    v2's counterfactual sample if one closed with it (`signal`; NaN: none); returns the ratio to
-    set. Learning is `learn`, after it. Refused stats (`safety.stats_ok`) touch nothing but the
+    """One Controller.step, for a window's stats (p99 NaN: none) and the adapter's counterfactual
+    sample if one closed with it (`signal`; NaN: none); returns the ratio to set. `ad` holds the
+    adapter's offset (`MarginalAdapter.params`; it learns in Python, after the decision). Refused stats (`safety.stats_ok`) touch nothing but the
     `BAD_INPUT` counter: `safety.fallback` answers them."""
-    st, cfg, lc, x, det, ring, h, noise = views(mem)
+    st, cfg, x, det, ring, h = views(mem)
     if not stats_ok(ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):
         return fallback(ratio, st, cfg)
     store(x, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time)
@@ -138,21 +134,10 @@ def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_u
     if cfg[C_HAS_DET] != 0.0:
         _switch(x, st, cfg, det, ring, tail, plan)
     offset = 0.0
-    st[EPS] = st[DZ] = math.nan
     if st[RECOVERING] != 0.0:
         plan = _recover(plan, x, cfg, st, signal)
     else:
         if cfg[C_HAS_AD] != 0.0:
-            offset = adapter_offset(obs, ad, st, cfg, noise)
+            offset = ad[0]                          # the adapter's offset, read once (it swaps the array whole)
         plan = _base(plan, offset, obs, flat, dims, h, st, cfg)
     return _set(plan, offset, current, st, cfg)
-
-
-@njit("int64(float64[::1], float64[::1], float64[::1], float64)", cache=True, nogil=True)
-def learn(mem, old, new, moved):
-    """The adapter's learning, after `decide`: the reward of the window in `x` (with `moved` the
-    previous decision's move) is credited to the previous decision. When a block changes the
-    parameters `old`, writes the next ones into `new` and returns 1; otherwise returns 0."""
-    st, cfg, lc, x, det, ring, h, noise = views(mem)
-    r = reward_of(x[X_P99], x[X_SLO], moved, lc[L_MISS_PENALTY], lc[L_MOVE_COST])
-    return adapter_learn(st, lc, r, old, new)

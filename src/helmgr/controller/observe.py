@@ -91,7 +91,7 @@ def observe_window(x, st, cfg, signal):
 @njit(f"void(float64[::1], {STATS_SIGNATURE}, float64)", cache=True, nogil=True)
 def observe(mem, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time, signal):
     """`observe_window` on its own, for a `mem` from `layout` (p99 NaN: none; signal NaN: none)."""
-    st, cfg, lc, x, det, ring, h, noise = views(mem)
+    st, cfg, x, det, ring, h = views(mem)
     store(x, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time)
     observe_window(x, st, cfg, signal)
 
@@ -103,7 +103,7 @@ class Observer:
     __slots__ = ("mem", "obs")
 
     def __init__(self, mean_alpha: float = MEAN_ALPHA):
-        self.mem, (st, cfg, *_) = layout(0, 0, 0)
+        self.mem, (st, cfg, *_) = layout(0, 0)
         cfg[C_OB_ALPHA] = mean_alpha
         self.obs = st[OBS:OBS + N_FEATURES]
 

@@ -15,7 +15,7 @@ class HelmPolicy(MemoryPolicy):
     every window; `path` names an exported base policy (default: the one shipped)."""
 
     name = "helm"
-    # adapter: "marginal" (v2, from the shadows), True (v1, from window rewards) or False
+    # adapter: "marginal" (adapter v2, from the shadows) or False
     adapter, recovery = "marginal", True
     shadow_share = 0.05                     # adapter v2: each cache's shadow, of the pool
     level_load = "cluster"                  # adapter v2's load levels follow: "cluster" (mean rate) or "node" (its own)
@@ -56,8 +56,7 @@ class HelmPolicy(MemoryPolicy):
 
     def attach(self, index, node):
         from helmgr.controller import Controller
-        kw = {"adapter": self.adapter, "recovery": self.recovery, "seed": self.seed * 1000 + index,
-              **self.controller_kw}
+        kw = {"adapter": self.adapter, "recovery": self.recovery, **self.controller_kw}
         if self.adapter_kw and self.adapter == "marginal":
             kw["adapter_kw"] = self.adapter_kw
         if index in self.ctl:                               # a node restarting: a fresh controller
@@ -100,7 +99,7 @@ class HelmPolicy(MemoryPolicy):
     def report(self):
         """Burst start/end events per node, the controllers' decisions and their wall-clock
         latency, the safety step's counts (settled: targets under min_move, not moved to), and the
-        adapters' gradient estimates and the blocks of them that changed their parameters."""
+        adapters' samples taken and the blocks of them that moved their offsets."""
         ctls = list(self.ctl.values()) + self.retired
         us = np.asarray([t for c in ctls for t in c.latency_ns], float) / 1e3
         return {"controller": {
@@ -127,7 +126,7 @@ class HelmBase(HelmPolicy):
 
 
 class HelmBaseAdapter(HelmPolicy):
-    """Ablation: base policy + residual adapter, no burst recovery."""
+    """Ablation: base policy + adapter v2, no burst recovery."""
 
     name = "helm-base+adapter"
     adapter, recovery = "marginal", False
