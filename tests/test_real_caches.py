@@ -145,6 +145,29 @@ def test_resize_drops_taken_rows_and_adds_empty_slots():
     cache.check_integrity()
 
 
+def test_the_shadow_is_the_best_scored_rows_not_resident_and_counts_their_misses():
+    """Plain frequency, 3 slots: 1, 2, 3 resident (counts 5, 6, 7); 4, 5, 6 seen 4, 3, 1 times and
+    not admitted (4 <= 5). A shadow of 2 rows is {4, 5}; 9 was never seen, so it is in no shadow.
+    Misses on shadow rows count (a repeat in one lookup counts once: one fetch), hits do not, and
+    each refresh re-ranks."""
+    cache = emb_cache(policy="lfu", decay=1.0)
+    for i, n in ((1, 5), (2, 6), (3, 7), (4, 4), (5, 3), (6, 1)):
+        cache.lookup(torch.full((n,), i))
+    assert resident(cache) == {1, 2, 3}
+    cache.track_shadow(2)
+    assert set(torch.nonzero(cache._shadow).flatten().tolist()) == {4, 5}
+    cache.lookup(torch.tensor([4, 4, 4, 6, 9]))          # 4: count 7 > 5, admitted in place of 1
+    assert cache.shadow_hits == 1 and resident(cache) == {2, 3, 4}
+    cache.lookup(torch.tensor([5, 1, 4]))                # misses on 5 (shadow) and 1 (not), a hit on 4
+    assert cache.shadow_hits == 2 and resident(cache) == {2, 3, 4}
+    cache.refresh()                                      # not resident now: 1 (6), 5 (4), 6 (2), 9 (1)
+    assert cache.refreshes == 1 and set(torch.nonzero(cache._shadow).flatten().tolist()) == {1, 5}
+    cache.track_shadow(0)
+    cache.lookup(torch.tensor([1, 5]))
+    assert cache.shadow_hits == 2 and cache._shadow is None
+    cache.check_integrity()
+
+
 def test_emb_bad_inputs_are_named_value_errors():
     cache = emb_cache()
     with pytest.raises(ValueError, match=r"\[0, 40\).*\[-1, 3\]"):
@@ -224,6 +247,26 @@ def test_kv_resize_evicts_owners_of_taken_pages(tail_first, kept):
     cache.check_integrity()
     cache.on_resize(pool.resize(0.25).kv_pages)           # KV grows back to 6 pages
     assert cache.put(9, *prefix(6, seed=9)) == 6
+    cache.check_integrity()
+
+
+def test_the_ghost_queue_keeps_the_users_evicted_last_within_its_bytes():
+    """A ghost queue of 3 tokens (96 bytes): users evicted go in with the tokens they had, the
+    least recently evicted leave to fit, one larger than the queue empties it, and caching a user
+    takes it out."""
+    cache = kv_cache(kv_pages=4)                          # 8 tokens
+    cache.track_ghosts(3 * LAYOUT.bytes_per_token)
+    cache.put(1, *prefix(2, seed=1))
+    cache.put(2, *prefix(2, seed=2))
+    cache.put(3, *prefix(4, seed=3))                      # full
+    cache.put(4, *prefix(1, seed=4))                      # evicts 1 (2 tokens)
+    assert cache.ghost == {1: 2} and cache.ghost_tokens(1) == 2 and cache.ghost_tokens(2) == 0
+    cache.put(5, *prefix(2, seed=5))                      # evicts 2: 1 leaves to fit 3 tokens
+    assert cache.ghost == {2: 2}
+    cache.put(2, *prefix(3, seed=2))                      # 2 is cached again: out; evicts 3 (4 tokens > 3)
+    assert cache.ghost == {}
+    cache.put(6, *prefix(2, seed=6))                      # evicts 4 (1 token)
+    assert cache.ghost == {4: 1}
     cache.check_integrity()
 
 

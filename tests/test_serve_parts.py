@@ -5,6 +5,7 @@ import socket
 import numpy as np
 import pytest
 
+from helmgr.controller.adapter import MarginalAdapter
 from helmgr.serve.config import ServeConfig
 from helmgr.serve.node import ServeNode, with_new
 from helmgr.routing.report import apply_report
@@ -140,6 +141,29 @@ def test_serve_node_reports_what_it_holds_and_the_controller_resizes():
     assert node.report()["emb_version"] == 1                 # nothing changed: the same report
     node.tick()
     assert node.decisions == 1
+    node.runtime.check_integrity()
+
+
+def test_the_serving_controller_is_the_shipped_helm_fed_by_the_caches_shadows():
+    """A replica's controller is `Controller.default()` (adapter v2 included): its windows carry
+    the KV ghosts' credits, every refresh_s the EMB shadow is re-ranked, and the first window
+    after a refresh closes adapter v2's sample (ticks at 1..6 s: refreshes at 2, 4, 6; samples
+    at 3 and 5)."""
+    now = [0.0]
+    node = ServeNode(ServeConfig.from_dict(SMALL.to_dict() | {"controller": True, "pool_mib": 1.0}),
+                     clock=lambda: now[0])
+    assert isinstance(node.ctl.adapter, MarginalAdapter) and node.ctl.detector is not None
+    h = node.history
+    for w in range(6):
+        for k in range(12):
+            user = (12 * w + k) % 14           # 14 users cycling through a KV cache of 11 pages (one each):
+            node.serve(user, 20, h(user, 20, 24), np.arange(8))     # each comes back just after its eviction
+            node.finished(0.01)
+        now[0] += 1.0
+        node.tick()
+    assert node.decisions == 6 and node.runtime.refresh_epoch == 3
+    assert node.ctl.adapter.updates == 2
+    assert node.runtime.stats.kv_shadow_tokens > 0 and node.runtime.kv.ghost
     node.runtime.check_integrity()
 
 

@@ -27,7 +27,7 @@ def track_shadows(node, share: float, peers: list | None = None) -> int:
     this node alone). Under a router that follows KV residency that is the counterfactual: had the
     node kept the prefix, the router would have sent the request there; having lost it, the router
     sends it elsewhere, and a per-node ghost would never see the hit."""
-    shadow_bytes = int(share * node.profile.pool_budget_bytes)
+    shadow_bytes = int(share * node.pool_budget_bytes)
     node.emb.track_shadow(max(1, shadow_bytes // node.emb.row_bytes))
     node.kv.track_ghosts(shadow_bytes)
     if peers is not None:
@@ -77,7 +77,7 @@ class MarginalSampler:
         """Shadows on node `index` (`track_shadows`; `peers`: the cluster's ghost peers) and an
         empty sample."""
         track_shadows(node, self.share, peers)
-        self.acc[index] = self.open(node.emb.epoch)
+        self.acc[index] = self.open(node.refresh_epoch)
 
     def sample(self, index: int, w: NodeWindow, node) -> float | None:
         """Window `w` into node `index`'s open sample; the sample if an EMB refresh closed it,
@@ -86,9 +86,9 @@ class MarginalSampler:
         if acc is None:
             return None
         self.fold(acc, w, node.cost)
-        if node.emb.epoch == acc[3] or not acc[2]:
+        if node.refresh_epoch == acc[3] or not acc[2]:
             return None
-        self.acc[index] = self.open(node.emb.epoch)
+        self.acc[index] = self.open(node.refresh_epoch)
         return self.price(acc)
 
     def fold(self, acc: list, w: NodeWindow, cost) -> None:

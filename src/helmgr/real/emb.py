@@ -10,6 +10,11 @@ them in a host numpy array (`scores`); on the CPU the torch view shares its memo
 device copy follows each lookup's distinct ids. A missed row is admitted when its score beats
 the lowest-scored resident row that this batch does not need (a free slot always loses,
 `EvictionPolicy.admits`), as the simulator keeps the top rows by score.
+
+The shadow (`track_shadow`, adapter v2's EMB side, as the simulated cache's): at each `refresh`
+the `shadow_rows` best-scored rows not resident (ties with the last included; never a row that
+was never seen), and `shadow_hits` counts the lookups' misses on them: the fetches a cache that
+much larger would have saved. A lookup costs one more gather for it.
 """
 from __future__ import annotations
 
@@ -58,12 +63,19 @@ class DeviceEmbCache:
         self._scores = torch.from_numpy(self.scores).to(dev)   # on the CPU: the same memory
         self.epoch = 0
         self.lookups = self.hits = self.misses = 0
+        self.refreshes = 0                             # `refresh` calls: the shadow's re-rankings
+        self.shadow_rows = self.shadow_hits = 0
+        self._shadow: torch.Tensor | None = None       # per item: in the shadow
         self._staging = torch.empty(0, host_table.shape[1], dtype=host_table.dtype,
                                     pin_memory=self.on_cuda)
         self._copied: torch.cuda.Event | None = None   # the last H2D copy out of _staging
         self._pool: torch.Tensor | None = None          # admission's candidate slots, ascending
         self._pool_edge = (0.0, 0)                      # (score, slot) of the pool's hottest at its refill
         self._pool_rescales = 0
+
+    @property
+    def row_bytes(self) -> int:
+        return self.pool.row_bytes
 
     @property
     def n_items(self) -> int:
@@ -93,6 +105,8 @@ class DeviceEmbCache:
         rows = torch.empty(len(uniq), self.host.shape[1], dtype=self.host.dtype, device=self.pool.device)
         rows[hit] = self.rows_view().index_select(0, slots[hit])
         miss_ids = uniq[~hit]
+        if self._shadow is not None and miss_ids.numel():
+            self.shadow_hits += int(self._shadow[miss_ids].sum())
         if miss_ids.numel():
             fetched = self._fetch(miss_ids)
             rows[~hit] = fetched
@@ -228,6 +242,31 @@ class DeviceEmbCache:
             self.item_of[slots] = ids
             self.slot_of[ids] = slots
         return len(ids)
+
+    # -- the shadow -----------------------------------------------------------------------
+    def track_shadow(self, rows: int) -> None:
+        """Count the misses on the `rows` best-scored rows not resident, ranked now and at each
+        `refresh` (0: stop)."""
+        self.shadow_rows = max(0, int(rows))
+        self._shadow = None
+        if self.shadow_rows:
+            self._rank_shadow()
+
+    def refresh(self) -> None:
+        """Re-rank the shadow from the scores now (the simulated cache's refresh re-ranks its rows
+        here; this one admits on every lookup, so only the shadow follows the refresh)."""
+        self.refreshes += 1
+        if self.shadow_rows:
+            self._rank_shadow()
+
+    def _rank_shadow(self) -> None:
+        absent = (self.slot_of == EMPTY).cpu().numpy()
+        scores = np.where(absent & (self.scores > 0), self.scores, -np.inf)
+        best = top(scores, min(self.shadow_rows, int(np.isfinite(scores).sum())))
+        shadow = np.zeros(self.n_items, bool)
+        if len(best):
+            shadow[scores >= scores[best].min()] = True
+        self._shadow = torch.from_numpy(shadow).to(self.pool.device)
 
     # -- resize ---------------------------------------------------------------------------
     def on_resize(self, covered: range) -> None:

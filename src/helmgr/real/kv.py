@@ -6,6 +6,9 @@ layer 0's K then V, layer 1's K then V, and so on. A page holds `tokens_per_page
 so the first n pages of a user hold its first tokens: trimming pages off the tail leaves a
 usable shorter prefix. Users are kept in LRU order; free pages are handed out lowest index first
 (farthest from the EMB boundary, so EMB growth takes as few users' pages as it can).
+
+The ghost queue (`track_ghosts`, adapter v2's KV side, as the simulated cache's): the users most
+recently evicted, with the tokens they had, up to a byte budget; caching a user takes it out.
 """
 from __future__ import annotations
 
@@ -97,11 +100,36 @@ class PagedKVCache:
         self._free = list(range(pool.kv_pages))         # a heap: lowest index first
         self._owner: dict[int, int] = {}               # page -> user
         self.evicted_tokens = 0
+        self.ghost: OrderedDict[int, int] | None = None   # user -> tokens it had, least recently evicted first
+        self._ghost_cap = self._ghost_used = 0
         self.events: list[tuple[int, int]] | None = None   # (user, tokens now cached; 0 = gone), when on
 
     @property
     def _record_bytes(self) -> int:
         return self.tokens_per_page * self.layout.bytes_per_token
+
+    def track_ghosts(self, capacity_bytes: int) -> None:
+        """Keep the users evicted last, up to `capacity_bytes` of the tokens they had (a cache
+        that much larger would have kept them); 0 or less: none."""
+        self._ghost_cap, self._ghost_used = max(0, int(capacity_bytes)), 0
+        self.ghost = OrderedDict() if self._ghost_cap else None
+
+    def ghost_tokens(self, user: int) -> int:
+        """The tokens `user` had when it was evicted, if it is in the ghost queue (else 0)."""
+        return self.ghost.get(user, 0) if self.ghost is not None else 0
+
+    def _ghost_put(self, user: int, tokens: int) -> None:
+        """`user` in as the most recent entry, then the least recent out while the queue holds
+        more than its capacity (the new one too, if it alone is larger: the simulated queue's rule)."""
+        self._ghost_take(user)
+        self.ghost[user] = tokens
+        self._ghost_used += tokens * self.layout.bytes_per_token
+        while self._ghost_used > self._ghost_cap and self.ghost:
+            self._ghost_used -= self.ghost.popitem(last=False)[1] * self.layout.bytes_per_token
+
+    def _ghost_take(self, user: int) -> None:
+        if self.ghost is not None and user in self.ghost:
+            self._ghost_used -= self.ghost.pop(user) * self.layout.bytes_per_token
 
     def peek(self, user: int) -> int:
         """Cached tokens of `user` (0 if none), without touching the LRU order."""
@@ -123,6 +151,7 @@ class PagedKVCache:
         cached: all of them, a leading part (tail_first, prefix bigger than the cache), or 0."""
         data = self.layout.pack(k, v).to(self.pool.device)
         had = user in self.entries
+        self._ghost_take(user)
         self._trim(user, 0, evicted=False)
         tokens, fit = data.shape[0], self.pool.kv_pages * self.tokens_per_page
         tokens = 0 if tokens > fit and not self.tail_first else min(tokens, fit)
@@ -173,6 +202,8 @@ class PagedKVCache:
         tokens = min(entry.tokens, keep_pages * self.tokens_per_page)
         if evicted:
             self.evicted_tokens += entry.tokens - tokens
+            if self.ghost is not None:
+                self._ghost_put(user, entry.tokens)
             if self.events is not None:
                 self.events.append((user, tokens))
         if tokens:

@@ -103,8 +103,9 @@ class NodeRuntime:
     KV cache and model on `device`, over a host table of `n_items` rows: a trained `checkpoint`'s
     (`real.checkpoint`, its table memory-mapped) or else seeded random weights and rows. Refill
     is lazy (rows enter on demand) and there is no host KV tier. The simulated node's
-    `ratio`, `resize`, `refresh`, `stats`, `cost`, `config` and `check_integrity` are here; its
-    EMB/KV internals that some policies inspect (shadow tracking, access logs) are not."""
+    `ratio`, `resize`, `refresh`, `stats`, `cost`, `config`, `check_integrity` and the caches'
+    shadows (`emb.track_shadow`, `kv.track_ghosts`: adapter v2's signal) are here; its access
+    logs are not."""
 
     def __init__(self, profile: NodeProfile, budget_bytes: int, device: str | torch.device = "cpu", seed: int = 0,
                  n_items: int = 100_000, config: NodeConfig = NodeConfig(),
@@ -134,6 +135,7 @@ class NodeRuntime:
         self.emb = DeviceEmbCache(self.pool, table, config.emb_policy, config.emb_decay)
         self.kv = PagedKVCache(self.pool, self.model.layout, config.kv_tail_first)
         self.stats = NodeStats()
+        self.pool_budget_bytes = self.pool.total_pages * self.pool.page_bytes
 
     # -- memory (the simulated Node's interface) ------------------------------------------
     @property
@@ -149,13 +151,19 @@ class NodeRuntime:
 
     def refresh(self, now: float) -> None:
         """The simulated node re-ranks its EMB cache here; the device cache admits on every
-        lookup instead, so there is nothing to do and no refill to wake."""
+        lookup instead, so only its shadow is re-ranked, and there is no refill to wake."""
+        self.emb.refresh()
         return None
+
+    @property
+    def refresh_epoch(self) -> int:
+        """`refresh` calls so far (the simulated node's EMB refreshes)."""
+        return self.emb.refreshes
 
     def counters(self) -> NodeCounters:
         """Running totals, for windows. There is no link model here: the H2D busy time is the
         measured fetch time (host gathers + copies)."""
-        return self.stats.counters(self.stats.emb_wait_s)
+        return self.stats.counters(self.stats.emb_wait_s, self.emb.shadow_hits)
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()
@@ -208,6 +216,10 @@ class NodeRuntime:
         to compute: the new tokens after a hit, the rest of the history and them otherwise."""
         cached = min(self.kv.peek(user), prefix_len)
         end = prefix_len + len(new_ids)
+        if cached < prefix_len:               # recomputed: what the ghost queue would have saved, before
+            shadow = min(self.kv.ghost_tokens(user), prefix_len) - cached    # caching it takes the user out
+            if shadow > 0:
+                self.stats.kv_shadow_tokens += shadow
         return cached, new_ids if cached == prefix_len else history(user, cached, end)
 
     def serve_batch(self, now: float, batch: Sequence[RealRequest], history: History) -> RealBatch:

@@ -31,6 +31,7 @@ class ServeConfig:
     max_prefix: int = 8192            # the longest prefix a request may carry (the model's max sequence)
     slo_ms: float = 50.0              # the controller's latency objective
     window_s: float = 1.0             # controller tick
+    refresh_s: float = 2.0            # EMB shadow re-ranked (adapter v2's sample closed), as the simulator's refresh
     controller: bool = True           # False: the ratio stays where it is
     warm: bool = True                 # start each EMB cache with the workload's most popular rows
     stats_period_s: float = 0.5       # how often replicas report residency to the routers

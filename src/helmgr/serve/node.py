@@ -13,6 +13,15 @@ ingress sends them with prefix_len 0.
 
 The model and item table: a checkpoint's (`ServeConfig.checkpoint`, `helmgr model train`; the
 table memory-mapped), or else seeded random ones (the same on every replica).
+
+The controller is the shipped HELM (`Controller.default()`: base policy, adapter v2, recovery),
+the one `--policy helm` runs in the simulator, fed by the same code: each tick closes a window
+(`core.window.node_window`, each request's EMB fetch and recompute seconds with its latency), the
+runtime's caches keep the simulator's shadows (`policy.marginal.MarginalSampler`, 5 % of the pool
+on each side), and every `refresh_s` the EMB shadow is re-ranked, which closes adapter v2's
+sample as a simulated EMB refresh does. One difference: a replica's KV ghosts credit only its own
+recomputes (the simulator's nodes share theirs across the cluster), since replicas are separate
+processes.
 """
 from __future__ import annotations
 
@@ -24,6 +33,8 @@ import numpy as np
 from helmgr.controller import Controller
 from helmgr.history.store import StoreUnavailable
 from helmgr.core.window import WindowStats, node_window
+from helmgr.policy.helm import HelmPolicy
+from helmgr.policy.marginal import MarginalSampler
 from helmgr.real.runtime import NodeRuntime
 from helmgr.serve.config import ServeConfig
 from helmgr.serve.report import Reporter
@@ -59,11 +70,17 @@ class ServeNode:
                 ids, requests, _ = workload.first_second_lookups()
                 self.runtime.emb.warm(workload.prior, ids / requests if requests else 1.0)
         self.reporter = Reporter(self.runtime)
-        # adapter v2 learns from the caches' shadows, which the real caches do not keep: no samples, so off by name
-        self.ctl = Controller.default(adapter=None) if cfg.controller else None
+        self.ctl = self.sampler = None
+        if cfg.controller:
+            self.ctl = Controller.default()
+            self.sampler = MarginalSampler(HelmPolicy.shadow_share, HelmPolicy.value)
+            self.sampler.attach(0, self.runtime)
         self.decisions = 0
         self._window = (clock(), self.runtime.counters())
+        self._refreshed = self._window[0]
         self._latencies: list[float] = []
+        self._parts: tuple[list[float], list[float]] = ([], [])     # their EMB fetch and recompute seconds
+        self._last = (0.0, 0.0)                                     # the request being served's
         self._arrivals = 0
         self.slowdown = 1.0                 # measured service / the cost model's, smoothed (see predict_s)
 
@@ -91,7 +108,7 @@ class ServeNode:
             self.serve(user, 0, new, cands, append=False)                       # a cold prefill, cached ...
             self.serve(user, len(new), (new + 8) % self.cfg.n_items, cands, append=False, forget=True)  # a hit, gone
         if self.cfg.controller:
-            Controller.default(adapter=None).step(self.window())
+            Controller.default().step(self.window(), 0.0)
         self.report()
         self.window()
         self.slowdown = 1.0                 # the warm-up's first calls are not this machine's speed
@@ -102,6 +119,7 @@ class ServeNode:
         continues the user's history. `forget`: drop the user's K/V afterwards (a warm-up's, which
         a real user of that id must not find)."""
         self._arrivals += 1
+        self._last = (0.0, 0.0)
         try:
             s = self.runtime.serve(self.clock(), user, prefix_len, new_ids, cand_ids,
                                    with_new(self.history, prefix_len, new_ids))
@@ -110,6 +128,7 @@ class ServeNode:
             appended = self.store is not None and append and self.store.append(user, new_ids, at=prefix_len) is not None
         except StoreUnavailable as exc:     # a KV miss could not read the history, or the append failed whole
             return {"store_down": str(exc)}
+        self._last = (s.fetch_s, s.recompute_s)
         model_s = self._model_s(prefix_len, s.kv_tokens, len(new_ids), len(cand_ids))
         if model_s > 0:
             self.slowdown += 0.2 * (min(max(s.service_s / model_s, 0.5), 10.0) - self.slowdown)
@@ -120,15 +139,24 @@ class ServeNode:
                 "kv_hit_rate_total": st.kv_hit_rate}
 
     def finished(self, latency_s: float) -> None:
-        """A request's latency at the replica (queueing included), for the controller's window."""
+        """A request's latency at the replica (queueing included), for the controller's window
+        (requests are served one at a time: this is the one `serve` finished last)."""
         self._latencies.append(latency_s)
+        self._parts[0].append(self._last[0])
+        self._parts[1].append(self._last[1])
 
     def tick(self, queue_len: int = 0) -> float:
-        """End a window: step the controller (if any) and resize to its ratio. Returns the ratio."""
-        stats = self.window(queue_len)
+        """End a window: step the controller (if any) with the window and adapter v2's sample (when
+        an EMB refresh closed one), and resize to its ratio; re-rank the EMB shadow every
+        `refresh_s`. Returns the ratio."""
+        w = self._close(queue_len)
+        stats = WindowStats.from_window(w, self.cfg.slo_ms / 1e3)
         if self.ctl is None:
             return self.runtime.ratio
-        ratio = self.ctl.step(stats)
+        ratio = self.ctl.step(stats, self.sampler.sample(0, w, self.runtime))
+        if w.t - self._refreshed >= self.cfg.refresh_s - 1e-9:
+            self.runtime.refresh(w.t)
+            self._refreshed = w.t
         self.decisions += 1
         if abs(ratio - self.runtime.ratio) > 1e-9:
             self.runtime.resize(ratio)
@@ -136,12 +164,16 @@ class ServeNode:
 
     def window(self, queue_len: int = 0) -> WindowStats:
         """Close the window that ends now: the controller's view of it."""
+        return WindowStats.from_window(self._close(queue_len), self.cfg.slo_ms / 1e3)
+
+    def _close(self, queue_len: int = 0):
+        """Close the window that ends now (`core.window.NodeWindow`)."""
         t0, before = self._window
         now, counters = self.clock(), self.runtime.counters()
         w = node_window(0, now, now - t0, self.runtime.ratio, self._arrivals, self._latencies, queue_len,
-                        counters.since(before))
-        self._window, self._latencies, self._arrivals = (now, counters), [], 0
-        return WindowStats.from_window(w, self.cfg.slo_ms / 1e3)
+                        counters.since(before), self._parts)
+        self._window, self._latencies, self._parts, self._arrivals = (now, counters), [], ([], []), 0
+        return w
 
     def report(self) -> dict:
         return self.reporter.report()

@@ -68,6 +68,16 @@ class Node:
         wake = self.refill.on_grow(self, now) if self.emb.unfilled_rows else None
         return plan, wake
 
+    @property
+    def pool_budget_bytes(self) -> int:
+        """The pool's budget (what a shadow's share is of)."""
+        return self.profile.pool_budget_bytes
+
+    @property
+    def refresh_epoch(self) -> int:
+        """EMB refreshes so far."""
+        return self.emb.epoch
+
     def refresh(self, now: float) -> float | None:
         """Re-rank the EMB cache from recent accesses; returns the refill mode's next step."""
         self.emb.refresh()
