@@ -12,6 +12,9 @@ from helmgr.core.errors import HelmInputError
 from helmgr.core.files import check_writable
 from helmgr.core.extras import require
 from helmgr.workload.synthetic import parse_regime
+from helmgr.workload.trace import FORMATS, OVERLAYS, WIDEN
+
+TRACE_TRAIN_S = 600.0       # a log's replay for training, by default: episodes of 15 + 120 s in its first 480 s
 
 
 @click.command("train")
@@ -53,9 +56,27 @@ from helmgr.workload.synthetic import parse_regime
               help="With --seeds: simulated seconds of each validation run [default: 360].")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="With --seeds: worker processes for the training runs and the validation runs [default: all cores].")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Train on this log's replay instead of the synthetic regimes (served whole by --nodes nodes), "
+                   "then validate on its held-out tail beside the shipped policy.")
+@click.option("--trace-format", type=click.Choice(FORMATS), default="inter", show_default=True,
+              help="With --trace: inter (RecBole atomic file) or sequences ('user item item ...' per line).")
+@click.option("--duration", type=Finite(min=1), default=None,
+              help=f"With --trace: the replay's length in simulated seconds [default: {TRACE_TRAIN_S:g}].")
+@click.option("--time-compression", type=POSITIVE, default=None,
+              help="With --trace: divide the log's time by this [default: fit it into --duration].")
+@click.option("--clone-users", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --trace: replay each log user this many times under new ids.")
+@click.option("--overlay", type=click.Choice(OVERLAYS), multiple=True,
+              help="With --trace: apply a regime to the log (repeatable): trend, burst.")
+@click.option("--widen-catalogue", is_flag=True,
+              help="With --trace: clone k of --clone-users K reads its own item ids (K x the catalogue).")
+@click.option("--holdout", type=Finite(0.05, 0.5), default=0.2, show_default=True,
+              help="With --trace: the share of the replay, at its end, never trained on and validated on.")
 @json_option
 def train_cmd(timesteps, seed, out_path, workloads, episode_s, hardware, model, runs_dir, nodes, n_envs,
               relative, init_path, checkpoint_every, target_kl, seeds, validate_seeds, validate_duration, jobs,
+              trace, trace_format, duration, time_compression, clone_users, overlay, widen_catalogue, holdout,
               as_json):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
@@ -65,6 +86,7 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, hardware, model, 
     helmgr train --timesteps 150000 --seeds 1,2,3 --relative --out policy.npz      # the best on validation seeds
     helmgr train --timesteps 61440 --seeds 7,8 --relative --init src/helmgr/controller/default_policy.npz
     helmgr train --timesteps 368640 --seeds 11 --nodes 4 --relative --checkpoint-every 61440
+    helmgr train --trace ml-100k.inter --timesteps 20000 --overlay burst --out mine.npz   # on a log, validated
     """
     require("train", what="helmgr train")
     check_paths(out_path, runs_dir)
@@ -79,6 +101,12 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, hardware, model, 
                              "cannot be used with it")
     env = {"regimes": regimes, "episode_s": episode_s, "relative": relative, "nodes": nodes,
            "hardware": tuple(presets["hardware"]), "model": tuple(presets["model"])}
+    if trace is not None:
+        env = _traced(env, workloads, seeds, trace, trace_format, duration, time_compression, clone_users, overlay,
+                      widen_catalogue, holdout, seed)
+    elif duration is not None or time_compression is not None or clone_users != 1 or overlay or widen_catalogue:
+        raise HelmInputError("--duration, --time-compression, --clone-users, --overlay and --widen-catalogue "
+                             "describe a log's replay: give --trace LOG")
     if init_path is not None:
         check_init(init_path)
     if seeds is not None:
@@ -86,13 +114,53 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, hardware, model, 
                        out_path, runs_dir, jobs, as_json, init_path, checkpoint_every, target_kl)
     from helmgr.learn.train import train
     with progress("train", timesteps) as bar:
-        task = bar.add_task(f"PPO {'+'.join(regimes)} seed {seed}", total=timesteps)
+        what = Path(trace).name if trace is not None else "+".join(regimes)
+        task = bar.add_task(f"PPO {what} seed {seed}", total=timesteps)
         result = train(timesteps, seed, out_path, runs_dir, env, on_progress=lambda n: bar.update(task, completed=n),
                        n_envs=n_envs, init=init_path, checkpoint_every=checkpoint_every, target_kl=target_kl)
+    if trace is not None:
+        from helmgr.experiments.training import validate_trace
+        result["validation"] = validate_trace(str(out_path), env, jobs or 2)
     if as_json:
         emit_json(result)
-    else:
-        stdout.print(f"policy -> {result['out']}  (log {result['log']}, {result['wall_s']:.0f} s)")
+        return
+    stdout.print(f"policy -> {result['out']}  (log {result['log']}, {result['wall_s']:.0f} s)")
+    if trace is not None:
+        v = result["validation"]
+        a, b = v["held_out_s"]
+        stdout.print(table(f"held-out tail of the replay, {a:g}-{b:g} s, {v['nodes']} x {v['hardware']}, "
+                           f"{v['model']}, base policy alone, HELM router",
+                           {name: (v[name]["p99_ms"], v[name]["window_slo_satisfaction"], v[name]["mean_ratio"])
+                            for name in ("trained", "shipped")},
+                           ("P99 ms", "window SLO", "mean ratio")))
+
+
+def _traced(env: dict, workloads: str, seeds, trace, fmt, duration, time_compression, clone_users, overlay, widen,
+            holdout, seed) -> dict:
+    """`env` training on a log's replay (`learn.env.HelmEnv`'s `trace`), the log read and checked
+    here, before any training: a bad file, a replay too short for an episode before its held-out
+    tail, or options that do not go with --trace are refused."""
+    from helmgr.learn.env import HelmEnv
+    from helmgr.workload import WorkloadSpec
+    if workloads != "steady,trend,burst":
+        raise HelmInputError(f"--workloads {workloads!r} names synthetic regimes; --trace trains on the log instead")
+    if seeds is not None:
+        raise HelmInputError("--seeds validates on the synthetic regimes; with --trace give one --seed (the "
+                             "policy is validated on the log's held-out tail)")
+    if widen and clone_users < 2:
+        raise HelmInputError("--widen-catalogue needs --clone-users K > 1 (clone k takes item ids i + k x items)")
+    spec = {"trace": trace, "trace_format": fmt, "duration_s": duration or TRACE_TRAIN_S, "seed": seed,
+            "time_compression": time_compression, "clone_users": clone_users,
+            "overlays": tuple(overlay) + ((WIDEN,) if widen else ())}
+    w = WorkloadSpec(**spec).build()                      # names a bad file or line
+    env = env | {"regimes": ("trace",), "trace": spec, "holdout": holdout}
+    e = HelmEnv(**env)
+    room = e.train_end_s(w.duration_s) - e.warmup_s - e.episode_s
+    if room < 0:
+        raise HelmInputError(f"the replay's first {e.train_end_s(w.duration_s):g} s (before the held-out "
+                             f"{holdout:g}) cannot hold an episode of {e.warmup_s:g} + {e.episode_s:g} s: give a "
+                             f"longer --duration or a shorter --episode-s")
+    return env
 
 
 def _select(timesteps, seeds, validate_seeds, duration, env, n_envs, out_path, runs_dir, jobs, as_json,

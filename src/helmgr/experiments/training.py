@@ -72,6 +72,34 @@ def _validate(args: tuple[str, WorkloadSpec, SimConfig]) -> dict:
     return {k: summary[k] for k in VALIDATION_FIELDS}
 
 
+def _validate_trace(args: tuple[str | None, dict, SimConfig, float]) -> dict:
+    from helmgr.policy.helm import HelmBase
+    path, trace, cfg, start = args
+    summary = simulate(replace(cfg, policy="helm-base"), WorkloadSpec(**trace).build(), policy=HelmBase(path=path),
+                       measure_from_s=start).summary
+    return {k: summary[k] for k in VALIDATION_FIELDS}
+
+
+def validate_trace(path: str, env: dict, jobs: int = 1) -> dict:
+    """A policy trained on a log's replay (`learn.env.HelmEnv`'s `trace`) and the shipped one,
+    each as the base alone (`helm-base`) on the environment's cluster (its nodes, hardware and
+    model, the HELM router), measured on the replay's held-out tail only: the whole replay runs,
+    the part training drew from as the warm-up. Returns each one's measures and the ratio of
+    their P99s."""
+    from helmgr.learn.env import HelmEnv
+    e = HelmEnv(**env)
+    duration = WorkloadSpec(**e.trace).build().duration_s
+    start = e.train_end_s(duration)
+    hardware, model = e.hardwares[0], e.models[0]
+    cfg = SimConfig(nodes=e.nodes, router="helm", hardware=hardware, model=model, seed=e.trace.get("seed", 0))
+    runs = run_all(_validate_trace, [(path, e.trace, cfg, start), (None, e.trace, cfg, start)], min(jobs, 2),
+                   names=["trained policy on the held-out tail", "shipped policy on the held-out tail"])
+    trained, shipped = runs
+    ratio = (trained["p99_ms"] / shipped["p99_ms"] if trained["p99_ms"] and shipped["p99_ms"] else None)
+    return {"held_out_s": [start, duration], "nodes": e.nodes, "hardware": hardware, "model": model,
+            "trained": trained, "shipped": shipped, "p99_trained_over_shipped": ratio}
+
+
 def score(runs: list[dict]) -> float:
     """Geometric mean of the runs' P99 (ms); infinite if any run measured nothing or overloaded."""
     p99 = [r["p99_ms"] for r in runs]

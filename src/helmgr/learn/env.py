@@ -18,6 +18,11 @@ With `relative=True` the pay is the reward minus that of a twin cluster forked a
 warm-up and held at the starting ratio, fed the same requests: what the policy's moves gained
 over not moving. A regime's own difficulty (a burst window costs every split alike) cancels, so
 the signal left is the policy's (twice the simulation per step).
+
+With `trace` (a `WorkloadSpec`'s fields naming a log: its replay, overlays, clones) every episode
+is a stretch of that replay instead, served whole by the `nodes` nodes, starting at a random time
+in its first 1 - `holdout` share: the last `holdout` of the replay is never trained on, so a
+policy can be validated on it (`experiments.training.validate_trace`).
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ from helmgr.policy.base import MemoryPolicy
 from helmgr.policy.helm import HelmPolicy
 from helmgr.policy.marginal import MarginalSampler
 from helmgr.routing.routers import make_router
-from helmgr.workload import default_config, synthetic_workload
+from helmgr.workload import WorkloadSpec, default_config, synthetic_workload
 
 
 def shifted(chunks, start: int):
@@ -75,8 +80,15 @@ class HelmEnv(gym.Env):
                  users_per_node: int | None = None, episode_s: float = 120.0, warmup_s: float | None = None,
                  max_step: float = 0.05, router: str = "helm", hardware: str | tuple[str, ...] = "a100-80g",
                  model: str | tuple[str, ...] = "large", r_min: float = 0.05, r_max: float = 0.95,
-                 workload: dict | None = None, relative: bool = False, sim_path: str = "auto"):
+                 workload: dict | None = None, relative: bool = False, sim_path: str = "auto",
+                 trace: dict | None = None, holdout: float = 0.2):
         self.regimes, self.nodes = tuple(regimes), nodes
+        self.trace, self.holdout = (dict(trace) if trace else None), float(holdout)
+        self._replay = None                        # the trace's workload, built at the first episode
+        if self.trace is not None:
+            self.regimes = ("trace",)
+            if not 0.0 < self.holdout < 1.0:
+                raise ValueError(f"holdout must be a share of the replay in (0, 1), got {holdout}")
         self.sim_path = sim_path                   # the simulator's path (SimConfig.path): the same episodes
         self.rps_per_node, self.users_per_node = rps_per_node, users_per_node
         if warmup_s is None:
@@ -105,6 +117,22 @@ class HelmEnv(gym.Env):
         latest = int(duration - self.warmup_s - self.episode_s - 1.0)
         return synthetic_workload(cfg, wseed), int(rng.integers(latest + 1)) if latest > 0 else 0
 
+    def _traced(self, rng) -> tuple:
+        """The replay (built once) and an episode's start: its warm-up and episode end before
+        the held-out tail."""
+        if self._replay is None:
+            self._replay = WorkloadSpec(**self.trace).build()
+        end = self.train_end_s(self._replay.duration_s)
+        latest = int(end - self.warmup_s - self.episode_s)
+        if latest < 0:
+            raise ValueError(f"the replay's first {end:g} s (its last {self.holdout:g} held out) are shorter than "
+                             f"an episode's warm-up and control ({self.warmup_s:g} + {self.episode_s:g} s)")
+        return self._replay, int(rng.integers(latest + 1))
+
+    def train_end_s(self, duration_s: float) -> float:
+        """Where the held-out tail of a replay of `duration_s` begins."""
+        return duration_s * (1.0 - self.holdout)
+
     # -- episodes -------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -117,7 +145,7 @@ class HelmEnv(gym.Env):
         ratio = float(rng.uniform(0.2, 0.9))
         # drawn only where there is a choice (episodes of one preset keep their earlier draws)
         hardware, model = (x[int(rng.integers(len(x)))] if len(x) > 1 else x[0] for x in (self.hardwares, self.models))
-        w, start = self._synthetic(self.regime, wseed, rng)
+        w, start = self._traced(rng) if self.trace is not None else self._synthetic(self.regime, wseed, rng)
         profile = node_profile(hardware, model)
         slo_ms = self.base_cfg.slo_ms or profile.model.slo_ms
         self.slo_s = slo_ms * 1e-3

@@ -124,7 +124,7 @@ def command_flags(env_kwargs: dict) -> str:
     """The `helmgr train` options that give these environment settings (defaults left out)."""
     flags = []
     regimes = tuple(env_kwargs.get("regimes", ("steady", "trend", "burst")))
-    if regimes != ("steady", "trend", "burst"):
+    if regimes != ("steady", "trend", "burst") and not env_kwargs.get("trace"):
         flags.append(f"--workloads {','.join(regimes)}")
     if env_kwargs.get("nodes", 1) != 1:
         flags.append(f"--nodes {env_kwargs['nodes']}")
@@ -137,7 +137,30 @@ def command_flags(env_kwargs: dict) -> str:
             flags.append(f"--{kind} {','.join(listed)}")
     if env_kwargs.get("relative"):
         flags.append("--relative")
+    trace = env_kwargs.get("trace")
+    if trace:
+        flags.append(trace_flags(trace, env_kwargs.get("holdout", 0.2)))
     return "".join(" " + f for f in flags)
+
+
+def trace_flags(trace: dict, holdout: float) -> str:
+    """The `helmgr train` options naming a log's replay (`HelmEnv`'s `trace`, `holdout`)."""
+    flags = [f"--trace {Path(trace['trace']).name}"]
+    if trace.get("trace_format", "inter") != "inter":
+        flags.append(f"--trace-format {trace['trace_format']}")
+    if trace.get("duration_s") is not None:
+        flags.append(f"--duration {trace['duration_s']:g}")
+    if trace.get("time_compression") is not None:
+        flags.append(f"--time-compression {trace['time_compression']:g}")
+    if trace.get("clone_users", 1) != 1:
+        flags.append(f"--clone-users {trace['clone_users']}")
+    overlays = tuple(trace.get("overlays", ()))
+    flags += [f"--overlay {o}" for o in overlays if o != "widen"]
+    if "widen" in overlays:
+        flags.append("--widen-catalogue")
+    if holdout != 0.2:
+        flags.append(f"--holdout {holdout:g}")
+    return " ".join(flags)
 
 
 def run_name(workload: str, seed: int) -> str:

@@ -28,11 +28,13 @@ class SimResult:
 
 def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = None,
              router: Router | None = None, on_progress=None, profile: NodeProfile | None = None,
-             stop: Callable[[Cluster], str | None] | None = None) -> SimResult:
+             stop: Callable[[Cluster], str | None] | None = None, measure_from_s: float | None = None) -> SimResult:
     """Run `workload` through a cluster built from `cfg`. `policy`/`router` override the names in
     `cfg` (for policies that need arguments); `profile` the node profile its hardware and model
     name (for a profile built in code, e.g. a serving replica's). `stop(cluster)` is asked after
-    every 1-s chunk; a reason it returns ends the run with RunStopped(reason)."""
+    every 1-s chunk; a reason it returns ends the run with RunStopped(reason). `measure_from_s`: the
+    latency metrics skip arrivals before this instead (default: `cfg.metrics_warmup_s`; a held-out
+    tail of a replay is measured this way, the rest of the run warming the caches)."""
     cfg = cfg.validate(workload.duration_s)
     model = cfg.model if profile is None else profile.model.name
     profile = profile or node_profile(cfg.hardware, cfg.model)
@@ -53,7 +55,7 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
     wall = time.perf_counter() - wall
     summary, series = summarize(cluster.rec, cluster.nodes + cluster.retired, workload.duration_s, slo_s,
                                 cfg.window_s, workload.bursts, wall, cluster.rerouted,
-                                cfg.metrics_warmup_s(workload.duration_s))
+                                cfg.metrics_warmup_s(workload.duration_s) if measure_from_s is None else measure_from_s)
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": cfg.policy if policy is None else policy.name,
             "router": cfg.router if router is None else router.name, "ratio": cfg.ratio, "seed": cfg.seed,
             "hardware": cfg.hardware, "model": model, "duration_s": workload.duration_s,
