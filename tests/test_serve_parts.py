@@ -268,3 +268,38 @@ def test_start_names_a_ray_address_it_cannot_join(monkeypatch):
     monkeypatch.setattr(ray, "init", refuse)
     with pytest.raises(HelmInputError, match="--address 'ray://head:10001': cannot connect to Ray: could not find"):
         start(SMALL, address="ray://head:10001")
+
+
+def test_a_base_policy_from_a_file_runs_in_every_replica_and_a_bad_one_is_refused(capsys, monkeypatch, tmp_path):
+    """`--base-policy FILE`: the replica's controller is the shipped tiers around that base (here a
+    copy of the shipped file: the same decisions as `Controller.default()`); a file that is not a
+    policy, or a base policy with the controllers off, exits 2 before anything starts."""
+    pytest.importorskip("ray.serve")
+    import shutil
+
+    import helmgr.serve.app as app
+    from helmgr.cli import main
+    from helmgr.controller import Controller
+    from helmgr.controller.controller import default_policy_file
+    from helmgr.core.window import WindowStats
+
+    mine = tmp_path / "mine.npz"
+    shutil.copy(default_policy_file(), mine)
+    node = ServeNode(ServeConfig.from_dict(SMALL.to_dict() | {"controller": True, "base_policy": str(mine)}))
+    shipped = Controller.default()
+    assert node.ctl.base.meta == shipped.base.meta and isinstance(node.ctl.adapter, MarginalAdapter)
+    for k in range(20):
+        s = WindowStats(ratio=0.5, arrival_rps=100.0 + 30 * (k % 4), p99_s=0.01 * (1 + k % 5), slo_s=0.05)
+        assert node.ctl.step(s) == shipped.step(s)
+
+    def never(*args, **kwargs):
+        raise AssertionError("serve started")
+    monkeypatch.setattr(app, "start", never)
+    (tmp_path / "junk.npz").write_text("not a policy")
+    for argv, needle in [(["--base-policy", str(tmp_path / "junk.npz")], "is not a HELM policy"),
+                         (["--base-policy", str(mine), "--no-controller"], "the ratios are fixed without them"),
+                         (["--base-policy", str(tmp_path / "none.npz")], "does not exist")]:
+        assert main(["serve", "--port", "8138", *argv]) == 2
+        out, err = capsys.readouterr()
+        errors = [line for line in err.splitlines() if "error:" in line]     # (after the pricing note)
+        assert out == "" and len(errors) == 1 and needle in errors[0], err

@@ -55,8 +55,12 @@ from helmgr.serve.config import ServeConfig
 @click.option("--redis", "redis_url", default=None, metavar="URL", help="... or from the store in this Redis.")
 @click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Model weights and item table from this checkpoint (helmgr model train) [default: seeded random].")
+@click.option("--base-policy", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
+              help="The controllers' base policy from this file (helmgr train, e.g. --trace on your log) "
+                   "[default: the shipped one].")
 def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, replica_cpus, pool_mib, ratio, hardware,
-              slo_ms, deadline_ms, max_cost_ms, max_body_kib, no_controller, seed, history_dir, redis_url, model_dir):
+              slo_ms, deadline_ms, max_cost_ms, max_body_kib, no_controller, seed, history_dir, redis_url, model_dir,
+              base_policy):
     """Serve recommendations over HTTP: backend replicas with real caches, the HELM router, an
     ingress at POST /v1/recommend. Blocks until Ctrl-C.
 
@@ -79,7 +83,8 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
     cfg = ServeConfig(replicas=replicas, device=device, replica_cpus=replica_cpus, pool_mib=pool_mib, ratio=ratio,
                       hardware=hardware, slo_ms=slo_ms, deadline_ms=deadline_ms, max_cost_ms=max_cost_ms,
                       max_body_bytes=max_body_kib * 1024, controller=not no_controller, seed=seed,
-                      history=history_dir, redis=redis_url, checkpoint=model_dir).with_sources().validate()  # exit 2 now
+                      history=history_dir, redis=redis_url, checkpoint=model_dir,
+                      base_policy=base_policy).with_sources().validate()  # exit 2 now
     stderr.print(f"starting {replicas} replicas ({device}) ...")
     try:
         url = start(cfg, port=port, host=host, address=address, num_cpus=num_cpus, metrics_port=metrics_port)

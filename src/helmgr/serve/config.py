@@ -44,6 +44,7 @@ class ServeConfig:
     redis: str | None = None          # ... or this Redis URL; None for both: the synthetic population
     checkpoint: str | None = None     # model weights and item table from this folder (helmgr model train);
                                       # None: seeded random ones
+    base_policy: str | None = None    # the controllers' base policy from this file (helmgr train); None: the shipped one
 
     @property
     def store(self) -> bool:
@@ -78,11 +79,21 @@ class ServeConfig:
     def validate(self) -> "ServeConfig":
         if self.device not in ("cpu", "cuda"):
             raise HelmInputError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.base_policy is not None:
+            if not self.controller:
+                raise HelmInputError("a base policy is for the controllers; the ratios are fixed without them")
+            self.controller_now()                         # names a file that is not a policy, before any replica
         check_numbers(self, {"replica_cpus": NON_NEGATIVE, "ratio": Range(0, 1, low_open=True, high_open=True)})
         if self.max_cost_s > self.deadline_s:
             raise HelmInputError(f"max-cost-ms ({self.max_cost_s * 1e3:g}) must not exceed deadline-ms "
                                  f"({self.deadline_s * 1e3:g}): such a request could never be answered in time")
         return self
+
+    def controller_now(self):
+        """A replica's controller: the shipped HELM (`Controller.default()`), or the same tiers
+        around `base_policy`."""
+        from helmgr.controller import Controller
+        return Controller.default() if self.base_policy is None else Controller.load(self.base_policy)
 
     def to_dict(self) -> dict:
         """JSON-serializable (Ray's router kwargs and deployment args)."""

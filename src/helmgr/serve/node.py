@@ -14,7 +14,8 @@ ingress sends them with prefix_len 0.
 The model and item table: a checkpoint's (`ServeConfig.checkpoint`, `helmgr model train`; the
 table memory-mapped), or else seeded random ones (the same on every replica).
 
-The controller is the shipped HELM (`Controller.default()`: base policy, adapter v2, recovery),
+The controller is the shipped HELM (`Controller.default()`: base policy, adapter v2, recovery;
+or the same tiers around `ServeConfig.base_policy`, a base trained with `helmgr train --trace`),
 the one `--policy helm` runs in the simulator, fed by the same code: each tick closes a window
 (`core.window.node_window`, each request's EMB fetch and recompute seconds with its latency), the
 runtime's caches keep the simulator's shadows (`policy.marginal.MarginalSampler`, 5 % of the pool
@@ -30,7 +31,6 @@ from typing import Callable
 
 import numpy as np
 
-from helmgr.controller import Controller
 from helmgr.history.store import StoreUnavailable
 from helmgr.core.window import WindowStats, node_window
 from helmgr.policy.helm import HelmPolicy
@@ -72,7 +72,7 @@ class ServeNode:
         self.reporter = Reporter(self.runtime)
         self.ctl = self.sampler = None
         if cfg.controller:
-            self.ctl = Controller.default()
+            self.ctl = cfg.controller_now()
             self.sampler = MarginalSampler(HelmPolicy.shadow_share, HelmPolicy.value)
             self.sampler.attach(0, self.runtime)
         self.decisions = 0
@@ -108,7 +108,7 @@ class ServeNode:
             self.serve(user, 0, new, cands, append=False)                       # a cold prefill, cached ...
             self.serve(user, len(new), (new + 8) % self.cfg.n_items, cands, append=False, forget=True)  # a hit, gone
         if self.cfg.controller:
-            Controller.default().step(self.window(), 0.0)
+            self.cfg.controller_now().step(self.window(), 0.0)
         self.report()
         self.window()
         self.slowdown = 1.0                 # the warm-up's first calls are not this machine's speed
