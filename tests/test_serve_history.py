@@ -61,6 +61,20 @@ def test_a_request_off_the_stores_history_is_served_and_not_appended(cfg):
     assert new["appended"] and HistoryStore(cfg.history).length(9) == 1
 
 
+def test_a_request_whose_caller_gave_up_is_served_and_appends_nothing(cfg):
+    """A request cut at its deadline while computing (`gone` set by the worker when the caller
+    cancels): served, nothing appended, so the user's next request, with the same prefix,
+    appends; a request not given up appends as before."""
+    import threading
+    node = ServeNode(cfg)
+    gone = threading.Event()
+    gone.set()
+    cut = node.serve(0, 30, np.array([7, 8]), CANDS, gone=gone)
+    assert len(cut["scores"]) == 8 and not cut["appended"] and HistoryStore(cfg.history).length(0) == 30
+    nxt = node.serve(0, 30, np.array([9]), CANDS, gone=threading.Event())
+    assert nxt["appended"] and HistoryStore(cfg.history).items(0, 30, 31).tolist() == [9]
+
+
 def test_the_ingress_takes_the_prefix_from_the_store(cfg):
     pytest.importorskip("ray.serve")
     from helmgr.serve.ingress import Progress

@@ -162,15 +162,16 @@ class SlowNode:
     """A node whose serve blocks until released (a request "still computing")."""
 
     def __init__(self):
-        self.release, self.served, self.latencies = threading.Event(), [], []
+        self.release, self.served, self.latencies, self.gone = threading.Event(), [], [], []
 
     def predict_s(self, user, prefix_len, n_new, n_candidates):
         return 0.001
 
-    def serve(self, user, prefix_len, new_ids, cand_ids, append=True, forget=False):
+    def serve(self, user, prefix_len, new_ids, cand_ids, append=True, forget=False, gone=None):
         if user == 0:
             assert self.release.wait(30)
         self.served.append(user)
+        self.gone.append(gone.is_set())                  # what ServeNode.serve reads before it appends
         return {"scores": [0.0] * len(cand_ids)}
 
     def finished(self, latency_s):
@@ -193,7 +194,7 @@ def test_a_request_whose_deadline_passes_in_the_queue_is_not_served_and_the_next
     asyncio.run(main())
 
 
-def test_a_caller_cancelled_while_computing_holds_the_next_until_the_work_ends():
+def test_a_caller_cancelled_while_computing_holds_the_next_until_the_work_ends_and_is_told():
     async def main():
         node = SlowNode()
         w = Worker(node)
@@ -208,6 +209,7 @@ def test_a_caller_cancelled_while_computing_holds_the_next_until_the_work_ends()
         node.release.set()
         assert "scores" in await asyncio.wait_for(nxt, 10)
         assert node.served == [0, 4] and len(node.latencies) == 2
+        assert node.gone == [True, False]               # the cancelled one was told: it appends nothing
     asyncio.run(main())
 
 

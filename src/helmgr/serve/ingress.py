@@ -14,7 +14,8 @@ naming the field, never echoing the input); `RequestLimits` refuses (422) item i
 table, a prefix past `max_prefix` and a request whose worst-case predicted service is above
 `max_cost_ms`. Every request gets a deadline (`deadline_ms` from its arrival): the backend does
 not start it when it cannot finish by then, and the ingress cuts the call when the deadline
-passes (the queued request is cancelled on its replica); the client gets 504 either way. A history
+passes (the queued request is cancelled on its replica; one already computing finishes and appends
+nothing, unless its append had begun); the client gets 504 either way. A history
 store that cannot be reached, at the ingress (the prefix) or at the replica (a KV miss's history,
 the append), is a 503 naming it; nothing was appended, so the request can be sent again.
 

@@ -26,6 +26,7 @@ processes.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
@@ -114,10 +115,12 @@ class ServeNode:
         self.slowdown = 1.0                 # the warm-up's first calls are not this machine's speed
 
     def serve(self, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray, append: bool = True,
-              forget: bool = False) -> dict:
+              forget: bool = False, gone: threading.Event | None = None) -> dict:
         """Serve one request; with a store and `append`, append its new items if the request
         continues the user's history. `forget`: drop the user's K/V afterwards (a warm-up's, which
-        a real user of that id must not find)."""
+        a real user of that id must not find). `gone` set by the time the model is done: the caller
+        has given up (its deadline cut it), so nothing is appended: a 504 leaves the store as it
+        was, and the user's next request, let through by the cut, reads the same prefix."""
         self._arrivals += 1
         self._last = (0.0, 0.0)
         try:
@@ -125,7 +128,8 @@ class ServeNode:
                                    with_new(self.history, prefix_len, new_ids))
             if forget:
                 self.runtime.kv.drop(user)
-            appended = self.store is not None and append and self.store.append(user, new_ids, at=prefix_len) is not None
+            appended = (self.store is not None and append and not (gone is not None and gone.is_set())
+                        and self.store.append(user, new_ids, at=prefix_len) is not None)
         except StoreUnavailable as exc:     # a KV miss could not read the history, or the append failed whole
             return {"store_down": str(exc)}
         self._last = (s.fetch_s, s.recompute_s)

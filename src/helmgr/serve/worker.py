@@ -4,13 +4,15 @@
 machine's measured slowdown), waits its turn (cheapest first), and answers `{"late": why}`
 without any work when it cannot finish by `deadline`. The work runs in a thread so the event
 loop stays free; the gate passes on only when that thread is done, even if the caller was
-cancelled meanwhile (a request already computing finishes; the ones behind it are not held past
-their deadlines). `alone` runs a short step (a controller tick, a report) ahead of the queue.
+cancelled meanwhile (a request already computing finishes, and appends nothing unless it already
+had; the ones behind it are not held past their deadlines). `alone` runs a short step (a
+controller tick, a report) ahead of the queue.
 """
 from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from typing import Callable
 
@@ -31,11 +33,16 @@ class Worker:
             await self.gate.enter(self.node.predict_s(user, prefix_len, len(new_items), len(candidates)), deadline)
         except Late as late:
             return {"late": str(late)}
+        gone = threading.Event()
         work = asyncio.ensure_future(asyncio.to_thread(
             self.node.serve, user, prefix_len, np.asarray(new_items, np.int64), np.asarray(candidates, np.int64),
-            not warmup, warmup))                        # a warm-up appends nothing and leaves no K/V
+            not warmup, warmup, gone))                  # a warm-up appends nothing and leaves no K/V
         work.add_done_callback(lambda _: self._done(t0))
-        out = await asyncio.shield(work)
+        try:
+            out = await asyncio.shield(work)
+        except asyncio.CancelledError:                  # the caller gave up (its deadline): the work finishes,
+            gone.set()                                  # but appends nothing unless it already had
+            raise
         return out | {"replica_ms": (time.perf_counter() - t0) * 1e3, "cut": self.gate.cut}
 
     def _done(self, t0: float) -> None:
