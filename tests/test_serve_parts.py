@@ -190,7 +190,30 @@ def test_simulated_runs_the_requests_loadgen_sends():
     assert out["requests"] == out["completed"] == len(sent) > 10
     assert out["nodes"] == 2 and out["policy"] == "helm" and out["router"] == "helm"
     assert out["slo_ms"] == 40.0 and out["model"] == cfg.node_profile().model.name
-    assert 0 < out["p50_ms"] <= out["p99_ms"]
+    assert 0 < out["p50_ms"] <= out["p99_ms"] and out["base_policy"] == "shipped"
+
+
+def test_simulated_runs_the_apps_base_policy_or_refuses_before_sending(tmp_path):
+    """An app serving `--base-policy FILE`: the prediction's controller is built around that file
+    (a base that always steps up: the simulated mean ratio rises above the fixed split's, where
+    the shipped base leaves it in 3 s); a file not readable here is an error before anything is
+    sent."""
+    import numpy as np
+    from helmgr.controller.mlp import MLPPolicy
+    from helmgr.core.errors import HelmInputError
+    from helmgr.serve.loadgen import LoadConfig, sim_base_policy, simulated
+
+    still = tmp_path / "up.npz"
+    MLPPolicy([np.zeros((4, 11)), np.zeros((1, 4))], [np.zeros(4), np.full(1, 5.0)], np.zeros(11), np.ones(11),
+              max_step=0.05).save(still)
+    load = LoadConfig(duration_s=3.0, rps=6.0, slo_ms=400.0)
+    mine = ServeConfig.from_dict(SMALL.to_dict() | {"controller": True, "base_policy": str(still)})
+    out = simulated(mine, load)
+    fixed = simulated(ServeConfig.from_dict(SMALL.to_dict() | {"controller": False}), load)
+    shipped = simulated(ServeConfig.from_dict(SMALL.to_dict() | {"controller": True}), load)
+    assert out["base_policy"] == str(still) and out["mean_ratio"] > fixed["mean_ratio"] == shipped["mean_ratio"]
+    with pytest.raises(HelmInputError, match="is not a file here"):
+        sim_base_policy(ServeConfig.from_dict(mine.to_dict() | {"base_policy": str(tmp_path / "gone.npz")}))
 
 
 def test_loadgen_stream_seed_draws_other_requests_of_the_same_users():

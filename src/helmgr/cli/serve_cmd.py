@@ -156,7 +156,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     helmgr loadgen --trace ml-100k.inter --model model/ --sim     # ... --model model/: scores checked
     """
     require("serve", "aiohttp", what="helmgr loadgen")       # the HTTP client; --sim runs the simulator as well
-    from helmgr.serve.loadgen import PARTS, LoadConfig, loadgen, server_config, simulated
+    from helmgr.serve.loadgen import PARTS, LoadConfig, loadgen, server_config, sim_base_policy, simulated
     from helmgr.workload import parse_regime
 
     parse_regime(regime)
@@ -165,6 +165,8 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, trace, trace_format,
                       model_dir, resume)
     cfg = server_config(url)
+    if with_sim:
+        sim_base_policy(cfg)                      # the app's base policy must be readable here: exit 2 now
     with progress("loadgen", None) as bar:
         task = bar.add_task(f"loadgen {trace or regime} at {rps:g} req/s", total=None)
         result = loadgen(load, lambda n: bar.update(task, total=n), lambda: bar.advance(task), cfg)
@@ -174,7 +176,8 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
             stderr.print(f"[yellow]note: the simulator ran all {sim['requests']} requests of the workload, "
                          f"loadgen sent {result['requests']} (--max-requests)[/yellow]")
         result["simulated"] = {k: sim.get(k) for k in SHOWN if k in sim} | {"policy": sim["policy"],
-                                                                              "router": sim["router"]}
+                                                                              "router": sim["router"],
+                                                                              "base_policy": sim["base_policy"]}
     shown = {k: result[k] for k in SHOWN + CHECKED if k in result}
     headers = ("value",)
     if with_sim:

@@ -15,6 +15,7 @@ import math
 import time
 import urllib.request
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
@@ -220,7 +221,8 @@ def simulated(cfg: ServeConfig, load: LoadConfig) -> dict:
     without one), no warm-up skipped (loadgen counts every request). What it leaves out is the
     serving path itself: HTTP, the ingress and the handle hop. A log's replay (`load.trace`)
     runs as `workload.replay` builds it: the store's histories, the same arrivals, users and new
-    items, candidates drawn the same way."""
+    items, candidates drawn the same way. The controller is the app's: the shipped HELM, or its
+    tiers around the app's `--base-policy` file (which must be readable here)."""
     from helmgr.sim import SimConfig, simulate
 
     seed = stream_seed(cfg, load)
@@ -233,7 +235,22 @@ def simulated(cfg: ServeConfig, load: LoadConfig) -> dict:
     sim = SimConfig(nodes=cfg.replicas, hardware=cfg.hardware, policy="helm" if cfg.controller else "static",
                     ratio=cfg.ratio, router="helm", slo_ms=load.slo_ms, seed=cfg.seed, tick_s=cfg.window_s,
                     window_s=cfg.window_s, warmup_s=0.0)
-    return simulate(sim, w, profile=cfg.node_profile()).summary
+    policy, base = None, sim_base_policy(cfg)
+    if base != "shipped":
+        from helmgr.policy.helm import HelmPolicy
+        policy = HelmPolicy(path=base)
+    return simulate(sim, w, policy=policy, profile=cfg.node_profile()).summary | {"base_policy": base}
+
+
+def sim_base_policy(cfg: ServeConfig) -> str:
+    """The base policy the simulated controller runs: "shipped", or the app's `--base-policy`
+    file, which must be readable here (HelmInputError before any request is sent otherwise)."""
+    if not cfg.controller or cfg.base_policy is None:
+        return "shipped"
+    if not Path(cfg.base_policy).is_file():
+        raise HelmInputError(f"the app's base policy {cfg.base_policy!r} is not a file here: --sim needs it to "
+                             "predict the app's controller (run loadgen where the app's files are)")
+    return cfg.base_policy
 
 
 def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
