@@ -28,9 +28,9 @@ class MarginalAdapter:
     at the optimum it turns and the steps shrink back; `grow` 1: a fixed step). So it needs no
     exploration noise (the decision adds the offset and nothing else) and, gated on the sign's
     significance, it holds still on the plateau where the signal is noise. It is a sign-stepped
-    integrator: the signal is a slope at the current split, not a distance to the optimum (its size stays ≈ 1 ms/request/unit
-    on the way to trend's 0.9), so a step proportional to it would move as fast far from and near
-    to the optimum. It learns bias only: one scalar a sample says which way to go now, not how
+    integrator: the signal is a slope at the current split, not a distance to the optimum (its
+    size stays ≈ 1 ms/request/unit on the way to trend's 0.9), so a step proportional to it would
+    move as fast far from and near to the optimum. It learns bias only: one scalar a sample says which way to go now, not how
     that depends on the features, and the base tier already moves with them.
 
     One such offset per load level (`load_width`: levels 20 % of arrival rate apart, a level
@@ -43,8 +43,9 @@ class MarginalAdapter:
     a node's own swings with the users the router homes on it (`HelmPolicy.level_load`).
 
     The bound is ±0.25: a wrong base to correct is one biased by ±0.15, the shipped base sits
-    ≈ 0.2 above steady's best split, and a step here is taken on evidence, not on a noisy reward. The defaults (bound 0.25, steps 0.02 growing ×1.5 to 0.06; load levels
-    0.2 wide) were chosen on the tuning seeds 101-102
+    ≈ 0.2 above steady's best split, and a step here is taken on evidence, not on a noisy reward.
+    The defaults (bound 0.25, steps 0.02 growing ×1.5 to 0.06; load levels 0.2 wide) were chosen
+    on the tuning seeds 101-102
     (docs/results/2026-12-02-tiers.md, 2026-12-02-trend-peak.md).
     `params` (`[offset]`, what the compiled decision reads) is swapped whole, never edited:
     learning runs off the decision path, and a decision sees the old offset or the new one.

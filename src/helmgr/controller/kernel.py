@@ -1,6 +1,6 @@
 """The controller's decision as one compiled call (`decide`).
 
-The tiers' compiled code lives with their constants (observe, detect, mlp, adapter, safety);
+The tiers' compiled code lives with their constants (observe, detect, mlp, safety);
 this module strings it together in the order of `Controller`'s docstring. A decision is one
 numba call on one preallocated array (helmgr.controller.layout), because calling the tiers one
 by one from Python would be nearly all interpreter overhead on ten-element vectors. The stats
@@ -119,7 +119,8 @@ def _set(plan, offset, current, st, cfg):
 def decide(mem, flat, dims, ad, ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time, signal):
     """One Controller.step, for a window's stats (p99 NaN: none) and the adapter's counterfactual
     sample if one closed with it (`signal`; NaN: none); returns the ratio to set. `ad` holds the
-    adapter's offset (`MarginalAdapter.params`; it learns in Python, after the decision). Refused stats (`safety.stats_ok`) touch nothing but the
+    adapter's offset (`MarginalAdapter.params`; it learns in Python, after the decision).
+    Refused stats (`safety.stats_ok`) touch nothing but the
     `BAD_INPUT` counter: `safety.fallback` answers them."""
     st, cfg, x, det, ring, h = views(mem)
     if not stats_ok(ratio, rps, p99, slo, emb, kv, queue, h2d, new_users, emb_time):

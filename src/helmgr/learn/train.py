@@ -23,6 +23,7 @@ from helmgr.controller.layout import N_FEATURES
 from helmgr.controller.mlp import MLPPolicy
 from helmgr.core.files import temp_beside
 from helmgr.learn.env import HelmEnv
+from helmgr.workload.trace import WIDEN
 
 
 def export(model, venv, max_step: float, meta: dict | None = None) -> MLPPolicy:
@@ -155,8 +156,8 @@ def trace_flags(trace: dict, holdout: float) -> str:
     if trace.get("clone_users", 1) != 1:
         flags.append(f"--clone-users {trace['clone_users']}")
     overlays = tuple(trace.get("overlays", ()))
-    flags += [f"--overlay {o}" for o in overlays if o != "widen"]
-    if "widen" in overlays:
+    flags += [f"--overlay {o}" for o in overlays if o != WIDEN]
+    if WIDEN in overlays:
         flags.append("--widen-catalogue")
     if holdout != 0.2:
         flags.append(f"--holdout {holdout:g}")

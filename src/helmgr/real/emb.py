@@ -262,10 +262,8 @@ class DeviceEmbCache:
     def _rank_shadow(self) -> None:
         absent = (self.slot_of == EMPTY).cpu().numpy()
         scores = np.where(absent & (self.scores > 0), self.scores, -np.inf)
-        best = top(scores, min(self.shadow_rows, int(np.isfinite(scores).sum())))
-        shadow = np.zeros(self.n_items, bool)
-        if len(best):
-            shadow[scores >= scores[best].min()] = True
+        k = min(self.shadow_rows, int(np.isfinite(scores).sum()))
+        shadow = scores >= np.partition(scores, -k)[-k] if k else np.zeros(self.n_items, bool)   # ties with the k-th
         self._shadow = torch.from_numpy(shadow).to(self.pool.device)
 
     # -- resize ---------------------------------------------------------------------------

@@ -8,7 +8,8 @@ recomputes. The request's own new items are what is computed for positions prefi
 client's word wins there). With a store, a served request that continues the user's history
 (prefix_len = its length) has its new items appended, durably, before it is answered, so the next
 request's prefix includes them. A store that cannot be reached (`StoreUnavailable`) makes the
-answer `{"store_down": why}`: nothing appended (a Redis append is one transaction), no scores. Synthetic users outside the population have no history: the
+answer `{"store_down": why}`: nothing appended (a Redis append is one transaction), no scores.
+Synthetic users outside the population have no history: the
 ingress sends them with prefix_len 0.
 
 The model and item table: a checkpoint's (`ServeConfig.checkpoint`, `helmgr model train`; the
