@@ -60,6 +60,8 @@ def test_a_rerun_reruns_nothing(done, monkeypatch):
     again = evaluate(TINY, folder)
     assert again["ran"] == 0
     assert assemble(TINY, again["results"], "whole")["rows"] == assemble(TINY, first["results"], "whole")["rows"]
+    # the serial time is the units' own seconds, kept with them: a rerun that runs nothing reads it back
+    assert first["cpu_s"] > 0 and again["cpu_s"] == first["cpu_s"]
 
 
 def test_an_unreadable_unit_is_run_again(done, tmp_path):

@@ -117,8 +117,8 @@ def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers
             task = bar.add_task(label, total=total or None)
             return lambda k=1: bar.advance(task, k)
         done = evaluate(ev, out_dir, jobs or os.cpu_count() or 1, ray_address, track)
-    result = assemble(ev, done["results"], s5) | {"wall_s": time.perf_counter() - wall, "ran": done["ran"],
-                                                  "kept": len(done["results"]) - done["ran"]}
+    result = assemble(ev, done["results"], s5) | {"wall_s": time.perf_counter() - wall, "cpu_s": done["cpu_s"],
+                                                  "ran": done["ran"], "kept": len(done["results"]) - done["ran"]}
     result["duration_s"] = durations
     result["command"] = "helmgr " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "helmgr evaluate"
     with result_dir(out_dir) as scratch:
@@ -235,7 +235,9 @@ def _beaten(rows: list[dict]) -> list[str]:
 def markdown(result: dict, pngs: list[str]) -> str:
     c = result["config"]
     lines = ["# Evaluation", ""] + _first_look(c) + [
-             f"`{result['command']}` — {result['wall_s']:.0f} s wall ({result['ran']} units run, {result['kept']} kept). "
+             f"`{result['command']}` — {result['wall_s']:.0f} s wall ({result['ran']} units run, {result['kept']} kept"
+             + (f"; {result['cpu_s']:.0f} worker-seconds in its units, the serial time" if result.get("cpu_s") else "")
+             + "). "
              f"{c['cluster']['nodes']} nodes, {c['cluster']['hardware']} + {c['cluster']['model']}, "
              + (f"base rates x {c['rate_scale']:g}, " if c.get("rate_scale", 1.0) != 1.0 else "") + "seeds "
              f"{', '.join(map(str, c['seeds']))}, grid {', '.join(f'{r:g}' for r in c['grid'])}, "

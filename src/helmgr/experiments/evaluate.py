@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -132,17 +133,23 @@ class RunStore:
         return self.dir / f"{unit.key}.pkl"
 
     def get(self, unit: Unit):
+        return self.entry(unit)["result"]
+
+    def entry(self, unit: Unit) -> dict:
+        """{"result": the unit's result or None, "cpu_s": the worker-seconds it took (None: not
+        recorded)}."""
         try:
             with open(self.path(unit), "rb") as f:
-                return pickle.load(f)["result"]
+                found = pickle.load(f)
+            return {"result": found["result"], "cpu_s": found.get("cpu_s")}
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError, KeyError, ImportError):
-            return None
+            return {"result": None, "cpu_s": None}
 
-    def put(self, unit: Unit, result) -> None:
+    def put(self, unit: Unit, result, cpu_s: float | None = None) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f".{unit.key}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
-            pickle.dump({"unit": unit.name, "result": result}, f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump({"unit": unit.name, "result": result, "cpu_s": cpu_s}, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, self.path(unit))
 
 
@@ -157,13 +164,16 @@ def policy_run(args: tuple[WorkloadSpec, SimConfig]) -> dict:
             "window_p99_ms": np.asarray(result.series.window_p99_ms, float)}
 
 
-def _execute(unit: Unit):
-    """A worker's job: one run, point or bisection."""
+def _execute(unit: Unit) -> tuple[object, float]:
+    """A worker's job: one run, point or bisection; and the seconds it took."""
+    start = time.perf_counter()
     if unit.kind == "run":
-        return policy_run(unit.payload)
-    if unit.kind == "point":
-        return phase_point(unit.payload)
-    return bisect_task(unit.payload)
+        result = policy_run(unit.payload)
+    elif unit.kind == "point":
+        result = phase_point(unit.payload)
+    else:
+        result = bisect_task(unit.payload)
+    return result, time.perf_counter() - start
 
 
 def first_units(ev: EvalConfig) -> list[Unit]:
@@ -236,9 +246,9 @@ def run_units(units: list[Unit], store: RunStore, jobs: int, ray_address: str | 
     todo = [u for u in units if done[u] is None]
     advance = track(f"{label}: {len(todo)} to run ({len(units) - len(todo)} kept)", len(todo))
 
-    def keep(i: int, result) -> None:
-        store.put(todo[i], result)
-        done[todo[i]] = result
+    def keep(i: int, timed) -> None:
+        store.put(todo[i], *timed)
+        done[todo[i]] = timed[0]
     run_all(_execute, todo, jobs, ray_address, [u.name for u in todo], lambda i: advance(1), on_result=keep)
     return done, len(todo)
 
@@ -258,11 +268,14 @@ def evaluate(ev: EvalConfig, folder: Path, jobs: int = 1, ray_address: str | Non
         if found is None:
             n_blocks = len(oracle_blocks(unit.payload[0].build().phases))
             blocks = track(f"oracle {unit.regime} seed {unit.seed} @ {unit.router}", n_blocks)
+            start = time.perf_counter()
             found = run_oracle_unit(unit, jobs, ray_address, lambda k, b=blocks: b(1))
-            store.put(unit, found)
+            store.put(unit, found, (time.perf_counter() - start) * max(jobs, 1))   # its replays on every worker
             ran += 1
         results[unit] = found
-    return {"results": results, "ran": ran, "config": ev}
+    seconds = [store.entry(u)["cpu_s"] for u in results]
+    return {"results": results, "ran": ran, "config": ev,
+            "cpu_s": None if None in seconds else float(sum(seconds))}
 
 
 def config_dict(ev: EvalConfig) -> dict:
