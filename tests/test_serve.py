@@ -26,9 +26,8 @@ CFG = ServeConfig(replicas=2, replica_cpus=0.25, stats_period_s=0.5, window_s=1.
 
 @pytest.fixture(scope="module")
 def app():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        url = start(CFG, port=PORT)
+        url = start(CFG, port=PORT, num_cpus=2)       # Ray started here: the ingress serves PORT itself
         yield url, synthetic_workload(CFG.workload_config(), CFG.seed).history
     finally:
         stop()
@@ -96,6 +95,16 @@ def raw_post(url: str, data: bytes, length: int | None = None) -> tuple[int, byt
         return r.status, r.read()
     finally:
         conn.close()
+
+
+def test_the_ingress_replica_serves_the_port_itself(app):
+    """No proxy hop: Serve's proxy was put on another port, and PORT answers (the ingress replica,
+    direct ingress)."""
+    from ray.serve.context import _get_global_client
+    url, _ = app
+    assert url.endswith(f":{PORT}") and _get_global_client().http_config.port != PORT
+    with urllib.request.urlopen(url + "/v1/config") as r:
+        assert r.status == 200 and json.loads(r.read())["replicas"] == CFG.replicas
 
 
 def test_the_server_bounds_its_work(app):
