@@ -243,7 +243,7 @@ def test_loadgen_summary_is_strict_json_with_a_reason_for_what_is_not_measured()
     # 10 ms at the client, 6 in the ingress's handler, 4 at the replica, 3 of service
     ok = summarize([Answer(0.0, 0.01, 200, 10, 10, 14, 1.0, "a", 0.3, 6.0, 4.0, 3.0)] + failed, 50.0, 1.0)
     assert ok["p50_ms"] == pytest.approx(10.0) and "nulls" not in ok and ok["status_counts"] == {"200": 1, "504": 3}
-    assert ok["split_ms"]["p99"] == pytest.approx({"proxy_ms": 4.0, "ingress_ms": 2.0, "queue_ms": 1.0, "service_ms": 3.0})
+    assert ok["split_ms"]["p99"] == pytest.approx({"http_ms": 4.0, "ingress_ms": 2.0, "queue_ms": 1.0, "service_ms": 3.0})
     json.dumps(ok, allow_nan=False)
     for bad in ({"duration_s": math.inf}, {"rps": math.nan}, {"timeout_s": 0.0}):
         with pytest.raises(HelmInputError, match=next(iter(bad)).removesuffix("_s")):

@@ -73,10 +73,11 @@ class Answer(NamedTuple):
     new_user: bool = False          # the app's store held nothing for the user: served cold (and created)
 
 
-# A request's time, split: the client and HTTP proxy (sending, the proxy's hop to the ingress, the
-# answer back), the ingress (body, prefix, routing, the handle's hop to a replica and back), the
-# replica's queue, and the service. Each part's p50 and p99 over the answered requests.
-PARTS = ("proxy_ms", "ingress_ms", "queue_ms", "service_ms")
+# A request's time, split: the client and HTTP (the wait for a slot, sending, the answer back, and
+# Serve's proxy hop to the ingress on a cluster that keeps one), the ingress (body, prefix, routing,
+# the handle's hop to a replica and back), the replica's queue, and the service. Each part's p50
+# and p99 over the answered requests.
+PARTS = ("http_ms", "ingress_ms", "queue_ms", "service_ms")
 
 
 def split(answers: list) -> dict | None:
