@@ -1,6 +1,7 @@
 """The serving router's and replica's pure parts, without a Ray cluster."""
 import base64
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -264,6 +265,31 @@ def test_check_listen_names_a_port_in_use_and_a_host_not_on_this_machine():
     check_listen("127.0.0.1", port)                               # free again
     with pytest.raises(HelmInputError, match="--host '192.0.2.1'"):  # TEST-NET-1: no machine's own address
         check_listen("192.0.2.1", port)
+
+
+def test_check_listen_lets_a_port_whose_last_server_just_stopped_be_used_again():
+    """Serve's servers bind with SO_REUSEPORT only: after one stops, the connections it closed
+    (TIME_WAIT) refuse an SO_REUSEADDR bind for a minute, while the next server binds fine."""
+    from helmgr.serve.app import check_listen
+
+    with socket.socket() as srv:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = srv.accept()
+        conn.close()                                              # the server closes first: its side waits
+        time.sleep(0.05)
+        client.close()
+    with socket.socket() as plain:
+        plain.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))                       # what check_listen's bind meets
+    check_listen("127.0.0.1", port)                               # nothing accepts there: free to serve
+    with socket.socket() as nxt:
+        nxt.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        nxt.bind(("127.0.0.1", port))                             # and the next server binds
 
 
 def test_serve_refuses_a_host_it_cannot_listen_on_before_starting(capsys, monkeypatch):

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import time
@@ -83,18 +84,37 @@ def start(cfg: ServeConfig, port: int = 8000, host: str = "127.0.0.1", address: 
 
 def check_listen(host: str, port: int) -> None:
     """HelmInputError, naming --host or --port, unless this machine can listen on (host, port): an
-    unknown host or a port in use would otherwise surface from inside Serve's proxy as a traceback."""
+    unknown host or a port in use would otherwise surface from inside a Serve replica as a
+    traceback. Serve's servers bind with SO_REUSEPORT only, so the connections a server that
+    just stopped closed (TIME_WAIT, a minute) refuse an SO_REUSEADDR bind but not the next
+    server's: a port that refuses the bind is in use only if something accepts a connection."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as e:
         raise HelmInputError(f"--host {host!r}: not an address of this machine ({e})") from e
     family, kind, proto, _, addr = infos[0]
     with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the proxy's server does
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(addr)
+            return
         except OSError as e:
-            raise HelmInputError(f"--host {host!r} --port {port}: cannot listen there ({e.strerror})") from e
+            err = e
+    if err.errno == errno.EADDRINUSE and not _accepts(family, addr):
+        return
+    raise HelmInputError(f"--host {host!r} --port {port}: cannot listen there ({err.strerror})") from err
+
+
+def _accepts(family: int, addr: tuple) -> bool:
+    """Whether a server accepts connections at `addr` (a wildcard address: on loopback)."""
+    loopback = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect((loopback.get(addr[0], addr[0]),) + tuple(addr[1:]))
+            return True
+        except OSError:
+            return False
 
 
 def free_port(host: str) -> int:
