@@ -61,17 +61,14 @@ def test_a_request_off_the_stores_history_is_served_and_not_appended(cfg):
     assert new["appended"] and HistoryStore(cfg.history).length(9) == 1
 
 
-def test_a_request_whose_caller_gave_up_is_served_and_appends_nothing(cfg):
-    """A request cut at its deadline while computing (`gone` set by the worker when the caller
-    cancels): served, nothing appended, so the user's next request, with the same prefix,
-    appends; a request not given up appends as before."""
-    import threading
+def test_a_request_that_no_longer_counts_is_late_and_appends_nothing(cfg):
+    """A request that finished past its deadline or whose caller gave up (`in_time()` False when
+    the model is done): answered late, nothing appended, so the user's next request, with the
+    same prefix, appends; a request in time appends as before."""
     node = ServeNode(cfg)
-    gone = threading.Event()
-    gone.set()
-    cut = node.serve(0, 30, np.array([7, 8]), CANDS, gone=gone)
-    assert len(cut["scores"]) == 8 and not cut["appended"] and HistoryStore(cfg.history).length(0) == 30
-    nxt = node.serve(0, 30, np.array([9]), CANDS, gone=threading.Event())
+    cut = node.serve(0, 30, np.array([7, 8]), CANDS, in_time=lambda: False)
+    assert "late" in cut and "scores" not in cut and HistoryStore(cfg.history).length(0) == 30
+    nxt = node.serve(0, 30, np.array([9]), CANDS, in_time=lambda: True)
     assert nxt["appended"] and HistoryStore(cfg.history).items(0, 30, 31).tolist() == [9]
 
 

@@ -162,17 +162,17 @@ class SlowNode:
     """A node whose serve blocks until released (a request "still computing")."""
 
     def __init__(self):
-        self.release, self.served, self.latencies, self.gone = threading.Event(), [], [], []
+        self.release, self.served, self.latencies, self.counted = threading.Event(), [], [], []
 
     def predict_s(self, user, prefix_len, n_new, n_candidates):
         return 0.001
 
-    def serve(self, user, prefix_len, new_ids, cand_ids, append=True, forget=False, gone=None):
+    def serve(self, user, prefix_len, new_ids, cand_ids, append=True, forget=False, in_time=None):
         if user == 0:
             assert self.release.wait(30)
         self.served.append(user)
-        self.gone.append(gone.is_set())                  # what ServeNode.serve reads before it appends
-        return {"scores": [0.0] * len(cand_ids)}
+        self.counted.append(in_time())                   # what ServeNode.serve asks before it appends
+        return {"scores": [0.0] * len(cand_ids)} if self.counted[-1] else {"late": "past its deadline"}
 
     def finished(self, latency_s):
         self.latencies.append(latency_s)
@@ -209,7 +209,23 @@ def test_a_caller_cancelled_while_computing_holds_the_next_until_the_work_ends_a
         node.release.set()
         assert "scores" in await asyncio.wait_for(nxt, 10)
         assert node.served == [0, 4] and len(node.latencies) == 2
-        assert node.gone == [True, False]               # the cancelled one was told: it appends nothing
+        assert node.counted == [False, True]            # the cancelled one was told: it appends nothing
+    asyncio.run(main())
+
+
+def test_a_request_that_finishes_past_its_deadline_is_late_and_does_not_count():
+    """Started in time, its work ends past its deadline: the replica answers late (a 504 at the
+    ingress) and tells the work it does not count (nothing appended), whatever the caller does."""
+    async def main():
+        node = SlowNode()
+        w = Worker(node)
+        first = asyncio.create_task(w.serve(0, 0, [1], [2], time.time() + 0.05))
+        await asyncio.sleep(0.1)                         # its deadline passes while it computes
+        node.release.set()
+        out = await first
+        assert "late" in out and "scores" not in out and node.counted == [False] and w.gate.cut == 1
+        ok = await w.serve(5, 0, [1], [2], time.time() + 60)
+        assert "scores" in ok and node.counted == [False, True]
     asyncio.run(main())
 
 

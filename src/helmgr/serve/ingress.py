@@ -13,9 +13,11 @@ whole) and parsed strictly (`helmgr.serve.body`: non-finite numbers and malforme
 naming the field, never echoing the input); `RequestLimits` refuses (422) item ids outside the
 table, a prefix past `max_prefix` and a request whose worst-case predicted service is above
 `max_cost_ms`. Every request gets a deadline (`deadline_ms` from its arrival): the backend does
-not start it when it cannot finish by then, and the ingress cuts the call when the deadline
-passes (the queued request is cancelled on its replica; one already computing finishes and appends
-nothing, unless its append had begun); the client gets 504 either way. A history
+not start it when it cannot finish by then, and one whose model work ends past it appends nothing
+and is answered late; the client gets 504 either way. The replica alone decides whether a request
+counts, so a 504 never leaves an append behind: the ingress waits `HOP_GRACE_S` past the deadline
+for the replica's word (its answer's way back), and cuts the call only then (a replica that does
+not answer). A history
 store that cannot be reached, at the ingress (the prefix) or at the replica (a KV miss's history,
 the append), is a 503 naming it; nothing was appended, so the request can be sent again.
 
@@ -51,6 +53,7 @@ from helmgr.serve.warm import Warmup
 from helmgr.workload.users import SyntheticUsers
 
 TRIES = 3
+HOP_GRACE_S = 1.0       # past a request's deadline, how long the ingress waits for its replica's answer
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 BODY_SCHEMA = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": RecommendRequest.model_json_schema()}}}}
@@ -187,11 +190,11 @@ class Ingress:
             response = self.backend.remote(user_id=req.user_id, prefix_len=prefix_len, new_items=req.new_items,
                                            candidates=req.candidates, budget_s=max(deadline - time.time(), 0.0))
             try:
-                async with asyncio.timeout(max(deadline - time.time(), 0.0)):
+                async with asyncio.timeout(max(deadline - time.time(), 0.0) + HOP_GRACE_S):
                     out = await response
             except TimeoutError:
                 response.cancel()                   # a queued request leaves its replica's queue
-                raise Deadline(f"not answered within {budget}") from None
+                raise Deadline(f"its replica did not answer within {budget} and {HOP_GRACE_S:g} s more") from None
             except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
                 if attempt + 1 == TRIES:
                     self.metrics.errors.labels("replica_failed").inc()
@@ -200,7 +203,7 @@ class Ingress:
                 await asyncio.sleep(0.05 * (attempt + 1))
                 continue
             if "late" in out:
-                raise Deadline(f"refused by its replica, which could not serve it within {budget}: {out['late']}")
+                raise Deadline(f"not served within {budget} by its replica: {out['late']}")
             if "store_down" in out:
                 raise StoreUnavailable(out["store_down"])
             return out, attempt

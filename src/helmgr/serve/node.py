@@ -27,7 +27,6 @@ processes.
 """
 from __future__ import annotations
 
-import threading
 import time
 from typing import Callable
 
@@ -116,12 +115,13 @@ class ServeNode:
         self.slowdown = 1.0                 # the warm-up's first calls are not this machine's speed
 
     def serve(self, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray, append: bool = True,
-              forget: bool = False, gone: threading.Event | None = None) -> dict:
+              forget: bool = False, in_time: Callable[[], bool] | None = None) -> dict:
         """Serve one request; with a store and `append`, append its new items if the request
         continues the user's history. `forget`: drop the user's K/V afterwards (a warm-up's, which
-        a real user of that id must not find). `gone` set by the time the model is done: the caller
-        has given up (its deadline cut it), so nothing is appended: a 504 leaves the store as it
-        was, and the user's next request, let through by the cut, reads the same prefix."""
+        a real user of that id must not find). `in_time()`, asked once the model is done and
+        before the append: False when the request no longer counts (it finished past its deadline,
+        or its caller gave up); then nothing is appended and the answer is `{"late": why}`, so a
+        504 leaves the store as it was and the user's next request reads the same prefix."""
         self._arrivals += 1
         self._last = (0.0, 0.0)
         try:
@@ -129,7 +129,8 @@ class ServeNode:
                                    with_new(self.history, prefix_len, new_ids))
             if forget:
                 self.runtime.kv.drop(user)
-            appended = (self.store is not None and append and not (gone is not None and gone.is_set())
+            late = in_time is not None and not in_time()
+            appended = (not late and self.store is not None and append
                         and self.store.append(user, new_ids, at=prefix_len) is not None)
         except StoreUnavailable as exc:     # a KV miss could not read the history, or the append failed whole
             return {"store_down": str(exc)}
@@ -137,6 +138,8 @@ class ServeNode:
         model_s = self._model_s(prefix_len, s.kv_tokens, len(new_ids), len(cand_ids))
         if model_s > 0:
             self.slowdown += 0.2 * (min(max(s.service_s / model_s, 0.5), 10.0) - self.slowdown)
+        if late:
+            return {"late": "it finished past its deadline (nothing appended)"}
         st = self.runtime.stats
         return {"scores": s.scores.float().cpu().tolist(), "kv_tokens": s.kv_tokens, "ids": s.ids,
                 "misses": s.misses, "service_ms": s.service_s * 1e3, "ratio": self.runtime.ratio, "appended": appended,

@@ -4,9 +4,10 @@
 machine's measured slowdown), waits its turn (cheapest first), and answers `{"late": why}`
 without any work when it cannot finish by `deadline`. The work runs in a thread so the event
 loop stays free; the gate passes on only when that thread is done, even if the caller was
-cancelled meanwhile (a request already computing finishes, and appends nothing unless it already
-had; the ones behind it are not held past their deadlines). `alone` runs a short step (a
-controller tick, a report) ahead of the queue.
+cancelled meanwhile (the ones behind it are not held past their deadlines). The replica decides
+whether a request counts: one whose model work ends past its deadline, or whose caller gave up,
+appends nothing and is answered `{"late": why}`, so every 504 leaves the history store as it was.
+`alone` runs a short step (a controller tick, a report) ahead of the queue.
 """
 from __future__ import annotations
 
@@ -34,15 +35,21 @@ class Worker:
         except Late as late:
             return {"late": str(late)}
         gone = threading.Event()
+
+        def in_time() -> bool:                          # asked by the thread before it appends
+            return not gone.is_set() and self.gate.clock() <= deadline
         work = asyncio.ensure_future(asyncio.to_thread(
             self.node.serve, user, prefix_len, np.asarray(new_items, np.int64), np.asarray(candidates, np.int64),
-            not warmup, warmup, gone))                  # a warm-up appends nothing and leaves no K/V
+            not warmup, warmup, in_time))               # a warm-up appends nothing and leaves no K/V
         work.add_done_callback(lambda _: self._done(t0))
         try:
             out = await asyncio.shield(work)
-        except asyncio.CancelledError:                  # the caller gave up (its deadline): the work finishes,
-            gone.set()                                  # but appends nothing unless it already had
+        except asyncio.CancelledError:                  # the caller gave up: the work finishes, appends nothing
+            gone.set()
             raise
+        if "late" in out:
+            self.gate.cut += 1
+            return out
         return out | {"replica_ms": (time.perf_counter() - t0) * 1e3, "cut": self.gate.cut}
 
     def _done(self, t0: float) -> None:
