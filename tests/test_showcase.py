@@ -45,18 +45,23 @@ def test_the_stored_figures_apply_to_the_default_scenario_only():
 
 def test_the_stored_figures_are_the_committed_evaluations():
     """REFERENCE is what the committed records measured, on the cluster `helmgr simulate` builds:
-    per regime, the evaluation's prefix-aware static ratio with the lowest P99 averaged over its
-    seeds, and the capacities at SLO that `helmgr capacity` measured, with the HELM they measured."""
-    record = json.loads((ROOT / sc.RECORD / "evaluate.json").read_text())
-    config = record["config"]
-    assert config["duration_s"] is None and config["seeds"] == [1, 2, 3]
+    per regime, from the first of RECORDS that measured it (SOURCE), the evaluation's prefix-aware
+    static ratio with the lowest P99 averaged over its seeds, and the capacities at SLO that the
+    evaluation or `helmgr capacity` measured, with the HELM they measured."""
     _, cfg = cli_default()
-    assert config["cluster"] == json.loads(json.dumps(config_dict(EvalConfig(cluster=cfg))["cluster"]))
-    runs = [json.loads(p.read_text()) for p in sorted((ROOT / sc.CAPACITY_RECORD).glob("*.json"))]
-    assert len(runs) == 6 and all(sorted(r["seeds"]) == ["1", "2", "3"] and r["tol"] == 0.02 for r in runs)
-    assert sc.reference_from_record(record, runs) == sc.REFERENCE
-    helm = {r.get("helm_revision") or config["helm_revision"] for r in runs if r["policy"] == "helm"}
-    assert {ref.helm_revision for ref in sc.REFERENCE.values()} == helm and len(helm) == 1
+    merged, source = {}, {}
+    for folder, capacity in sc.RECORDS:
+        record = json.loads((ROOT / folder / "evaluate.json").read_text())
+        config = record["config"]
+        assert config["duration_s"] is None and config["seeds"] == [1, 2, 3]
+        assert config["cluster"] == json.loads(json.dumps(config_dict(EvalConfig(cluster=cfg))["cluster"]))
+        runs = [] if capacity is None else [json.loads(p.read_text()) for p in sorted((ROOT / capacity).glob("*.json"))]
+        assert all(sorted(r["seeds"]) == ["1", "2", "3"] and r["tol"] == 0.02 for r in runs)
+        for regime, ref in sc.reference_from_record(record, runs).items():
+            source.setdefault(regime, folder)
+            merged.setdefault(regime, ref)
+    assert merged == sc.REFERENCE and source == sc.SOURCE
+    assert len({ref.helm_revision for ref in sc.REFERENCE.values()}) == 1
 
 
 def test_reference_from_record_by_hand():

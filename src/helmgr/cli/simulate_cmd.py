@@ -150,7 +150,7 @@ SIDE_BY_SIDE = ("p50_ms", "p99_ms", "p999_ms", "tail_wait_ms", "tail_service_ms"
 
 def _side_by_side(spec, cfg, jobs, as_json, out_dir) -> None:
     """Full HELM beside static-best + prefix-aware (experiments.showcase)."""
-    from helmgr.experiments.showcase import BASELINE_ROUTER, RECORD, SWEEP, reference, showcase
+    from helmgr.experiments.showcase import BASELINE_ROUTER, SOURCE, SWEEP, reference, showcase
     stored = reference(spec, cfg) is not None
     n_runs = 2 if stored else 1 + len(SWEEP)
     if not stored and not as_json:
@@ -162,7 +162,7 @@ def _side_by_side(spec, cfg, jobs, as_json, out_dir) -> None:
         sc = showcase(spec, cfg, jobs or os.cpu_count() or 1, on_done=lambda _: bar.advance(task))
     (helm, helm_series), (base, base_series) = sc.helm, sc.baseline
     split = base["ratio"]
-    source = (f"the evaluation's static-best for {spec.regime} ({RECORD})" if sc.stored
+    source = (f"the evaluation's static-best for {spec.regime} ({SOURCE[spec.regime]})" if sc.stored
               else f"the best of {len(SWEEP)} static ratios on this run")
     helm_label, base_label = "HELM (helm + helm router)", f"static-best {split:g} + {BASELINE_ROUTER}"
     rows = {k: (helm[k], base[k]) for k in SIDE_BY_SIDE}

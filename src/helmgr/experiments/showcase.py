@@ -4,10 +4,11 @@ deployment would run, with each one's capacity headroom where it was measured fo
 
 Static-best is a hindsight sweep; a sweep of the default scenario costs nine runs, so for the
 runs the evaluation measured (a regime at its default rate and duration on the default
-cluster, any seed) the split is the evaluation's (`RECORD`) and the capacities are those its
-record measured or `helmgr capacity` measured for the same HELM (`CAPACITY_RECORD`), kept in
-`REFERENCE` and checked against the committed records by `tests/test_showcase.py`. Any other
-configuration sweeps `SWEEP` here and has no stored capacity."""
+cluster, any seed) the split is the evaluation's and the capacities are those its record
+measured or `helmgr capacity` measured for the same HELM (`RECORDS`: each regime from the first
+record that measured it), kept in `REFERENCE` and checked against the committed records by
+`tests/test_showcase.py`. Any other configuration sweeps `SWEEP` here and has no stored
+capacity."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -26,8 +27,12 @@ from helmgr.workload import WorkloadSpec, default_config
 HELM = ("helm", "helm")
 BASELINE_ROUTER = "prefix-aware"
 SWEEP = (0.1, 0.3, 0.5, 0.7, 0.9)     # static ratios tried where no split is stored
-RECORD = "docs/results/2026-12-04-tail-value"          # evaluate.json: static-best per regime
-CAPACITY_RECORD = "docs/results/2026-12-05-anti-windup/capacity"   # `helmgr capacity --json` of both, per regime
+# (evaluate.json's folder, `helmgr capacity --json` runs of both or None): each regime's figures
+# from the first record that measured it
+RECORDS: tuple[tuple[str, str | None], ...] = (
+    ("docs/results/2026-12-07-evaluate-steady", None),
+    ("docs/results/2026-12-04-tail-value", "docs/results/2026-12-05-anti-windup/capacity"),
+)
 
 
 @dataclass(frozen=True)
@@ -40,9 +45,8 @@ class Reference:
     helm_revision: str | None = field(default=None, compare=False)   # the HELM measured (stack_revision)
 
 
-# regime -> Reference: `reference_from_record` of RECORD's evaluate.json (seeds 1-3,
-# 360-s runs) and CAPACITY_RECORD's capacity runs (seeds 1-3, 360-s probes), checked by
-# tests/test_showcase.py
+# regime -> Reference: `reference_from_record` of the first of RECORDS measuring it (seeds 1-3,
+# 360-s runs and probes), checked by tests/test_showcase.py
 _MEASURED = ("3f024ede94ea3e49/adapter=marginal(bound=0.25,step=0.02,block=5,z=2.5,grow=1.5,max_step=0.06,"
              "load_width=0.2,load_alpha=0.3,load_hysteresis=0.75,hold_base=True,shadow=0.05,levels=cluster,"
              "value=tail)/"
@@ -50,8 +54,9 @@ _MEASURED = ("3f024ede94ea3e49/adapter=marginal(bound=0.25,step=0.02,block=5,z=2
              "router=helm(d=2,kv_term=True,emb_term=True,sample=32,waste=None,link_waste=None,home_slack=None,"
              "home_slack_s=None,home_by_load=True,overlap=True,HOME_SLACK=1.0,RHO_SPAN_S=0.5,MAX_WASTE=1000.0,"
              "BLOCK=4096)")
+SOURCE = {"steady": RECORDS[0][0], "burst": RECORDS[1][0], "trend": RECORDS[1][0]}    # regime -> its record
 REFERENCE: dict[str, Reference] = {
-    "steady": Reference(0.6, {"helm@helm": 4325.559108849516, "static-best@prefix-aware": 3025.6846328217016},
+    "steady": Reference(0.6, {"helm@helm": 4142.169593489894, "static-best@prefix-aware": 2866.1947166003865},
                                 _MEASURED),
     "burst": Reference(0.8, {"helm@helm": 1529.3160891453658, "static-best@prefix-aware": 1372.3387318687242},
                                _MEASURED),
