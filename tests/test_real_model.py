@@ -4,6 +4,7 @@ import torch.nn.functional as F
 
 from helmgr.core.profiles import load_model
 from helmgr.real import DevicePool, HSTUModel, KVLayout, PagedKVCache, shrink
+from helmgr.real.model import bucket
 
 torch.set_num_threads(1)
 
@@ -19,21 +20,24 @@ def tokens(model, n, seed=1):
 
 
 def slow_reference(model, x, cand):
-    """Loops over positions: position i sums SiLU(q_i . k_j) v_j over j <= i, divided by i + 1;
-    candidate c sums over the whole history and itself, divided by len(history) + 1."""
+    """Loops over positions: position i sums SiLU(q_i . k_j + rab[bucket(i - j)]) v_j over j <= i,
+    divided by i + 1; candidate c (at position len(history)) sums over the whole history and
+    itself (distance 0), divided by len(history) + 1."""
     h, c = model.embed(x), model.embed(cand)
     for block in model.blocks:
+        def rab(d):
+            return block.rab[:, int(bucket(torch.tensor(d)))]
         u, v, q, k = block.uvqk(h)
         attn = torch.zeros_like(v)
         for i in range(len(h)):
             for j in range(i + 1):
-                attn[i] += F.silu((q[i] * k[j]).sum(-1))[:, None] * v[j] / (i + 1)
+                attn[i] += F.silu((q[i] * k[j]).sum(-1) + rab(i - j))[:, None] * v[j] / (i + 1)
         cu, cv, cq, ck = block.uvqk(c)
         cattn = torch.zeros_like(cv)
         for i in range(len(c)):
             for j in range(len(h)):
-                cattn[i] += F.silu((cq[i] * k[j]).sum(-1))[:, None] * v[j]
-            cattn[i] = (cattn[i] + F.silu((cq[i] * ck[i]).sum(-1))[:, None] * cv[i]) / (len(h) + 1)
+                cattn[i] += F.silu((cq[i] * k[j]).sum(-1) + rab(len(h) - j))[:, None] * v[j]
+            cattn[i] = (cattn[i] + F.silu((cq[i] * ck[i]).sum(-1) + rab(0))[:, None] * cv[i]) / (len(h) + 1)
         h, c = block.output(h, attn, u), block.output(c, cattn, cu)
     return h, (c @ model.w_head.T).squeeze(-1)
 
@@ -46,9 +50,16 @@ def test_shrunk_small_profile_keeps_its_shape():
         shrink(load_model("small"), 3)
 
 
-def test_vectorized_model_matches_a_slow_loop():
+@pytest.mark.parametrize("n,bias", [(6, False), (40, True)])
+def test_vectorized_model_matches_a_slow_loop(n, bias):
+    """With a trained-like relative bias over distances past the first log buckets (40 positions)
+    too: the vectorized attention reads each pair's bias along its diagonal."""
     model = make_model()
-    x, cand = tokens(model, 6), tokens(model, 3, seed=2)
+    if bias:
+        with torch.no_grad():
+            for block in model.blocks:
+                block.rab.copy_(torch.randn(block.rab.shape, generator=torch.Generator().manual_seed(3)))
+    x, cand = tokens(model, n), tokens(model, 3, seed=2)
     hidden, kv = model.prefill(x)
     ref_hidden, ref_scores = slow_reference(model, x, cand)
     torch.testing.assert_close(hidden, ref_hidden, atol=ATOL, rtol=0)
