@@ -132,9 +132,6 @@ class RunStore:
     def path(self, unit: Unit) -> Path:
         return self.dir / f"{unit.key}.pkl"
 
-    def get(self, unit: Unit):
-        return self.entry(unit)["result"]
-
     def entry(self, unit: Unit) -> dict:
         """{"result": the unit's result or None, "cpu_s": the worker-seconds it took (None: not
         recorded)}."""
@@ -240,42 +237,48 @@ def _quiet(label: str, total: int) -> Callable[[int], None]:
 
 
 def run_units(units: list[Unit], store: RunStore, jobs: int, ray_address: str | None, track: Track,
-              label: str) -> tuple[dict, int]:
-    """Every unit's result (from the store, or run now and stored as it ends); and how many ran."""
-    done = {u: store.get(u) for u in units}
+              label: str, seconds: dict) -> tuple[dict, int]:
+    """Every unit's result (from the store, or run now and stored as it ends); and how many ran.
+    `seconds[unit]` gets each unit's worker-seconds (None where the store did not record them)."""
+    found = {u: store.entry(u) for u in units}
+    done = {u: e["result"] for u, e in found.items()}
+    seconds |= {u: e["cpu_s"] for u, e in found.items()}
     todo = [u for u in units if done[u] is None]
     advance = track(f"{label}: {len(todo)} to run ({len(units) - len(todo)} kept)", len(todo))
 
     def keep(i: int, timed) -> None:
         store.put(todo[i], *timed)
-        done[todo[i]] = timed[0]
+        done[todo[i]], seconds[todo[i]] = timed
     run_all(_execute, todo, jobs, ray_address, [u.name for u in todo], lambda i: advance(1), on_result=keep)
     return done, len(todo)
 
 
 def evaluate(ev: EvalConfig, folder: Path, jobs: int = 1, ray_address: str | None = None,
              track: Track = _quiet) -> dict:
-    """Run (or read back) every unit; the stored results by unit, and how many units ran now."""
-    store = RunStore(folder)
-    results, ran = run_units(first_units(ev), store, jobs, ray_address, track, "runs and static points")
+    """Run (or read back) every unit; the stored results by unit, how many units ran now, and
+    the units' worker-seconds summed (`cpu_s`, the serial time; None if a unit kept none)."""
+    store, seconds = RunStore(folder), {}
+    results, ran = run_units(first_units(ev), store, jobs, ray_address, track, "runs and static points", seconds)
     points = {(u.regime, u.seed, u.router, u.ratio): r for u, r in results.items() if u.kind == "point"}
     if ev.capacity:
-        caps, n = run_units(capacity_units(ev, points), store, jobs, ray_address, track, "capacity bisections")
+        caps, n = run_units(capacity_units(ev, points), store, jobs, ray_address, track, "capacity bisections",
+                            seconds)
         results |= caps
         ran += n
     for unit in oracle_units(ev):
-        found = store.get(unit)
+        entry = store.entry(unit)
+        found, seconds[unit] = entry["result"], entry["cpu_s"]
         if found is None:
             n_blocks = len(oracle_blocks(unit.payload[0].build().phases))
             blocks = track(f"oracle {unit.regime} seed {unit.seed} @ {unit.router}", n_blocks)
             start = time.perf_counter()
             found = run_oracle_unit(unit, jobs, ray_address, lambda k, b=blocks: b(1))
-            store.put(unit, found, (time.perf_counter() - start) * max(jobs, 1))   # its replays on every worker
+            seconds[unit] = (time.perf_counter() - start) * max(jobs, 1)      # its replays on every worker
+            store.put(unit, found, seconds[unit])
             ran += 1
         results[unit] = found
-    seconds = [store.entry(u)["cpu_s"] for u in results]
-    return {"results": results, "ran": ran, "config": ev,
-            "cpu_s": None if None in seconds else float(sum(seconds))}
+    spent = list(seconds.values())
+    return {"results": results, "ran": ran, "config": ev, "cpu_s": None if None in spent else float(sum(spent))}
 
 
 def config_dict(ev: EvalConfig) -> dict:

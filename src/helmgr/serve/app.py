@@ -74,7 +74,10 @@ def start(cfg: ServeConfig, port: int = 8000, host: str = "127.0.0.1", address: 
             raise HelmInputError(f"--address {address!r}: cannot connect to Ray: {e}") from e
         finally:
             for k, v in saved.items():      # this process's environment as it was
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
     serve.start(http_options={"host": host, "port": proxy_port})
     serve.run(build_app(cfg), name=APP, route_prefix="/", blocking=False)
     url = f"http://{host}:{port}"
