@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import click
 
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, markdown_table, out_option,
                                progress, result_dir, stderr, stdout, table)
-from helmgr.cli.types import POSITIVE, Finite, profile_checked
+from helmgr.cli.types import POSITIVE, Finite, classes_checked, profile_checked
 from helmgr.cli.workload_cmd import workload_options, workload_spec
 from helmgr.memory.refill import REFILL_MODES
 from helmgr.core.profiles import available
@@ -94,13 +95,16 @@ def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, 
 @click.command("simulate")
 @workload_options
 @sim_options(showcase=True)
+@click.option("--classes", "class_table", default=None, metavar="NAME|FILE", callback=classes_checked,
+              help=f"SLO classes and tenants ({', '.join(available('classes'))}, or a TOML file): figures per "
+                   "class and tenant, each against its class's target. Scheduling stays class-blind.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Worker processes for the side-by-side runs [default: all cores].")
 @json_option
 @out_option
 def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                  nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch,
-                 engine, sim_path, emb_sample, jobs, as_json, out_dir):
+                 engine, sim_path, emb_sample, class_table, jobs, as_json, out_dir):
     """Simulate a cluster serving a workload; report latency, SLO, hit rates and H2D traffic.
 
     With neither --policy nor --router: full HELM (the controller and the HELM router) beside
@@ -117,6 +121,7 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
     side_by_side = policy is None and router is None
     cfg = build_config(nodes, policy or "static", ratio, router or "prefix-aware", hardware, model, slo_ms, refill,
                        faults, tick_ms, refresh_s, max_batch, seed, engine, sim_path, emb_sample)
+    cfg = replace(cfg, classes=class_table)
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     w = spec.build()                         # a bad trace or fault is refused here, before any work
     cfg.validate(w.duration_s)
@@ -132,15 +137,28 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
             title = f"{w.name}, {nodes} nodes, {summary['policy']} r={ratio:g}, {summary['router']}"
             pngs = plot_simulation(result.series, title, scratch)
             (scratch / "summary.json").write_text(json_text(summary))
+            groups = "" if class_table is None else "\n" + markdown_table(group_rows(summary), GROUP_SHOWN)
             (scratch / "summary.md").write_text(f"# {title}\n\n" + markdown_table({k: summary[k] for k in SHOWN})
-                                                + "".join(f"\n![{p}]({p})\n" for p in pngs))
+                                                + groups + "".join(f"\n![{p}]({p})\n" for p in pngs))
     if as_json:
         emit_json(summary)
     else:
         stdout.print(table(f"{w.name}: {nodes} nodes, {summary['policy']} r={ratio:g}, {summary['router']}",
                            {k: summary[k] for k in SHOWN}))
+        if class_table is not None:
+            stdout.print(table(f"per class and tenant (Jain's index over tenants' SLO attainment: "
+                               f"{summary['fairness']['jain']:.3f})", group_rows(summary), GROUP_SHOWN))
         if out_dir is not None:
             stderr.print(f"wrote {out_dir}/summary.json, summary.md and plots")
+
+
+GROUP_SHOWN = ("slo_ms", "requests", "p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps")
+
+
+def group_rows(summary: dict) -> dict:
+    """A run's class and tenant figures as table rows (GROUP_SHOWN)."""
+    rows = {f"class {n}": tuple(f[k] for k in GROUP_SHOWN) for n, f in summary["classes"].items()}
+    return rows | {f"tenant {n} ({f['class']})": tuple(f[k] for k in GROUP_SHOWN) for n, f in summary["tenants"].items()}
 
 
 SIDE_BY_SIDE = ("p50_ms", "p99_ms", "p999_ms", "tail_wait_ms", "tail_service_ms", "tail_cold_share", "slo_ms",
@@ -166,6 +184,9 @@ def _side_by_side(spec, cfg, jobs, as_json, out_dir) -> None:
               else f"the best of {len(SWEEP)} static ratios on this run")
     helm_label, base_label = "HELM (helm + helm router)", f"static-best {split:g} + {BASELINE_ROUTER}"
     rows = {k: (helm[k], base[k]) for k in SIDE_BY_SIDE}
+    for name in helm.get("classes", {}):
+        for k in ("p99_ms", "window_slo_satisfaction"):
+            rows[f"{k} [{name}]"] = (helm["classes"][name][k], base["classes"][name][k])
     caps = sc.capacity_rps or {}
     rows["capacity_rps"] = (caps.get("helm"), caps.get("baseline"))
     rows["capacity_headroom"] = (sc.headroom("helm"), sc.headroom("baseline"))

@@ -12,6 +12,7 @@ import math
 
 import click
 
+from helmgr.core.classes import load_table
 from helmgr.core.errors import HelmInputError
 from helmgr.core.profiles import load_hardware, load_model
 from helmgr.core.validate import GIB, LIMITS, SEED_MAX, Cost, check_costs, count_lines, run_memory_bytes
@@ -44,6 +45,11 @@ def profile_checked(kind: str):
             (load_hardware if kind == "hardware" else load_model)(value)
         return value
     return callback
+
+
+def classes_checked(ctx, param, value):
+    """A callback for `--classes`: the class table, loaded (and so checked) while options are parsed."""
+    return None if value is None else load_table(value)
 
 
 BENCH_NODES_MAX = 16_384             # the router index holds a 1M-item bitmap per node (~128 KiB each)

@@ -77,13 +77,13 @@ def check_numbers(config, ranges: dict[str, Range] | None = None, default: Range
             number(name, v, (ranges or {}).get(f.name, default), integer=kind == "int")
 
 
-_TYPES = {"int": int, "float": float, "str": str}
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 def check_record(cls, data: dict, ranges: dict[str, Range], where: str) -> dict:
     """Check `data` (e.g. a parsed TOML table) against the dataclass `cls`: every field present
     (one with a default may be left out), no unknown key, each value of its field's type (`int`,
-    `float` or `str`; a bool is no number), numbers finite and in `ranges[field]` (> 0 where it
+    `float`, `str` or `bool`; a bool is no number), numbers finite and in `ranges[field]` (> 0 where it
     names none). Returns the values with float fields as floats; every error names `where` and the field."""
     names = [f.name for f in fields(cls)]
     missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
@@ -99,6 +99,10 @@ def check_record(cls, data: dict, ranges: dict[str, Range], where: str) -> dict:
         if kind is str:
             if not isinstance(value, str) or not value.strip():
                 raise HelmInputError(f"{where}: {f.name} must be a non-empty string, got {value!r}")
+            out[f.name] = value
+        elif kind is bool:
+            if not isinstance(value, bool):
+                raise HelmInputError(f"{where}: {f.name} must be true or false, got {value!r}")
             out[f.name] = value
         elif kind in (int, float):
             v = number(f"{where}: {f.name}", value, ranges.get(f.name, POSITIVE), integer=kind is int)

@@ -162,6 +162,8 @@ class Cluster(Faults, Periodic):
 
     def feed(self, chunk) -> None:
         """Arrive every request of `chunk`, each after the events due at or before its time."""
+        if self.cfg.classes is not None:
+            self.rec.arrived_burst.extend(chunk.burst)         # the requests' tenants are drawn from these
         if self.engine is not None:
             self.engine.feed(chunk)
             return

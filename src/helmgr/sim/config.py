@@ -5,6 +5,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from helmgr.core.classes import ClassTable
 from helmgr.core.errors import HelmInputError
 from helmgr.core.validate import NON_NEGATIVE, POSITIVE, Range, number, seed
 
@@ -93,6 +94,7 @@ class SimConfig:
     service_mean_s: float = 0.0        # ... with this mean, instead of the node model
     path: str = "auto"                 # the per-request path: auto | compiled | python (sim/engine.py)
     emb_sample: int = 1                 # EMB caches track one item id in this many (memory/emb.py)
+    classes: ClassTable | None = None  # SLO classes and tenants: figures per class and tenant (core/classes.py)
 
     def metrics_warmup_s(self, duration_s: float) -> float:
         """The warm-up the latency metrics skip in a run of `duration_s`: `warmup_s`, at most half

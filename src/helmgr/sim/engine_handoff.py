@@ -31,6 +31,7 @@ class Handoffs:
         rec = c.rec
         t, end = clf[:, C_T], clf[:, C_END]
         rec.arrival.extend(t)
+        rec.rid.extend(cli[:, C_RID])
         rec.end.extend(end)
         node = cli[:, C_NODE]
         rec.node.extend(node)

@@ -74,6 +74,8 @@ class Recorder:
         self.burst, self.rerouted = Column(bool), Column(i)
         self.ids, self.misses, self.prefix, self.kv_tokens, self.unfilled = (Column(i) for _ in range(5))
         self.fetch, self.launch = Column(f), Column(f)   # its own rows' fetch (s); when its compute began
+        self.rid = Column(i)                              # its request id (arrival order)
+        self.arrived_burst = Column(bool)                 # per request id, when a class table asks (tenants)
         self.timeline: list[tuple[float, int, float | None]] = []   # (t, node, ratio or None = down)
         self.window_t: list[float] = []
         self.window_queues: list[list[int]] = []
@@ -81,6 +83,7 @@ class Recorder:
 
     def complete(self, req: Request, svc: Service, node: int, now: float) -> None:
         self.arrival.append(req.t)
+        self.rid.append(req.rid)
         self.end.append(now)
         self.node.append(node)
         self.burst.append(req.burst)

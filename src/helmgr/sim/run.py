@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from helmgr.core.profiles import NodeProfile, node_profile
+from helmgr.sim.class_metrics import class_figures
 from helmgr.sim.cluster import Cluster
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Series, summarize
@@ -53,9 +54,11 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
                       on_progress)
     cluster.run()
     wall = time.perf_counter() - wall
+    warmup_s = cfg.metrics_warmup_s(workload.duration_s) if measure_from_s is None else measure_from_s
     summary, series = summarize(cluster.rec, cluster.nodes + cluster.retired, workload.duration_s, slo_s,
-                                cfg.window_s, workload.bursts, wall, cluster.rerouted,
-                                cfg.metrics_warmup_s(workload.duration_s) if measure_from_s is None else measure_from_s)
+                                cfg.window_s, workload.bursts, wall, cluster.rerouted, warmup_s)
+    if cfg.classes is not None:
+        summary |= class_figures(cluster.rec, cfg.classes, cfg.seed, workload.duration_s, cfg.window_s, warmup_s)
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": cfg.policy if policy is None else policy.name,
             "router": cfg.router if router is None else router.name, "ratio": cfg.ratio, "seed": cfg.seed,
             "hardware": cfg.hardware, "model": model, "duration_s": workload.duration_s,

@@ -164,20 +164,22 @@ RANGES = {
 }
 
 
-def _read(kind: str, name_or_path: str) -> tuple[str, bytes]:
-    """(where, bytes): a `.toml` path is a file, anything else the name of a preset."""
-    where = f"{kind} profile {name_or_path!r}"
+def read_preset(kind: str, name_or_path: str, what: str | None = None) -> tuple[str, bytes]:
+    """(where, bytes): a `.toml` path is a file, anything else the name of a preset of `kind`
+    (`what` names it in errors: "{kind} profile" by default)."""
+    what = what or f"{kind} profile"
+    where = f"{what} {name_or_path!r}"
     if name_or_path.endswith(".toml"):
         try:
             return where, Path(name_or_path).read_bytes()
         except FileNotFoundError:
-            raise HelmInputError(f"{kind} profile file {name_or_path!r} does not exist") from None
+            raise HelmInputError(f"{what} file {name_or_path!r} does not exist") from None
         except OSError as exc:
             raise HelmInputError(f"{where} cannot be read: {exc.strerror or exc}") from None
     candidate = resources.files("helmgr.core.profiles").joinpath(kind, f"{name_or_path}.toml")
     if "/" in name_or_path or "\\" in name_or_path or not candidate.is_file():
         known = ", ".join(sorted(available(kind)))
-        raise HelmInputError(f"unknown {kind} profile {name_or_path!r} (known: {known})")
+        raise HelmInputError(f"unknown {what} {name_or_path!r} (known: {known})")
     return where, candidate.read_bytes()
 
 
@@ -190,7 +192,7 @@ def check_profile(cls, data: dict, where: str) -> dict:
 
 
 def _load(kind: str, name_or_path: str, cls):
-    where, raw = _read(kind, name_or_path)
+    where, raw = read_preset(kind, name_or_path)
     if b"\0" in raw:
         raise HelmInputError(f"{where} is a binary file, not TOML")
     try:

@@ -1,0 +1,137 @@
+"""SLO classes and tenants: the class table (a TOML file) and which tenant each request is.
+
+A class is a latency target and how it is served (band, weight, sheddable, minimum share); a
+tenant is a source of traffic (a surface: home feed, search, ...) in one class, with its share of
+the regime's base traffic. A tenant marked `bursts = true` is the noisy neighbour: it also takes
+every request the regime's bursts add (docs/tenancy.md).
+
+    [classes.feed]
+    slo_ms = 20.0
+    band = 0              # 0 is served first
+    [tenants.home]
+    class = "feed"
+    share = 0.6
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+
+import numpy as np
+
+from helmgr.core.errors import HelmInputError
+from helmgr.core.hashing import hash_uniform
+from helmgr.core.profiles import read_preset
+from helmgr.core.validate import NON_NEGATIVE, POSITIVE, Range, check_record
+
+SHARE_TOLERANCE = 1e-6          # tenants' shares must sum to 1 within this
+_SALT = 0x7E7A                  # the tenant draw's salt (mixed with the run's seed)
+
+
+@dataclass(frozen=True, slots=True)
+class SloClass:
+    name: str
+    slo_ms: float                # its P99 target
+    band: int = 0                # priority band: lower is served first
+    weight: float = 1.0          # its tenants' weight within the band
+    sheddable: bool = False      # may be refused when no node can meet its target
+    min_share: float = 0.0       # the least service its band keeps while higher bands are backlogged
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    slo_class: str               # "class" in the file
+    share: float                 # its part of the regime's base traffic
+    bursts: bool = False         # also takes every request of the regime's bursts
+
+
+_CLASS_RANGES = {"slo_ms": POSITIVE, "band": NON_NEGATIVE, "weight": POSITIVE,
+                 "min_share": Range(0.0, 1.0, high_open=True)}
+_TENANT_RANGES = {"share": Range(0.0, 1.0, low_open=True)}
+
+
+@dataclass(frozen=True, slots=True)
+class ClassTable:
+    classes: tuple[SloClass, ...]
+    tenants: tuple[Tenant, ...]
+    source: str = "<table>"
+
+    @property
+    def class_names(self) -> list[str]:
+        return [c.name for c in self.classes]
+
+    @property
+    def tenant_names(self) -> list[str]:
+        return [t.name for t in self.tenants]
+
+    @property
+    def tenant_class(self) -> np.ndarray:
+        """Each tenant's class, as an index into `classes`."""
+        index = {c.name: i for i, c in enumerate(self.classes)}
+        return np.array([index[t.slo_class] for t in self.tenants], np.int64)
+
+    def assign(self, first_rid: int, burst: np.ndarray, seed: int) -> np.ndarray:
+        """The tenant (index into `tenants`) of requests `first_rid`, `first_rid + 1`, ... with
+        these burst flags: a stable draw per request id and seed over the tenants' shares, burst
+        requests among the `bursts = true` tenants (by their shares) when there are any. The same
+        requests get the same tenants under every policy and router."""
+        burst = np.asarray(burst, bool)
+        u = hash_uniform(np.arange(first_rid, first_rid + len(burst)), _SALT + 7919 * int(seed))
+        out = _draw(u, np.array([t.share for t in self.tenants]))
+        noisy = np.flatnonzero([t.bursts for t in self.tenants])
+        if len(noisy) and burst.any():
+            out[burst] = noisy[_draw(u[burst], np.array([self.tenants[i].share for i in noisy]))]
+        return out
+
+
+def _draw(u: np.ndarray, shares: np.ndarray) -> np.ndarray:
+    edges = np.cumsum(shares / shares.sum())
+    return np.minimum(np.searchsorted(edges, u, side="right"), len(shares) - 1)
+
+
+def _record(cls, name: str, body: dict, ranges, where: str):
+    if "name" in body:
+        raise HelmInputError(f"{where}: unknown ['name'] (the table's key is its name)")
+    return cls(**check_record(cls, body | {"name": name}, ranges, where))
+
+
+def parse_table(data: dict, where: str) -> ClassTable:
+    """A class table from parsed TOML (`where` names it in errors)."""
+    extra = sorted(set(data) - {"classes", "tenants"})
+    if extra:
+        raise HelmInputError(f"{where}: unknown table(s) {extra} (a class table has [classes.NAME] and [tenants.NAME])")
+    raw_classes, raw_tenants = data.get("classes"), data.get("tenants")
+    for key, raw in (("classes", raw_classes), ("tenants", raw_tenants)):
+        if not isinstance(raw, dict) or not raw or not all(isinstance(v, dict) for v in raw.values()):
+            raise HelmInputError(f"{where}: needs at least one [{key}.NAME] table")
+    classes = tuple(_record(SloClass, name, body, _CLASS_RANGES, f"{where}: class {name!r}")
+                    for name, body in raw_classes.items())
+    tenants = []
+    for name, body in raw_tenants.items():
+        body = dict(body)
+        if "slo_class" in body or "class" not in body:
+            raise HelmInputError(f"{where}: tenant {name!r} needs class = \"NAME\" (its SLO class)")
+        body["slo_class"] = body.pop("class")
+        tenant = _record(Tenant, name, body, _TENANT_RANGES, f"{where}: tenant {name!r}")
+        if tenant.slo_class not in raw_classes:
+            raise HelmInputError(f"{where}: tenant {name!r} names unknown class {tenant.slo_class!r} "
+                                 f"(known: {', '.join(raw_classes)})")
+        tenants.append(tenant)
+    total = sum(t.share for t in tenants)
+    if abs(total - 1.0) > SHARE_TOLERANCE:
+        raise HelmInputError(f"{where}: tenants' shares sum to {total:g}, not 1")
+    return ClassTable(classes, tuple(tenants), where)
+
+
+def load_table(name_or_path: str) -> ClassTable:
+    """A shipped class table by name (`surfaces`) or a TOML file; every error names the file and
+    the bad value."""
+    where, raw = read_preset("classes", name_or_path, "class table")
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise HelmInputError(f"{where} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise HelmInputError(f"{where} is not valid TOML: {exc}") from None
+    return parse_table(data, where)

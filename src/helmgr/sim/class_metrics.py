@@ -1,0 +1,65 @@
+"""Figures per SLO class and per tenant, each against its class's target, and the fairness between
+tenants (docs/tenancy.md). The run's requests get their tenants from the class table
+(`ClassTable.assign`), so every policy and router of one seed sees the same tenants."""
+from __future__ import annotations
+
+import numpy as np
+
+from helmgr.core.classes import ClassTable
+from helmgr.sim.metrics import NAN, Recorder, window_stats
+
+_NO_REQUEST = "no request of it completed after the warm-up"
+GROUP_NULLS = {"p50_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "slo_attainment": _NO_REQUEST,
+               "window_slo_satisfaction": "no window after the warm-up had a completed request of it"}
+
+
+def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_ms: float, duration: float,
+                  window_s: float, warmup_s: float) -> dict:
+    """One class's or tenant's figures from its completed requests, against its target `slo_ms`;
+    like the run's own, latency figures cover the arrivals after `warmup_s`."""
+    keep = arrival >= warmup_s
+    lat, slo_s = latency[keep], slo_ms * 1e-3
+    span = max(duration - warmup_s, 1e-9)
+    pct = np.percentile(lat, [50, 99]) * 1e3 if len(lat) else np.full(2, NAN)
+    starts, p99, counts, _ = window_stats(arrival, latency, window_s, duration)
+    busy = (counts > 0) & (starts >= warmup_s - 1e-9)
+    ok = lat <= slo_s
+    out = {"slo_ms": slo_ms, "requests": requests, "completed": len(arrival), "shed": 0,
+           "p50_ms": float(pct[0]), "p99_ms": float(pct[1]),
+           "slo_attainment": float(ok.mean()) if len(lat) else NAN,
+           "window_slo_satisfaction": float(np.mean(p99[busy] <= slo_s)) if busy.any() else NAN,
+           "goodput_rps": float(ok.sum()) / span}
+    nulls = {k: why for k, why in GROUP_NULLS.items() if not np.isfinite(out[k])}
+    return out | ({"nulls": nulls} if nulls else {})
+
+
+def jain(x: np.ndarray) -> float:
+    """Jain's index (sum x)^2 / (n sum x^2): 1 when every value is equal, 1/n when one holds all."""
+    x = np.asarray(x, float)
+    return float(x.sum() ** 2 / (len(x) * (x * x).sum())) if len(x) and (x * x).sum() > 0 else NAN
+
+
+def class_figures(rec: Recorder, table: ClassTable, seed: int, duration: float, window_s: float,
+                  warmup_s: float) -> dict:
+    """`classes` and `tenants` (name -> figures) and `fairness`: Jain's index over the tenants'
+    SLO attainment (the share of each one's requests answered within its class's target)."""
+    tenant_all = table.assign(0, np.asarray(rec.arrived_burst), seed)
+    of_rid = np.asarray(rec.rid)
+    tenant = tenant_all[of_rid]
+    arrival = np.asarray(rec.arrival)
+    latency = np.asarray(rec.end) - arrival
+    cls_of = table.tenant_class
+    per_tenant = np.bincount(tenant_all, minlength=len(table.tenants))
+
+    def figures(mask: np.ndarray, requests: int, slo_ms: float) -> dict:
+        return group_figures(requests, arrival[mask], latency[mask], slo_ms, duration, window_s, warmup_s)
+
+    classes = {c.name: figures(cls_of[tenant] == k, int(per_tenant[cls_of == k].sum()), c.slo_ms)
+               for k, c in enumerate(table.classes)}
+    tenants = {t.name: {"class": t.slo_class} | figures(tenant == j, int(per_tenant[j]), table.classes[cls_of[j]].slo_ms)
+               for j, t in enumerate(table.tenants)}
+    attained = np.array([f["slo_attainment"] for f in tenants.values()])
+    fairness = {"jain": jain(attained[np.isfinite(attained)])}
+    if not np.isfinite(fairness["jain"]):
+        fairness["nulls"] = {"jain": "no tenant had a request completed after the warm-up"}
+    return {"classes": classes, "tenants": tenants, "fairness": fairness}

@@ -1,0 +1,164 @@
+"""SLO classes and tenants: the class table, the tenant draw, and the figures per class and tenant."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from helmgr.cli import main
+from helmgr.core.classes import ClassTable, SloClass, Tenant, load_table, parse_table
+from helmgr.core.errors import HelmInputError
+from helmgr.sim import SimConfig, simulate
+from helmgr.sim.class_metrics import group_figures, jain
+from tests.test_sim import short_burst, small
+
+TWO = {"classes": {"tight": {"slo_ms": 10.0}, "loose": {"slo_ms": 100.0, "band": 1, "sheddable": True,
+                                                         "min_share": 0.1}},
+       "tenants": {"a": {"class": "tight", "share": 0.7}, "b": {"class": "loose", "share": 0.2},
+                   "noisy": {"class": "loose", "share": 0.1, "bursts": True}}}
+
+
+def with_(path: str, value) -> dict:
+    """TWO with one value replaced (`path` as "tenants.a.share"; None deletes it)."""
+    data = json.loads(json.dumps(TWO))
+    *head, last = path.split(".")
+    d = data
+    for k in head:
+        d = d[k]
+    if value is None:
+        del d[last]
+    else:
+        d[last] = value
+    return data
+
+
+def test_the_shipped_table_loads():
+    t = load_table("surfaces")
+    assert t.class_names == ["feed", "interactive", "refresh"]
+    assert [x.name for x in t.tenants if x.bursts] == ["trending"]
+    assert sum(x.share for x in t.tenants) == pytest.approx(1.0)
+    assert t.classes[0] == SloClass("feed", 15.0, 0)
+    assert t.tenant_class.tolist() == [0, 1, 1, 1, 2]
+
+
+def test_parse_keeps_every_field():
+    t = parse_table(TWO, "t")
+    assert t.classes[1] == SloClass("loose", 100.0, band=1, weight=1.0, sheddable=True, min_share=0.1)
+    assert t.tenants[2] == Tenant("noisy", "loose", 0.1, bursts=True)
+
+
+@pytest.mark.parametrize("data,needle", [
+    (with_("tenants.a.share", 0.6), "shares sum to 0.9, not 1"),
+    (with_("tenants.a.class", "gold"), "tenant 'a' names unknown class 'gold'"),
+    (with_("tenants.a.class", None), "tenant 'a' needs class"),
+    (with_("classes.tight.band", -1), "band"),
+    (with_("classes.tight.band", 1.5), "band"),
+    (with_("classes.tight.slo_ms", 0.0), "slo_ms"),
+    (with_("classes.loose.min_share", 1.0), "min_share"),
+    (with_("classes.loose.sheddable", "yes"), "sheddable must be true or false, got 'yes'"),
+    (with_("classes.tight.target", 3), "unknown ['target']"),
+    (with_("classes.tight.name", "x"), "unknown ['name']"),
+    (with_("tenants.a.share", True), "share"),
+    (with_("tenants", None), "needs at least one [tenants.NAME] table"),
+    (with_("classes", {}), "needs at least one [classes.NAME] table"),
+    (TWO | {"extra": {}}, "unknown table(s) ['extra']"),
+])
+def test_bad_tables_are_refused_by_name(data, needle):
+    with pytest.raises(HelmInputError) as e:
+        parse_table(data, "t.toml")
+    assert needle in str(e.value) and str(e.value).startswith("t.toml")
+
+
+def test_bad_files_are_refused_by_name(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[classes.a\n")
+    for name, needle in ((str(bad), "is not valid TOML"), (str(tmp_path / "no.toml"), "does not exist"),
+                         ("gold", "unknown class table 'gold' (known: surfaces)")):
+        with pytest.raises(HelmInputError, match=None) as e:
+            load_table(name)
+        assert needle in str(e.value)
+
+
+def test_the_draw_follows_the_shares_and_sends_bursts_to_the_noisy_tenant():
+    t = parse_table(TWO, "t")
+    burst = np.zeros(200_000, bool)
+    burst[::7] = True
+    a = t.assign(0, burst, seed=3)
+    base = np.bincount(a[~burst], minlength=3) / np.count_nonzero(~burst)
+    assert base == pytest.approx([0.7, 0.2, 0.1], abs=0.005)
+    assert (a[burst] == 2).all()
+    # stable per request id: drawn in two pieces or at once, the same tenants; another seed, others
+    assert (np.r_[t.assign(0, burst[:1000], 3), t.assign(1000, burst[1000:], 3)] == a).all()
+    assert (t.assign(0, burst, 4) != a).mean() > 0.3
+
+
+def test_without_a_noisy_tenant_bursts_are_drawn_like_the_rest():
+    t = parse_table(with_("tenants.noisy.bursts", False), "t")
+    burst = np.ones(100_000, bool)
+    assert np.bincount(t.assign(0, burst, 0), minlength=3) / 1e5 == pytest.approx([0.7, 0.2, 0.1], abs=0.005)
+
+
+def test_group_figures_by_hand():
+    # four windows of 1 s; warm-up 1 s drops the first request; target 10 ms
+    arrival = np.array([0.5, 1.2, 1.4, 2.5, 3.1, 3.2])
+    latency = np.array([0.050, 0.004, 0.020, 0.008, 0.006, 0.002])
+    f = group_figures(7, arrival, latency, 10.0, duration=4.0, window_s=1.0, warmup_s=1.0)
+    assert f["requests"] == 7 and f["completed"] == 6 and f["shed"] == 0 and f["slo_ms"] == 10.0
+    assert f["p50_ms"] == pytest.approx(6.0)                        # median of 4, 20, 8, 6, 2 ms
+    assert f["slo_attainment"] == pytest.approx(4 / 5)             # 20 ms misses
+    assert f["goodput_rps"] == pytest.approx(4 / 3.0)              # 4 good over the 3 s after the warm-up
+    assert f["window_slo_satisfaction"] == pytest.approx(2 / 3)    # window 1 holds the 20-ms one
+    empty = group_figures(0, np.zeros(0), np.zeros(0), 10.0, 4.0, 1.0, 1.0)
+    assert math.isnan(empty["p99_ms"]) and set(empty["nulls"]) == {"p50_ms", "p99_ms", "slo_attainment",
+                                                                    "window_slo_satisfaction"}
+
+
+def test_jain():
+    assert jain(np.array([0.5, 0.5, 0.5])) == pytest.approx(1.0)
+    assert jain(np.array([1.0, 0.0, 0.0])) == pytest.approx(1 / 3)
+    assert jain(np.array([1.0, 0.5])) == pytest.approx(1.5 ** 2 / (2 * 1.25))
+    assert math.isnan(jain(np.zeros(0)))
+
+
+ONE = ClassTable((SloClass("all", 20.0),), (Tenant("everyone", "all", 1.0),))
+
+
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_one_class_figures_are_the_runs_own(path):
+    w = small("burst", seed=2)
+    cfg = SimConfig(nodes=2, seed=2, warmup_s=2.0, path=path)
+    plain = simulate(cfg, w).summary
+    s = simulate(SimConfig(nodes=2, seed=2, warmup_s=2.0, path=path, classes=ONE), small("burst", seed=2)).summary
+    for k in ("wall_s",):
+        plain.pop(k), s.pop(k)
+    assert {k: v for k, v in s.items() if k not in ("classes", "tenants", "fairness")} == plain
+    c = s["classes"]["all"]
+    assert s["tenants"]["everyone"] == {"class": "all"} | c
+    for k in ("p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps", "completed"):
+        assert c[k] == pytest.approx(plain[k]), k
+    assert c["requests"] == plain["requests"] and s["fairness"]["jain"] == pytest.approx(1.0)
+
+
+def test_classes_count_every_request_the_same_on_both_paths():
+    t = parse_table(TWO, "t")
+    results = [simulate(SimConfig(nodes=2, seed=1, warmup_s=2.0, path=p, classes=t), short_burst(duration_s=45.0))
+               for p in ("compiled", "python")]
+    runs = [r.summary for r in results]
+    bursts = int(np.count_nonzero(results[0].cluster.rec.arrived_burst))
+    for s in runs:
+        assert sum(c["requests"] for c in s["classes"].values()) == s["requests"]
+        assert sum(x["completed"] for x in s["tenants"].values()) == s["completed"]
+        assert bursts > 1000 and s["tenants"]["noisy"]["requests"] > bursts      # the bursts are its
+    assert json.dumps(runs[0]["tenants"], sort_keys=True) == json.dumps(runs[1]["tenants"], sort_keys=True)
+
+
+def test_cli_classes(capsys):
+    assert main(["simulate", "--classes", "gold"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "unknown class table 'gold'" in err
+    assert main(["simulate", "--duration", "6", "--rps", "200", "--nodes", "2", "--policy", "static", "--classes",
+                 "surfaces", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert set(s["classes"]) == {"feed", "interactive", "refresh"} and set(s["fairness"]) == {"jain"}
+    assert s["classes"]["feed"]["slo_ms"] == 15.0
+    assert sum(t["requests"] for t in s["tenants"].values()) == s["requests"]
