@@ -17,7 +17,7 @@ from helmgr.policy.policies import ABLATIONS as POLICY_ABLATIONS
 from helmgr.routing import ROUTERS
 from helmgr.routing.routers import ABLATIONS as ROUTER_ABLATIONS
 from helmgr.sim import SimConfig, parse_fault, simulate
-from helmgr.sim.config import ENGINES, MAX_EMB_SAMPLE, SIM_PATHS
+from helmgr.sim.config import ENGINES, MAX_EMB_SAMPLE, SIM_PATHS, TENANCIES
 from helmgr.sim.metrics import TAIL
 
 SHOWN = ("requests", "completed", "p50_ms", "p95_ms", "p99_ms", "p999_ms", *TAIL, "slo_ms", "slo_attainment",
@@ -97,14 +97,18 @@ def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, 
 @sim_options(showcase=True)
 @click.option("--classes", "class_table", default=None, metavar="NAME|FILE", callback=classes_checked,
               help=f"SLO classes and tenants ({', '.join(available('classes'))}, or a TOML file): figures per "
-                   "class and tenant, each against its class's target. Scheduling stays class-blind.")
+                   "class and tenant, each against its class's target.")
+@click.option("--tenancy", type=click.Choice(TENANCIES), default="blind", show_default=True,
+              help="How each node's queue serves the classes: blind (FCFS; figures per class only), strict "
+                   "(priority bands, FCFS in each), helm (bands with minimum shares; tenants by deficit round "
+                   "robin on uncached work). Class-aware queues run on the Python path.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Worker processes for the side-by-side runs [default: all cores].")
 @json_option
 @out_option
 def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                  nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch,
-                 engine, sim_path, emb_sample, class_table, jobs, as_json, out_dir):
+                 engine, sim_path, emb_sample, class_table, tenancy, jobs, as_json, out_dir):
     """Simulate a cluster serving a workload; report latency, SLO, hit rates and H2D traffic.
 
     With neither --policy nor --router: full HELM (the controller and the HELM router) beside
@@ -121,7 +125,7 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
     side_by_side = policy is None and router is None
     cfg = build_config(nodes, policy or "static", ratio, router or "prefix-aware", hardware, model, slo_ms, refill,
                        faults, tick_ms, refresh_s, max_batch, seed, engine, sim_path, emb_sample)
-    cfg = replace(cfg, classes=class_table)
+    cfg = replace(cfg, classes=class_table, tenancy=tenancy).validate()
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     w = spec.build()                         # a bad trace or fault is refused here, before any work
     cfg.validate(w.duration_s)

@@ -71,13 +71,14 @@ class ClassTable:
         index = {c.name: i for i, c in enumerate(self.classes)}
         return np.array([index[t.slo_class] for t in self.tenants], np.int64)
 
-    def assign(self, first_rid: int, burst: np.ndarray, seed: int) -> np.ndarray:
-        """The tenant (index into `tenants`) of requests `first_rid`, `first_rid + 1`, ... with
-        these burst flags: a stable draw per request id and seed over the tenants' shares, burst
-        requests among the `bursts = true` tenants (by their shares) when there are any. The same
-        requests get the same tenants under every policy and router."""
+    def assign(self, user: np.ndarray, burst: np.ndarray, seed: int) -> np.ndarray:
+        """The tenant (index into `tenants`) of requests from these users with these burst flags:
+        each user belongs to one tenant, a stable draw per user and seed over the tenants' shares
+        (so a tenant's share of the traffic is its share in expectation); a burst's requests go
+        to the `bursts = true` tenants (by their shares) when there are any. The same requests get
+        the same tenants under every policy and router."""
         burst = np.asarray(burst, bool)
-        u = hash_uniform(np.arange(first_rid, first_rid + len(burst)), _SALT + 7919 * int(seed))
+        u = hash_uniform(np.asarray(user, np.int64), _SALT + 7919 * int(seed))
         out = _draw(u, np.array([t.share for t in self.tenants]))
         noisy = np.flatnonzero([t.bursts for t in self.tenants])
         if len(noisy) and burst.any():

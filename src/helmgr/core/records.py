@@ -99,6 +99,7 @@ class Request:
     burst: int               # 1 if the workload generated it inside a burst
     rerouted: int = 0        # 1 once a node failure sent it to another node
     segment: int = -1        # the user's interest segment (-1: unknown)
+    tenant: int = -1         # its tenant in the run's class table (-1: none)
 
     @property
     def tokens(self) -> int:

@@ -1,6 +1,7 @@
 """Figures per SLO class and per tenant, each against its class's target, and the fairness between
 tenants (docs/tenancy.md). The run's requests get their tenants from the class table
-(`ClassTable.assign`), so every policy and router of one seed sees the same tenants."""
+(`ClassTable.assign`, recorded by request id as they arrive), so every policy and router of one
+seed sees the same tenants."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,11 +40,10 @@ def jain(x: np.ndarray) -> float:
     return float(x.sum() ** 2 / (len(x) * (x * x).sum())) if len(x) and (x * x).sum() > 0 else NAN
 
 
-def class_figures(rec: Recorder, table: ClassTable, seed: int, duration: float, window_s: float,
-                  warmup_s: float) -> dict:
+def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: float, warmup_s: float) -> dict:
     """`classes` and `tenants` (name -> figures) and `fairness`: Jain's index over the tenants'
     SLO attainment (the share of each one's requests answered within its class's target)."""
-    tenant_all = table.assign(0, np.asarray(rec.arrived_burst), seed)
+    tenant_all = np.asarray(rec.tenant, np.int64)
     of_rid = np.asarray(rec.rid)
     tenant = tenant_all[of_rid]
     arrival = np.asarray(rec.arrival)

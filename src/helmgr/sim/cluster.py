@@ -27,6 +27,7 @@ from helmgr.sim.events import DEPART, DOWN, LAUNCH, REFILL, REFRESH, TICK, UP, W
 from helmgr.sim.faults import Faults
 from helmgr.sim.metrics import Recorder
 from helmgr.sim.node import Node
+from helmgr.sim.node_queue import ClassQueue
 from helmgr.sim.periodic import Periodic
 from helmgr.sim.service import BatchServer
 from helmgr.sim.windows import WindowBook
@@ -38,7 +39,7 @@ class Slot:
     """One place in the cluster: the node serving there, its queue and what it is doing."""
 
     node: Node
-    queue: deque = field(default_factory=deque)
+    queue: deque | ClassQueue = field(default_factory=deque)
     busy: bool = False               # a batch is being taken in (the node takes no other until it frees)
     gen: int = 0                     # bumped when the node fails: events it had pending go stale
     inflight: deque = field(default_factory=deque)    # batches in service, oldest first: ([(Request, Service)], frees at end)
@@ -59,7 +60,7 @@ class Cluster(Faults, Periodic):
                                       emb_sample=cfg.emb_sample)
         self.ids_per_refresh = self._ids_per_refresh()
         self._warmed_emb = None                  # the first node's warm EMB cache: the others copy it
-        self.slots = [Slot(self._fresh_node(i)) for i in range(n)]
+        self.slots = [Slot(self._fresh_node(i), self.new_queue()) for i in range(n)]
         self.retired: list[Node] = []            # nodes replaced after a failure, for the totals
         self.shared: deque = deque()             # the central queue, when cfg.central_queue
         self.up = [True] * n                     # shared with the router (it routes to up nodes only)
@@ -87,6 +88,12 @@ class Cluster(Faults, Periodic):
         self.engine = None                             # the compiled path's run (sim/engine.py), when it takes it
         for i, s in enumerate(self.slots):
             self.rec.ratio_change(0.0, i, s.node.ratio)
+
+    def new_queue(self):
+        """A node's queue: FCFS, or with a class-aware tenancy a `ClassQueue` (sim/node_queue.py)."""
+        if self.cfg.tenancy == "blind":
+            return deque()
+        return ClassQueue(self.cfg.classes, self, fair=self.cfg.tenancy == "helm")
 
     def queue_len(self, n: int) -> int:
         """Requests waiting at node n (the compiled path replaces this with its own count)."""
@@ -162,8 +169,10 @@ class Cluster(Faults, Periodic):
 
     def feed(self, chunk) -> None:
         """Arrive every request of `chunk`, each after the events due at or before its time."""
+        tenant = None
         if self.cfg.classes is not None:
-            self.rec.arrived_burst.extend(chunk.burst)         # the requests' tenants are drawn from these
+            tenant = self.cfg.classes.assign(chunk.user, chunk.burst, self.cfg.seed)
+            self.rec.tenant.extend(tenant)
         if self.engine is not None:
             self.engine.feed(chunk)
             return
@@ -173,12 +182,13 @@ class Cluster(Faults, Periodic):
         segment = chunk.segment.tolist()
         items, cands = chunk.item_ids, chunk.cand_ids
         rid = self.next_rid
+        tenant = [-1] * len(ts) if tenant is None else tenant.tolist()
         for i, t in enumerate(ts):
             while heap and heap[0][0] <= t:
                 handle(heappop(heap))
             self.now = t
             self.arrive(Request(rid, t, users[i], prefix[i], items[io[i]:io[i + 1]], cands[co[i]:co[i + 1]], burst[i],
-                                segment=segment[i]))
+                                segment=segment[i], tenant=tenant[i]))
             rid += 1
         self.next_rid = rid
 
@@ -241,8 +251,12 @@ class Cluster(Faults, Periodic):
         n = self.router.route_request(self.now, req.user, req.prefix_len, req.items, req.cands, req.segment)
         self.router.dispatched(n, req.user, req.tokens)
         self.windows.arrived(n)
-        if self.slots[n].busy:
-            self.slots[n].queue.append(req)
+        slot = self.slots[n]
+        if slot.busy and type(slot.queue) is ClassQueue:
+            node = slot.node                      # charged its uncached work: what the node must compute
+            slot.queue.append(req, req.batch_tokens - min(req.prefix_len, node.kv.peek(req.user)))
+        elif slot.busy:
+            slot.queue.append(req)
         else:
             self.start(n, [req])
 

@@ -60,6 +60,7 @@ def check_faults(faults: tuple[FaultSpec, ...], duration_s: float | None = None)
 
 ENGINES = ("batched", "pipelined")
 MAX_EMB_SAMPLE = 1024
+TENANCIES = ("blind", "strict", "helm")          # node queues: FCFS | bands, FCFS in each | bands, DRR, EDF
 SIM_PATHS = ("auto", "compiled", "python")     # auto: compiled when the configuration allows it
 @dataclass(frozen=True, slots=True)
 class SimConfig:
@@ -95,6 +96,7 @@ class SimConfig:
     path: str = "auto"                 # the per-request path: auto | compiled | python (sim/engine.py)
     emb_sample: int = 1                 # EMB caches track one item id in this many (memory/emb.py)
     classes: ClassTable | None = None  # SLO classes and tenants: figures per class and tenant (core/classes.py)
+    tenancy: str = "blind"             # how classes are served: blind | strict | helm (docs/tenancy.md)
 
     def metrics_warmup_s(self, duration_s: float) -> float:
         """The warm-up the latency metrics skip in a run of `duration_s`: `warmup_s`, at most half
@@ -111,6 +113,12 @@ class SimConfig:
             raise HelmInputError(f"emb-sample {self.emb_sample} is not a power of two (1, 2, 4, ..., {MAX_EMB_SAMPLE})")
         if self.path not in SIM_PATHS:
             raise HelmInputError(f"unknown simulator path {self.path!r} (known: {', '.join(SIM_PATHS)})")
+        if self.tenancy not in TENANCIES:
+            raise HelmInputError(f"unknown tenancy {self.tenancy!r} (known: {', '.join(TENANCIES)})")
+        if self.tenancy != "blind" and self.classes is None:
+            raise HelmInputError(f"--tenancy {self.tenancy} needs a class table (--classes)")
+        if self.tenancy != "blind" and self.central_queue:
+            raise HelmInputError(f"--tenancy {self.tenancy} queues at each node; a central queue has none")
         if self.engine not in ENGINES:
             raise HelmInputError(f"unknown engine {self.engine!r} (known: {', '.join(ENGINES)})")
         seed("seed", self.seed)

@@ -17,6 +17,8 @@ def unsupported(cluster) -> str | None:
         return "node faults"
     if cfg.central_queue:
         return "a central queue"
+    if cfg.tenancy != "blind":
+        return f"class-aware node queues (--tenancy {cfg.tenancy})"
     if cfg.bypass_caches:
         return "bypassed caches"
     if cfg.host_kv_gib > 0:

@@ -19,7 +19,7 @@ class Faults:
         self.up[n] = False
         stranded = [req for served, _ in slot.inflight for req, _ in served] + list(slot.queue)
         slot.gen += 1
-        slot.inflight, slot.queue, slot.busy, slot.refill_at = deque(), deque(), False, None
+        slot.inflight, slot.queue, slot.busy, slot.refill_at = deque(), self.new_queue(), False, None
         slot.compute_free = 0.0
         self.router.node_down(n)
         self.rec.ratio_change(self.now, n, None)

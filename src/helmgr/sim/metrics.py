@@ -75,7 +75,7 @@ class Recorder:
         self.ids, self.misses, self.prefix, self.kv_tokens, self.unfilled = (Column(i) for _ in range(5))
         self.fetch, self.launch = Column(f), Column(f)   # its own rows' fetch (s); when its compute began
         self.rid = Column(i)                              # its request id (arrival order)
-        self.arrived_burst = Column(bool)                 # per request id, when a class table asks (tenants)
+        self.tenant = Column(np.int32)                    # by request id: its tenant (with a class table)
         self.timeline: list[tuple[float, int, float | None]] = []   # (t, node, ratio or None = down)
         self.window_t: list[float] = []
         self.window_queues: list[list[int]] = []
