@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -144,3 +145,27 @@ def test_capacity_json_names_the_helm_it_measured(capsys):
     for policy, router, revision in (("helm", "helm", stack_revision()), ("static", "helm", None)):
         assert main(small + ["--policy", policy, "--router", router]) == 0
         assert json.loads(capsys.readouterr().out)["helm_revision"] == revision
+
+
+def test_with_classes_every_class_must_keep_its_target():
+    from helmgr.core.classes import ClassTable, SloClass, Tenant
+    from helmgr.experiments.capacity import satisfaction
+    nan = float("nan")
+    s = {"window_slo_satisfaction": 0.99, "classes": {"a": {"window_slo_satisfaction": 0.97},
+                                                      "b": {"window_slo_satisfaction": 0.90}}}
+    assert satisfaction(s) == (0.90, "b")
+    s["classes"]["a"]["window_slo_satisfaction"] = nan               # a class with no window: it fails
+    assert satisfaction(s)[1] == "a"
+    assert satisfaction({"window_slo_satisfaction": 0.5}) == (0.5, None)
+    # one class whose target is the run's SLO: the same bisection as without a table
+    spec = WorkloadSpec("steady", duration_s=8.0, rps=300.0)
+    cfg = SimConfig(nodes=2, slo_ms=20.0, warmup_s=2.0)
+    one = ClassTable((SloClass("all", 20.0),), (Tenant("everyone", "all", 1.0),))
+    plain = capacity(spec, cfg, seeds=[1], tol=0.1)
+    classed = capacity(spec, replace(cfg, classes=one), seeds=[1], tol=0.1)
+    assert classed["capacity_rps"] == plain["capacity_rps"]
+    assert [p["rate"] for p in classed["seeds"]["1"]["probes"]] == [p["rate"] for p in plain["seeds"]["1"]["probes"]]
+    assert {p["worst_class"] for p in classed["seeds"]["1"]["probes"] if p["satisfaction"] is not None} == {"all"}
+    tighter = capacity(spec, replace(cfg, classes=ClassTable((SloClass("all", 10.0),), one.tenants)), seeds=[1],
+                       tol=0.1)
+    assert tighter["capacity_rps"] < plain["capacity_rps"]

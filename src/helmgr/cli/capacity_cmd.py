@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import click
 from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
-from helmgr.cli.simulate_cmd import build_config, sim_options
+from helmgr.cli.simulate_cmd import build_config, class_options, sim_options
 from helmgr.cli.types import POSITIVE, Finite, parallel_options, seed_list
 from helmgr.cli.workload_cmd import cluster_defaults
 from helmgr.experiments.capacity import TARGET, TOL, capacity
@@ -24,6 +25,7 @@ from helmgr.workload import WorkloadSpec
 @click.option("--seeds", default="1", show_default=True, help="Comma list of seeds: one bisection each, in parallel.")
 @click.option("--rps", type=POSITIVE, default=None, help="The first rate probed [default: the regime's base rate].")
 @sim_options
+@class_options
 @click.option("--tol", type=Finite(0, 1, min_open=True, max_open=True), default=TOL, show_default=True,
               help="Stop when the failing rate is within this share above the passing one.")
 @click.option("--target", type=Finite(0, 1, min_open=True), default=TARGET, show_default=True,
@@ -33,11 +35,12 @@ from helmgr.workload import WorkloadSpec
 @out_option
 @cluster_defaults
 def capacity_cmd(regime, duration, time_compression, seeds, rps, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
-                 faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, tol, target, jobs, ray_address, as_json,
-                 out_dir):
+                 faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, class_table, tenancy, tol, target, jobs,
+                 ray_address, as_json, out_dir):
     """The highest base request rate at which POLICY + ROUTER keeps window SLO satisfaction >=
     TARGET (and is not overloaded): bisection over the rate to within TOL, per seed; the
-    capacity is the lowest seed's.
+    capacity is the lowest seed's. With --classes, every class must keep it, each against its
+    own target.
 
     \b
     helmgr capacity --policy helm --router helm --seeds 1,2,3
@@ -48,6 +51,7 @@ def capacity_cmd(regime, duration, time_compression, seeds, rps, nodes, policy, 
     seed_values = seed_list(seeds)
     cfg = build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, seed_values[0], engine, sim_path, emb_sample)
+    cfg = replace(cfg, classes=class_table, tenancy=tenancy).validate()
     spec = WorkloadSpec(regime, duration, seed_values[0], time_compression=time_compression)
     spec.build()                                       # validates the workload options up front
     with progress("bisecting", len(seed_values)) as bar:
@@ -56,6 +60,7 @@ def capacity_cmd(regime, duration, time_compression, seeds, rps, nodes, policy, 
                        lambda: bar.advance(task))
     result = {"workload": regime, "nodes": nodes, "policy": policy, "router": router,
               "ratio": ratio, "tol": tol, "target": target, "wall_s": time.perf_counter() - wall,
+              "classes": None if class_table is None else class_table.source, "tenancy": tenancy,
               "helm_revision": stack_revision() if (policy, router) == HELM else None} | out
     with result_dir(out_dir) as scratch:
         if scratch is not None:

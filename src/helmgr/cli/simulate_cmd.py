@@ -84,6 +84,17 @@ def sim_options(f=None, *, showcase: bool = False):
     return f
 
 
+def class_options(f):
+    """--classes and --tenancy (simulate, capacity): the class table and how nodes serve it."""
+    f = click.option("--tenancy", type=click.Choice(TENANCIES), default="blind", show_default=True,
+                     help="How each node's queue serves the classes: blind (FCFS; figures per class only), strict "
+                          "(priority bands, FCFS in each), helm (bands with minimum shares; tenants by deficit "
+                          "round robin on uncached work). Class-aware queues run on the Python path.")(f)
+    return click.option("--classes", "class_table", default=None, metavar="NAME|FILE", callback=classes_checked,
+                        help=f"SLO classes and tenants ({', '.join(available('classes'))}, or a TOML file): "
+                             "figures per class and tenant, each against its class's target.")(f)
+
+
 def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                  max_batch, seed, engine: str = "pipelined", sim_path: str = "auto", emb_sample: int = 1) -> SimConfig:
     return SimConfig(nodes=nodes, policy=policy, ratio=ratio, router=router, hardware=hardware, model=model,
@@ -95,13 +106,7 @@ def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, 
 @click.command("simulate")
 @workload_options
 @sim_options(showcase=True)
-@click.option("--classes", "class_table", default=None, metavar="NAME|FILE", callback=classes_checked,
-              help=f"SLO classes and tenants ({', '.join(available('classes'))}, or a TOML file): figures per "
-                   "class and tenant, each against its class's target.")
-@click.option("--tenancy", type=click.Choice(TENANCIES), default="blind", show_default=True,
-              help="How each node's queue serves the classes: blind (FCFS; figures per class only), strict "
-                   "(priority bands, FCFS in each), helm (bands with minimum shares; tenants by deficit round "
-                   "robin on uncached work). Class-aware queues run on the Python path.")
+@class_options
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Worker processes for the side-by-side runs [default: all cores].")
 @json_option

@@ -10,7 +10,8 @@ fails); every probe is kept, in order, so a reader can see it.
 
 A simulated probe (`run_probe`) is one run of the workload with its base rate (`rps`, which
 scales the whole arrival curve, trend's diurnal swing included) set to the probed rate; it
-passes when its window SLO satisfaction is >= the target and it is not overloaded. `capacity`
+passes when its window SLO satisfaction is >= the target and it is not overloaded; with a class
+table, when every class's is (each against its own target). `capacity`
 runs one bisection per seed, the seeds in parallel (experiments.parallel), and reports the
 lowest: the rate every seed sustains.
 """
@@ -40,6 +41,7 @@ class Probe:
     overloaded: bool = False
     p99_ms: float | None = None
     stopped: str | None = None               # why the run was cut short (it had failed already)
+    worst_class: str | None = None           # with a class table: the class whose satisfaction was read
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +98,20 @@ def run_probe(spec: WorkloadSpec, cfg: SimConfig, rate: float, target: float = T
         s = simulate(cfg, w, stop=backlogged(cfg, w.duration_s, rate, target)).summary
     except RunStopped as e:
         return Probe(float(rate), False, overloaded=True, stopped=str(e))
-    sat = s["window_slo_satisfaction"]
+    sat, worst = satisfaction(s)
     ok = sat is not None and math.isfinite(sat) and sat >= target and not s["overloaded"]
-    return Probe(float(rate), bool(ok), sat, s["utilization"], bool(s["overloaded"]), s["p99_ms"])
+    return Probe(float(rate), bool(ok), sat, s["utilization"], bool(s["overloaded"]), s["p99_ms"], worst_class=worst)
+
+
+def satisfaction(summary: dict) -> tuple[float, str | None]:
+    """A run's window SLO satisfaction, and with a class table the lowest class's (and its name):
+    capacity at SLO with classes is the rate at which every class keeps its own target."""
+    if "classes" not in summary:
+        return summary["window_slo_satisfaction"], None
+    name, c = min(summary["classes"].items(),
+                  key=lambda kv: kv[1]["window_slo_satisfaction"] if math.isfinite(kv[1]["window_slo_satisfaction"])
+                  else -1.0)
+    return c["window_slo_satisfaction"], name
 
 
 def backlogged(cfg: SimConfig, duration_s: float, rate: float, target: float = TARGET):
