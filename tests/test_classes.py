@@ -138,7 +138,7 @@ def test_one_class_figures_are_the_runs_own(path):
     s = simulate(SimConfig(nodes=2, seed=2, warmup_s=2.0, path=path, classes=ONE), small("burst", seed=2)).summary
     for k in ("wall_s",):
         plain.pop(k), s.pop(k)
-    assert {k: v for k, v in s.items() if k not in ("classes", "tenants", "fairness")} == plain
+    assert {k: v for k, v in s.items() if k not in ("shed", "classes", "tenants", "fairness")} == plain
     c = s["classes"]["all"]
     assert s["tenants"]["everyone"] == {"class": "all"} | c
     for k in ("p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps", "completed"):
@@ -201,3 +201,17 @@ def test_class_aware_queues_move_the_wait_to_the_lower_bands():
         assert s["completed"] == s["requests"] == blind["requests"]
         assert w[0] < 0.5 * w_blind[0] and w[2] > 2 * w_blind[2]    # the feed first, the refresh last
         assert w[0] < w[1] < w[2]
+
+
+def test_helm_sheds_a_sheddable_class_predicted_late_and_loses_nothing():
+    t = parse_table(with_("classes.loose.slo_ms", 3.0), "t")          # b and noisy: sheddable, 3 ms
+    runs = {ten: simulate(SimConfig(nodes=2, seed=1, warmup_s=2.0, classes=t, tenancy=ten, router="helm"),
+                          small("steady", seed=1, rps=1500.0, duration_s=10.0)).summary
+            for ten in ("strict", "helm")}
+    assert runs["strict"]["shed"] == 0
+    s = runs["helm"]
+    assert s["shed"] > 0 and s["completed"] + s["shed"] == s["requests"]
+    assert s["classes"]["tight"]["shed"] == 0 and s["classes"]["loose"]["shed"] == s["shed"]
+    for name, c in s["tenants"].items():
+        assert c["completed"] + c["shed"] == c["requests"], name
+    assert s["classes"]["tight"]["p99_ms"] < runs["strict"]["classes"]["tight"]["p99_ms"]   # less load behind it

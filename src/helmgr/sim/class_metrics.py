@@ -15,7 +15,7 @@ GROUP_NULLS = {"p50_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "slo_attainment": _
 
 
 def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_ms: float, duration: float,
-                  window_s: float, warmup_s: float) -> dict:
+                  window_s: float, warmup_s: float, shed: int = 0) -> dict:
     """One class's or tenant's figures from its completed requests, against its target `slo_ms`;
     like the run's own, latency figures cover the arrivals after `warmup_s`."""
     keep = arrival >= warmup_s
@@ -25,7 +25,7 @@ def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_m
     starts, p99, counts, _ = window_stats(arrival, latency, window_s, duration)
     busy = (counts > 0) & (starts >= warmup_s - 1e-9)
     ok = lat <= slo_s
-    out = {"slo_ms": slo_ms, "requests": requests, "completed": len(arrival), "shed": 0,
+    out = {"slo_ms": slo_ms, "requests": requests, "completed": len(arrival), "shed": shed,
            "p50_ms": float(pct[0]), "p99_ms": float(pct[1]),
            "slo_attainment": float(ok.mean()) if len(lat) else NAN,
            "window_slo_satisfaction": float(np.mean(p99[busy] <= slo_s)) if busy.any() else NAN,
@@ -50,16 +50,18 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
     latency = np.asarray(rec.end) - arrival
     cls_of = table.tenant_class
     per_tenant = np.bincount(tenant_all, minlength=len(table.tenants))
+    shed = np.bincount(tenant_all[np.asarray(rec.shed)], minlength=len(table.tenants))
 
-    def figures(mask: np.ndarray, requests: int, slo_ms: float) -> dict:
-        return group_figures(requests, arrival[mask], latency[mask], slo_ms, duration, window_s, warmup_s)
+    def figures(mask: np.ndarray, of: np.ndarray, slo_ms: float) -> dict:
+        return group_figures(int(per_tenant[of].sum()), arrival[mask], latency[mask], slo_ms, duration, window_s,
+                             warmup_s, int(shed[of].sum()))
 
-    classes = {c.name: figures(cls_of[tenant] == k, int(per_tenant[cls_of == k].sum()), c.slo_ms)
-               for k, c in enumerate(table.classes)}
-    tenants = {t.name: {"class": t.slo_class} | figures(tenant == j, int(per_tenant[j]), table.classes[cls_of[j]].slo_ms)
+    classes = {c.name: figures(cls_of[tenant] == k, cls_of == k, c.slo_ms) for k, c in enumerate(table.classes)}
+    tenants = {t.name: {"class": t.slo_class} | figures(tenant == j, np.arange(len(cls_of)) == j,
+                                                        table.classes[cls_of[j]].slo_ms)
                for j, t in enumerate(table.tenants)}
     attained = np.array([f["slo_attainment"] for f in tenants.values()])
     fairness = {"jain": jain(attained[np.isfinite(attained)])}
     if not np.isfinite(fairness["jain"]):
         fairness["nulls"] = {"jain": "no tenant had a request completed after the warm-up"}
-    return {"classes": classes, "tenants": tenants, "fairness": fairness}
+    return {"shed": len(rec.shed), "classes": classes, "tenants": tenants, "fairness": fairness}

@@ -34,6 +34,16 @@ from helmgr.sim.windows import WindowBook
 from helmgr.workload import Workload
 
 
+def shed_limits(cfg: SimConfig, router: Router) -> list[float] | None:
+    """Per tenant, how late a request may be predicted to finish before `--tenancy helm` refuses
+    it: its class's target if the class is sheddable, else never (inf). None without shedding:
+    another tenancy, or a router with no predicted completion (only the HELM router has one)."""
+    if cfg.tenancy != "helm" or not hasattr(router, "last_decision"):
+        return None
+    t = cfg.classes
+    return [t.classes[k].slo_ms * 1e-3 if t.classes[k].sheddable else float("inf") for k in t.tenant_class]
+
+
 @dataclass(slots=True, eq=False)
 class Slot:
     """One place in the cluster: the node serving there, its queue and what it is doing."""
@@ -77,6 +87,7 @@ class Cluster(Faults, Periodic):
             for i in range(n):
                 self.report(i, emb=True)
         self.rec = Recorder(n)
+        self.shed_after = shed_limits(cfg, router)
         self.windows = WindowBook(self.nodes)
         for i, s in enumerate(self.slots):
             policy.attach(i, s.node)
@@ -94,6 +105,17 @@ class Cluster(Faults, Periodic):
         if self.cfg.tenancy == "blind":
             return deque()
         return ClassQueue(self.cfg.classes, self, fair=self.cfg.tenancy == "helm")
+
+    def late(self, n: int, req: Request) -> bool:
+        """Whether `req`, routed to `n`, would finish past its class's target there by the router's
+        prediction (the node's predicted free time, then the request's predicted service): what
+        `--tenancy helm` refuses at once for a sheddable class (`shed_after`: per tenant, its
+        target in seconds if its class is sheddable, else infinity)."""
+        limit = self.shed_after[req.tenant]
+        if limit == float("inf"):
+            return False
+        service = self.router.last_decision.service_s
+        return max(self.router.expected_free(n), self.now) + service - req.t > limit
 
     def queue_len(self, n: int) -> int:
         """Requests waiting at node n (the compiled path replaces this with its own count)."""
@@ -249,6 +271,9 @@ class Cluster(Faults, Periodic):
                 self.start(idle, [req])
             return
         n = self.router.route_request(self.now, req.user, req.prefix_len, req.items, req.cands, req.segment)
+        if self.shed_after is not None and self.late(n, req):
+            self.rec.shed.append(req.rid)
+            return
         self.router.dispatched(n, req.user, req.tokens)
         self.windows.arrived(n)
         slot = self.slots[n]

@@ -76,6 +76,7 @@ class Recorder:
         self.fetch, self.launch = Column(f), Column(f)   # its own rows' fetch (s); when its compute began
         self.rid = Column(i)                              # its request id (arrival order)
         self.tenant = Column(np.int32)                    # by request id: its tenant (with a class table)
+        self.shed = Column(i)                             # the ids of the requests refused (--tenancy helm)
         self.timeline: list[tuple[float, int, float | None]] = []   # (t, node, ratio or None = down)
         self.window_t: list[float] = []
         self.window_queues: list[list[int]] = []
