@@ -158,14 +158,14 @@ def test_with_classes_every_class_must_keep_its_target():
     assert satisfaction(s)[1] == "a"
     assert satisfaction({"window_slo_satisfaction": 0.5}) == (0.5, None)
     # one class whose target is the run's SLO: the same bisection as without a table
-    spec = WorkloadSpec("steady", duration_s=8.0, rps=300.0)
-    cfg = SimConfig(nodes=2, slo_ms=20.0, warmup_s=2.0)
+    spec = WorkloadSpec("steady", duration_s=4.0, rps=300.0)
+    cfg = SimConfig(nodes=2, slo_ms=20.0, warmup_s=1.0)
     one = ClassTable((SloClass("all", 20.0),), (Tenant("everyone", "all", 1.0),))
-    plain = capacity(spec, cfg, seeds=[1], tol=0.1)
-    classed = capacity(spec, replace(cfg, classes=one), seeds=[1], tol=0.1)
+    plain = capacity(spec, cfg, seeds=[1], tol=0.3)
+    classed = capacity(spec, replace(cfg, classes=one), seeds=[1], tol=0.3)
     assert classed["capacity_rps"] == plain["capacity_rps"]
     assert [p["rate"] for p in classed["seeds"]["1"]["probes"]] == [p["rate"] for p in plain["seeds"]["1"]["probes"]]
     assert {p["worst_class"] for p in classed["seeds"]["1"]["probes"] if p["satisfaction"] is not None} == {"all"}
-    tighter = capacity(spec, replace(cfg, classes=ClassTable((SloClass("all", 10.0),), one.tenants)), seeds=[1],
-                       tol=0.1)
+    tighter = capacity(spec, replace(cfg, classes=ClassTable((SloClass("all", 17.0),), one.tenants)), seeds=[1],
+                       tol=0.3)
     assert tighter["capacity_rps"] < plain["capacity_rps"]
