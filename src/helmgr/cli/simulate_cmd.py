@@ -161,7 +161,7 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
             stderr.print(f"wrote {out_dir}/summary.json, summary.md and plots")
 
 
-GROUP_SHOWN = ("slo_ms", "requests", "p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps")
+GROUP_SHOWN = ("slo_ms", "requests", "shed", "p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps")
 
 
 def group_rows(summary: dict) -> dict:
