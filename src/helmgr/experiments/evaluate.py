@@ -284,8 +284,9 @@ def evaluate(ev: EvalConfig, folder: Path, jobs: int = 1, ray_address: str | Non
 def config_dict(ev: EvalConfig) -> dict:
     """The evaluation's configuration, JSON-safe."""
     d = asdict(ev)
+    blind = {"classes": None, "tenancy": "blind"}       # class-blind: written as before classes existed
     d["cluster"] = {k: v for k, v in d["cluster"].items()
-                    if k not in ("policy", "ratio", "router", "seed") and not (k == "classes" and v is None)}
+                    if k not in ("policy", "ratio", "router", "seed") and not (k in blind and v == blind[k])}
     d["helm_revision"] = stack_revision()           # which HELM its `helm` rows are (base hash, tiers, router)
     return d
 
