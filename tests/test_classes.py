@@ -159,12 +159,13 @@ def test_classes_count_every_request_the_same_on_both_paths():
     assert json.dumps(runs[0]["tenants"], sort_keys=True) == json.dumps(runs[1]["tenants"], sort_keys=True)
 
 
-def test_cli_classes(capsys):
+def test_cli_classes(capsys, tmp_path):
     assert main(["simulate", "--classes", "gold"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "unknown class table 'gold'" in err
     assert main(["simulate", "--duration", "6", "--rps", "200", "--nodes", "2", "--policy", "static", "--classes",
-                 "surfaces", "--json"]) == 0
+                 "surfaces", "--json", "--out", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "p99_windows_by_class.png").stat().st_size > 0
     s = json.loads(capsys.readouterr().out)
     assert set(s["classes"]) == {"feed", "interactive", "refresh"} and set(s["fairness"]) == {"jain"}
     assert s["classes"]["feed"]["slo_ms"] == 15.0

@@ -145,6 +145,11 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
             from helmgr.experiments.plots import plot_simulation
             title = f"{w.name}, {nodes} nodes, {summary['policy']} r={ratio:g}, {summary['router']}"
             pngs = plot_simulation(result.series, title, scratch)
+            if class_table is not None:
+                from helmgr.experiments.plots import plot_class_windows
+                from helmgr.sim.class_metrics import class_window_p99
+                windows = class_window_p99(result.cluster.rec, class_table, w.duration_s, cfg.window_s)
+                pngs += plot_class_windows(windows, result.series.bursts, f"{title}: per class", scratch)
             (scratch / "summary.json").write_text(json_text(summary))
             groups = "" if class_table is None else "\n" + markdown_table(group_rows(summary), GROUP_SHOWN)
             (scratch / "summary.md").write_text(f"# {title}\n\n" + markdown_table({k: summary[k] for k in SHOWN})

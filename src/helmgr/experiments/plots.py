@@ -29,6 +29,21 @@ def plot_workload(series: StreamSeries, title: str, path: Path, bursts=()) -> No
     plt.close(fig)
 
 
+def plot_class_windows(windows: dict, bursts, title: str, out: Path) -> list[str]:
+    """Each class's P99 per window against its own target (dashed, same colour)."""
+    names = []
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for k, (name, (starts, p99, slo_ms)) in enumerate(windows.items()):
+        colour = f"C{k % 10}"
+        ax.plot(starts, p99, marker=".", lw=1, color=colour, label=f"{name} (target {slo_ms:g} ms)")
+        ax.axhline(slo_ms, color=colour, ls="--", lw=1)
+    _shade_bursts(ax, bursts)
+    ax.set_yscale("log")
+    _decorate(ax, "time (s)", "window P99 (ms)", title)
+    _save(fig, out / "p99_windows_by_class.png", names)
+    return names
+
+
 def plot_simulation(series, title: str, out: Path) -> list[str]:
     """Latency CDF, P99 per window, ratio timeline per node, hit rates per window."""
     names = []

@@ -65,3 +65,18 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
     if not np.isfinite(fairness["jain"]):
         fairness["nulls"] = {"jain": "no tenant had a request completed after the warm-up"}
     return {"shed": len(rec.shed), "classes": classes, "tenants": tenants, "fairness": fairness}
+
+
+def class_window_p99(rec: Recorder, table: ClassTable, duration: float, window_s: float) -> dict:
+    """Per class, its P99 per window (by arrival) in ms, NaN where it had no request: what the
+    per-class plot draws. `{name: (window starts, P99s, target)}`."""
+    tenant = np.asarray(rec.tenant, np.int64)[np.asarray(rec.rid)]
+    cls = table.tenant_class[tenant]
+    arrival = np.asarray(rec.arrival)
+    latency = np.asarray(rec.end) - arrival
+    out = {}
+    for k, c in enumerate(table.classes):
+        m = cls == k
+        starts, p99, _, _ = window_stats(arrival[m], latency[m], window_s, duration)
+        out[c.name] = (starts, p99 * 1e3, c.slo_ms)
+    return out
