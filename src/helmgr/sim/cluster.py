@@ -28,20 +28,11 @@ from helmgr.sim.faults import Faults
 from helmgr.sim.metrics import Recorder
 from helmgr.sim.node import Node
 from helmgr.sim.node_queue import ClassQueue
+from helmgr.sim.tenancy import Shedding, node_queue
 from helmgr.sim.periodic import Periodic
 from helmgr.sim.service import BatchServer
 from helmgr.sim.windows import WindowBook
 from helmgr.workload import Workload
-
-
-def shed_limits(cfg: SimConfig, router: Router) -> list[float] | None:
-    """Per tenant, how late a request may be predicted to finish before `--tenancy helm` refuses
-    it: its class's target if the class is sheddable, else never (inf). None without shedding:
-    another tenancy, or a router with no predicted completion (only the HELM router has one)."""
-    if cfg.tenancy != "helm" or not hasattr(router, "last_decision"):
-        return None
-    t = cfg.classes
-    return [t.classes[k].slo_ms * 1e-3 if t.classes[k].sheddable else float("inf") for k in t.tenant_class]
 
 
 @dataclass(slots=True, eq=False)
@@ -70,7 +61,7 @@ class Cluster(Faults, Periodic):
                                       emb_sample=cfg.emb_sample)
         self.ids_per_refresh = self._ids_per_refresh()
         self._warmed_emb = None                  # the first node's warm EMB cache: the others copy it
-        self.slots = [Slot(self._fresh_node(i), self.new_queue()) for i in range(n)]
+        self.slots = [Slot(self._fresh_node(i), node_queue(cfg, self)) for i in range(n)]
         self.retired: list[Node] = []            # nodes replaced after a failure, for the totals
         self.shared: deque = deque()             # the central queue, when cfg.central_queue
         self.up = [True] * n                     # shared with the router (it routes to up nodes only)
@@ -87,7 +78,7 @@ class Cluster(Faults, Periodic):
             for i in range(n):
                 self.report(i, emb=True)
         self.rec = Recorder(n)
-        self.shed_after = shed_limits(cfg, router)
+        self.shedding = Shedding.of(cfg, router)
         self.windows = WindowBook(self.nodes)
         for i, s in enumerate(self.slots):
             policy.attach(i, s.node)
@@ -99,23 +90,6 @@ class Cluster(Faults, Periodic):
         self.engine = None                             # the compiled path's run (sim/engine.py), when it takes it
         for i, s in enumerate(self.slots):
             self.rec.ratio_change(0.0, i, s.node.ratio)
-
-    def new_queue(self):
-        """A node's queue: FCFS, or with a class-aware tenancy a `ClassQueue` (sim/node_queue.py)."""
-        if self.cfg.tenancy == "blind":
-            return deque()
-        return ClassQueue(self.cfg.classes, self, fair=self.cfg.tenancy == "helm")
-
-    def late(self, n: int, req: Request) -> bool:
-        """Whether `req`, routed to `n`, would finish past its class's target there by the router's
-        prediction (the node's predicted free time, then the request's predicted service): what
-        `--tenancy helm` refuses at once for a sheddable class (`shed_after`: per tenant, its
-        target in seconds if its class is sheddable, else infinity)."""
-        limit = self.shed_after[req.tenant]
-        if limit == float("inf"):
-            return False
-        service = self.router.last_decision.service_s
-        return max(self.router.expected_free(n), self.now) + service - req.t > limit
 
     def queue_len(self, n: int) -> int:
         """Requests waiting at node n (the compiled path replaces this with its own count)."""
@@ -271,7 +245,7 @@ class Cluster(Faults, Periodic):
                 self.start(idle, [req])
             return
         n = self.router.route_request(self.now, req.user, req.prefix_len, req.items, req.cands, req.segment)
-        if self.shed_after is not None and self.late(n, req):
+        if self.shedding is not None and self.shedding.late(self.router, n, req, self.now):
             self.rec.shed.append(req.rid)
             return
         self.router.dispatched(n, req.user, req.tokens)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from helmgr.routing.residency import ResidencyReporter
+from helmgr.sim.tenancy import node_queue
 
 
 class Faults:
@@ -19,7 +20,7 @@ class Faults:
         self.up[n] = False
         stranded = [req for served, _ in slot.inflight for req, _ in served] + list(slot.queue)
         slot.gen += 1
-        slot.inflight, slot.queue, slot.busy, slot.refill_at = deque(), self.new_queue(), False, None
+        slot.inflight, slot.queue, slot.busy, slot.refill_at = deque(), node_queue(self.cfg, self), False, None
         slot.compute_free = 0.0
         self.router.node_down(n)
         self.rec.ratio_change(self.now, n, None)

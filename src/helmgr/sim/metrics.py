@@ -1,5 +1,4 @@
-"""Metrics: per request, per window, per node and in total, and the run's JSON summary
-(docs/simulator.md#metrics)."""
+"""Metrics: per request, per window, per node and in total; the run's JSON summary (docs/simulator.md#metrics)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,15 +70,12 @@ class Recorder:
         self.requests = 0
         f, i = np.float64, np.int64
         self.arrival, self.start, self.end, self.node = Column(f), Column(f), Column(f), Column(i)
-        self.burst, self.rerouted = Column(bool), Column(i)
+        self.burst, self.rerouted, self.rid = Column(bool), Column(i), Column(i)      # rid: arrival order
         self.ids, self.misses, self.prefix, self.kv_tokens, self.unfilled = (Column(i) for _ in range(5))
         self.fetch, self.launch = Column(f), Column(f)   # its own rows' fetch (s); when its compute began
-        self.rid = Column(i)                              # its request id (arrival order)
-        self.tenant = Column(np.int32)                    # by request id: its tenant (with a class table)
-        self.shed = Column(i)                             # the ids of the requests refused (--tenancy helm)
+        self.tenant, self.shed = Column(np.int32), Column(i)   # by rid, the tenant (a class table); rids shed
         self.timeline: list[tuple[float, int, float | None]] = []   # (t, node, ratio or None = down)
-        self.window_t: list[float] = []
-        self.window_queues: list[list[int]] = []
+        self.window_t, self.window_queues = [], []                  # per window: its end, the nodes' queues
         self.window_loads: list[list[float]] = []   # per node: its busier engine's share of the window
 
     def complete(self, req: Request, svc: Service, node: int, now: float) -> None:

@@ -1,0 +1,41 @@
+"""How a cluster serves a class table (docs/tenancy.md): each node's queue, and which requests
+`--tenancy helm` sheds."""
+from __future__ import annotations
+
+from collections import deque
+
+from helmgr.core.records import Request
+from helmgr.sim.config import SimConfig
+from helmgr.sim.node_queue import ClassQueue
+
+
+def node_queue(cfg: SimConfig, clock) -> deque | ClassQueue:
+    """A node's queue: FCFS, or under a class-aware tenancy a `ClassQueue` reading `clock.now`."""
+    if cfg.tenancy == "blind":
+        return deque()
+    return ClassQueue(cfg.classes, clock, fair=cfg.tenancy == "helm")
+
+
+class Shedding:
+    """`--tenancy helm` with a router that predicts completions (the HELM router): a request of a
+    sheddable class predicted to finish past its class's target at the node the router chose
+    (its best) is refused at once."""
+
+    def __init__(self, limits: list[float]):
+        self.limits = limits                 # per tenant: its target (s) if sheddable, else inf
+
+    @classmethod
+    def of(cls, cfg: SimConfig, router) -> "Shedding | None":
+        """None where nothing is shed: another tenancy, or a router with no predicted completion."""
+        if cfg.tenancy != "helm" or not hasattr(router, "last_decision"):
+            return None
+        t = cfg.classes
+        return cls([t.classes[k].slo_ms * 1e-3 if t.classes[k].sheddable else float("inf") for k in t.tenant_class])
+
+    def late(self, router, n: int, req: Request, now: float) -> bool:
+        """Whether `req`, just routed to `n`, is predicted to finish there past its limit: the
+        node's predicted free time in the router's books, then the request's predicted service."""
+        limit = self.limits[req.tenant]
+        if limit == float("inf"):
+            return False
+        return max(router.expected_free(n), now) + router.last_decision.service_s - req.t > limit
