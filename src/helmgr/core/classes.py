@@ -14,14 +14,13 @@ every request the regime's bursts add (docs/tenancy.md).
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 
 import numpy as np
 
 from helmgr.core.errors import HelmInputError
 from helmgr.core.hashing import hash_uniform
-from helmgr.core.profiles import read_preset
+from helmgr.core.profiles import read_toml
 from helmgr.core.validate import NON_NEGATIVE, POSITIVE, Range, check_record
 
 SHARE_TOLERANCE = 1e-6          # tenants' shares must sum to 1 within this
@@ -128,11 +127,5 @@ def parse_table(data: dict, where: str) -> ClassTable:
 def load_table(name_or_path: str) -> ClassTable:
     """A shipped class table by name (`surfaces`) or a TOML file; every error names the file and
     the bad value."""
-    where, raw = read_preset("classes", name_or_path, "class table")
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise HelmInputError(f"{where} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise HelmInputError(f"{where} is not valid TOML: {exc}") from None
+    where, data = read_toml("classes", name_or_path, "class table")
     return parse_table(data, where)

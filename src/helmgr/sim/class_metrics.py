@@ -34,6 +34,12 @@ def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_m
     return out | ({"nulls": nulls} if nulls else {})
 
 
+def completed(rec: Recorder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The completed requests' tenants, arrivals and latencies, in completion order."""
+    arrival = np.asarray(rec.arrival)
+    return np.asarray(rec.tenant, np.int64)[np.asarray(rec.rid)], arrival, np.asarray(rec.end) - arrival
+
+
 def jain(x: np.ndarray) -> float:
     """Jain's index (sum x)^2 / (n sum x^2): 1 when every value is equal, 1/n when one holds all."""
     x = np.asarray(x, float)
@@ -44,10 +50,7 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
     """`classes` and `tenants` (name -> figures) and `fairness`: Jain's index over the tenants'
     SLO attainment (the share of each one's requests answered within its class's target)."""
     tenant_all = np.asarray(rec.tenant, np.int64)
-    of_rid = np.asarray(rec.rid)
-    tenant = tenant_all[of_rid]
-    arrival = np.asarray(rec.arrival)
-    latency = np.asarray(rec.end) - arrival
+    tenant, arrival, latency = completed(rec)
     cls_of = table.tenant_class
     per_tenant = np.bincount(tenant_all, minlength=len(table.tenants))
     shed = np.bincount(tenant_all[np.asarray(rec.shed)], minlength=len(table.tenants))
@@ -70,10 +73,8 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
 def class_window_p99(rec: Recorder, table: ClassTable, duration: float, window_s: float) -> dict:
     """Per class, its P99 per window (by arrival) in ms, NaN where it had no request: what the
     per-class plot draws. `{name: (window starts, P99s, target)}`."""
-    tenant = np.asarray(rec.tenant, np.int64)[np.asarray(rec.rid)]
+    tenant, arrival, latency = completed(rec)
     cls = table.tenant_class[tenant]
-    arrival = np.asarray(rec.arrival)
-    latency = np.asarray(rec.end) - arrival
     out = {}
     for k, c in enumerate(table.classes):
         m = cls == k

@@ -21,8 +21,6 @@ import math
 from collections import deque
 from heapq import heappop, heappush
 
-import numpy as np
-
 from helmgr.core.classes import ClassTable
 from helmgr.core.records import Request
 
@@ -34,7 +32,7 @@ class ClassQueue:
     def __init__(self, table: ClassTable, clock, fair: bool = True):
         """`clock`: whatever holds the simulated time as `.now` (the cluster; a fork's copy reads its own)."""
         k = table.tenant_class
-        self.band_of = np.array([table.classes[c].band for c in k]).tolist()
+        self.band_of = [table.classes[c].band for c in k]
         self.quantum = [QUANTUM_TOKENS * table.classes[c].weight for c in k]
         bands = sorted(set(self.band_of))
         self.bands = bands

@@ -191,8 +191,10 @@ def check_profile(cls, data: dict, where: str) -> dict:
     return check_record(cls, data, ranges, where)
 
 
-def _load(kind: str, name_or_path: str, cls):
-    where, raw = read_preset(kind, name_or_path)
+def read_toml(kind: str, name_or_path: str, what: str | None = None) -> tuple[str, dict]:
+    """(where, parsed TOML) of a preset of `kind` or a `.toml` file (`read_preset`); a binary file,
+    text that is not UTF-8 or not TOML is a named error."""
+    where, raw = read_preset(kind, name_or_path, what)
     if b"\0" in raw:
         raise HelmInputError(f"{where} is a binary file, not TOML")
     try:
@@ -203,6 +205,11 @@ def _load(kind: str, name_or_path: str, cls):
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise HelmInputError(f"{where} is not valid TOML: {exc}") from None
+    return where, data
+
+
+def _load(kind: str, name_or_path: str, cls):
+    where, data = read_toml(kind, name_or_path)
     return cls(**check_profile(cls, data, where))
 
 
