@@ -89,7 +89,8 @@ def class_options(f):
     f = click.option("--tenancy", type=click.Choice(TENANCIES), default="blind", show_default=True,
                      help="How each node's queue serves the classes: blind (FCFS; figures per class only), strict "
                           "(priority bands, FCFS in each), helm (bands with minimum shares; tenants by deficit "
-                          "round robin on uncached work). Class-aware queues run on the Python path.")(f)
+                          "round robin on uncached work; with the HELM router, a sheddable class's request predicted "
+                          "late is refused). Class-aware queues run on the Python path.")(f)
     return click.option("--classes", "class_table", default=None, metavar="NAME|FILE", callback=classes_checked,
                         help=f"SLO classes and tenants ({', '.join(available('classes'))}, or a TOML file): "
                              "figures per class and tenant, each against its class's target.")(f)
