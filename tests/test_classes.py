@@ -55,6 +55,9 @@ def test_parse_keeps_every_field():
     (with_("classes.tight.band", 1.5), "band"),
     (with_("classes.tight.slo_ms", 0.0), "slo_ms"),
     (with_("classes.loose.min_share", 1.0), "min_share"),
+    (with_("classes.loose.kv_floor", 1.0), "kv_floor"),
+    ({**TWO, "classes": {"tight": {"slo_ms": 10.0, "kv_floor": 0.5}, "loose": {"slo_ms": 9.0, "kv_floor": 0.5}}},
+     "classes' kv_floor sum to 1, which must stay below 1"),
     (with_("classes.loose.sheddable", "yes"), "sheddable must be true or false, got 'yes'"),
     (with_("classes.tight.target", 3), "unknown ['target']"),
     (with_("classes.tight.name", "x"), "unknown ['name']"),
@@ -115,6 +118,9 @@ def test_group_figures_by_hand():
     assert f["slo_attainment"] == pytest.approx(4 / 5)             # 20 ms misses
     assert f["goodput_rps"] == pytest.approx(4 / 3.0)              # 4 good over the 3 s after the warm-up
     assert f["window_slo_satisfaction"] == pytest.approx(2 / 3)    # window 1 holds the 20-ms one
+    prefix, kv = np.array([10, 10, 0, 20, 10, 0]), np.array([10, 5, 0, 5, 0, 0])
+    f = group_figures(7, arrival, latency, 10.0, 4.0, 1.0, 1.0, prefix=prefix, kv=kv)
+    assert f["kv_hit_rate"] == pytest.approx(10 / 40)              # the warm-up's 10 of 10 dropped
     empty = group_figures(0, np.zeros(0), np.zeros(0), 10.0, 4.0, 1.0, 1.0)
     assert math.isnan(empty["p99_ms"]) and set(empty["nulls"]) == {"p50_ms", "p99_ms", "slo_attainment",
                                                                     "window_slo_satisfaction"}
@@ -216,3 +222,19 @@ def test_helm_sheds_a_sheddable_class_predicted_late_and_loses_nothing():
     for name, c in s["tenants"].items():
         assert c["completed"] + c["shed"] == c["requests"], name
     assert s["classes"]["tight"]["p99_ms"] < runs["strict"]["classes"]["tight"]["p99_ms"]   # less load behind it
+
+
+def test_helm_keeps_the_top_bands_prefixes_and_the_floors_hold():
+    t = load_table("surfaces")
+    runs = {ten: simulate(SimConfig(nodes=2, seed=1, warmup_s=2.0, classes=t, tenancy=ten),
+                          small("steady", seed=1, rps=1500.0, duration_s=10.0)) for ten in ("strict", "helm")}
+    hit = {ten: [r.summary["classes"][c]["kv_hit_rate"] for c in t.class_names] for ten, r in runs.items()}
+    assert hit["helm"][0] > 1.3 * hit["strict"][0]           # the feed's prefixes stay
+    assert hit["helm"][2] < hit["strict"][2]                  # the refresh's go first
+    assert t.band_floors == [0.0, 0.2, 0.05]
+    for node in runs["helm"].cluster.nodes:
+        kv = node.kv
+        kv.check_integrity()
+        assert kv.groups == 3 and node.kv_group == [0, 1, 1, 1, 2]
+        assert kv.group_bytes(0) > kv.group_bytes(1) > 0 and kv.group_bytes(2) > 0
+    assert all(node.kv.groups == 1 for node in runs["strict"].cluster.nodes)

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
+from helmgr.memory import kv_slots as S
 from helmgr.memory import kv_table as K
 from helmgr.memory.kv import KVCache
 from tests import kv_reference as ref
@@ -163,7 +164,7 @@ def _same_home(slots: int, n: int) -> list[int]:
     homes: dict[int, list[int]] = {}
     tab = np.full((4, slots), -1, np.int64)
     for user in range(10 ** 5):
-        group = homes.setdefault(int(K._home(tab, user)), [])
+        group = homes.setdefault(int(S._home(tab, user)), [])
         group.append(user)
         if len(group) == n:
             return group
@@ -178,13 +179,13 @@ def test_a_deleted_slot_is_a_tombstone_that_a_new_user_reuses():
     home = K.kv_find(meta, tab, a)
     assert K.kv_find(meta, tab, b) == (home + 1) % K.MIN_SLOTS
     K.kv_resize(meta, tab, log, 1, *g)                                     # evicts a (LRU)
-    assert tab[K.KEY, home] == K.TOMB and meta[K.TOMBS] == 1 and K.kv_peek(meta, tab, b) == 1
+    assert tab[K.KEY, home] == S.TOMB and meta[K.TOMBS] == 1 and K.kv_peek(meta, tab, b) == 1
     K.kv_resize(meta, tab, log, 2, *g)
     K.kv_insert(meta, tab, log, c, 1, *g)
     assert K.kv_find(meta, tab, c) == home and meta[K.TOMBS] == 0
     K.kv_resize(meta, tab, log, 1, *g)                                     # evicts b: its next slot is empty
     K.kv_resize(meta, tab, log, 0, *g)                                     # and c: then both slots are
-    assert meta[K.TOMBS] == 0 and np.all(tab[K.KEY] == K.EMPTY) and meta[K.HEAD] == meta[K.TAIL] == -1
+    assert meta[K.TOMBS] == 0 and np.all(tab[K.KEY] == S.EMPTY) and meta[K.HEAD] == meta[K.TAIL] == -1
 
 
 @njit          # not cached: numba would not see a change to memory/kv.py, which it compiles in

@@ -167,7 +167,8 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
             stderr.print(f"wrote {out_dir}/summary.json, summary.md and plots")
 
 
-GROUP_SHOWN = ("slo_ms", "requests", "shed", "p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps")
+GROUP_SHOWN = ("slo_ms", "requests", "shed", "p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps",
+               "kv_hit_rate")
 
 
 def group_rows(summary: dict) -> dict:

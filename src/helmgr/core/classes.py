@@ -35,6 +35,7 @@ class SloClass:
     weight: float = 1.0          # its tenants' weight within the band
     sheddable: bool = False      # may be refused when no node can meet its target
     min_share: float = 0.0       # the least service its band keeps while higher bands are backlogged
+    kv_floor: float = 0.0        # the part of a node's KV cache its prefixes keep from higher bands
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ class Tenant:
 
 
 _CLASS_RANGES = {"slo_ms": POSITIVE, "band": NON_NEGATIVE, "weight": POSITIVE,
-                 "min_share": Range(0.0, 1.0, high_open=True)}
+                 "min_share": Range(0.0, 1.0, high_open=True), "kv_floor": Range(0.0, 1.0, high_open=True)}
 _TENANT_RANGES = {"share": Range(0.0, 1.0, low_open=True)}
 
 
@@ -69,6 +70,20 @@ class ClassTable:
         """Each tenant's class, as an index into `classes`."""
         index = {c.name: i for i, c in enumerate(self.classes)}
         return np.array([index[t.slo_class] for t in self.tenants], np.int64)
+
+    @property
+    def tenant_band(self) -> np.ndarray:
+        """Each tenant's priority band."""
+        return np.array([self.classes[k].band for k in self.tenant_class], np.int64)
+
+    @property
+    def band_floors(self) -> list[float]:
+        """Per band 0..max: the part of a node's KV cache its classes' prefixes keep (the sum of
+        their `kv_floor`)."""
+        floors = [0.0] * (max(c.band for c in self.classes) + 1)
+        for c in self.classes:
+            floors[c.band] += c.kv_floor
+        return floors
 
     def assign(self, user: np.ndarray, burst: np.ndarray, seed: int) -> np.ndarray:
         """The tenant (index into `tenants`) of requests from these users with these burst flags:
@@ -118,6 +133,9 @@ def parse_table(data: dict, where: str) -> ClassTable:
             raise HelmInputError(f"{where}: tenant {name!r} names unknown class {tenant.slo_class!r} "
                                  f"(known: {', '.join(raw_classes)})")
         tenants.append(tenant)
+    floors = sum(c.kv_floor for c in classes)
+    if floors >= 1:
+        raise HelmInputError(f"{where}: classes' kv_floor sum to {floors:g}, which must stay below 1")
     total = sum(t.share for t in tenants)
     if abs(total - 1.0) > SHARE_TOLERANCE:
         raise HelmInputError(f"{where}: tenants' shares sum to {total:g}, not 1")

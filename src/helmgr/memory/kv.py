@@ -15,10 +15,11 @@ from collections import OrderedDict
 
 import numpy as np
 
-from helmgr.memory.kv_table import (CAP_BYTES, COUNT, EVENT, EVICT, EVICTED, KEY, LOG_EVENTS, LOG_N, LOG_SPILLS,
-                                    LOGGING, PREV, SPILL, TAIL, TAIL_FIRST, TOK, TOMB, TOMBS, USED, _findable,
-                                    ghost_arrays, kv_arrays, kv_insert, kv_lookup, kv_order, kv_peek, kv_reserve,
-                                    kv_resize, kv_room)
+from helmgr.memory.kv_slots import (CAP_BYTES, COUNT, EVENT, EVICT, EVICTED, G_USED, GROUP, KEY, LOG_EVENTS, LOG_N,
+                                    LOG_SPILLS, LOGGING, PREV, SPILL, TAIL_FIRST, TOK, TOMB, TOMBS, USED, _at, _ends,
+                                    _findable, _groups, kv_order, kv_set_floor)
+from helmgr.memory.kv_table import (ghost_arrays, kv_arrays, kv_insert, kv_lookup, kv_peek, kv_reserve, kv_resize,
+                                    kv_room)
 from helmgr.memory.pool import SizeInfo
 
 
@@ -79,6 +80,33 @@ class KVCache:
         self._events: list[tuple[int, int]] | None = None
         self._set_logging(LOG_SPILLS, self.host is not None)
         self._inserts_left = self._room()
+
+    def set_groups(self, floors: list[float]) -> None:
+        """Make the (empty) cache class-aware: one LRU list per group, `len(floors)` groups,
+        group g >= 1 keeping `floors[g]` of the capacity before a lower group yields (memory/
+        kv_table.py `_evict`: the last group is evicted first; `floors[0]` is not used)."""
+        if self.meta[COUNT]:
+            raise ValueError("set_groups needs an empty KV cache")
+        if any(not 0 <= f < 1 for f in floors) or sum(floors[1:]) >= 1:
+            raise ValueError(f"KV group floors must be in [0, 1) and sum below 1, got {floors}")
+        meta = self.meta
+        self.meta, self.tab, self.log = kv_arrays(self.bytes_per_token, self.tokens_per_page, int(meta[CAP_BYTES]),
+                                                  bool(meta[TAIL_FIRST]), groups=len(floors))
+        self.meta[LOGGING] = meta[LOGGING]
+        for g, f in enumerate(floors[1:], 1):
+            kv_set_floor(self.meta, g, round(f * 1_000_000))
+        self._views()
+        self._inserts_left = self._room()
+
+    @property
+    def groups(self) -> int:
+        return _groups(self.meta)
+
+    def group_bytes(self, g: int) -> int:
+        """Bytes cached in group g."""
+        if g:
+            return int(self.meta[_at(g, G_USED)])
+        return self.used_bytes - sum(self.group_bytes(h) for h in range(1, self.groups))
 
     def _views(self) -> None:
         self._meta_view = memoryview(self.meta)          # reads and writes a scalar 2x faster than numpy
@@ -169,13 +197,13 @@ class KVCache:
         """Cached prefix tokens of `user`, without touching the LRU order."""
         return kv_peek(self.meta, self.tab, user)
 
-    def insert(self, user: int, tokens: int) -> int:
-        """Cache `tokens` prefix positions of `user` as most recently used, evicting others to
-        fit. Returns the tokens actually cached (fewer if the prefix alone does not fit)."""
+    def insert(self, user: int, tokens: int, group: int = 0) -> int:
+        """Cache `tokens` prefix positions of `user` as most recently used (in `group`), evicting
+        others to fit. Returns the tokens actually cached (fewer if the prefix alone does not fit)."""
         if self._inserts_left <= 0:
             self.attach(*kv_reserve(self.meta, self.tab, self.log, self.gmeta, self.gtab))
         self._inserts_left -= 1
-        cached = kv_insert(self.meta, self.tab, self.log, user, tokens, self.gmeta, self.gtab)
+        cached = kv_insert(self.meta, self.tab, self.log, user, tokens, self.gmeta, self.gtab, group)
         if self._logging:
             n = self._meta_view[LOG_N]
             if n == 1 and cached and self._events is not None:   # the one row is this insert's event
@@ -239,9 +267,15 @@ class KVCache:
         keyed = np.flatnonzero(tab[KEY] >= 0)
         assert len(order) == len(keyed) == meta[COUNT], (len(order), len(keyed), meta[COUNT])
         assert np.array_equal(np.sort(order), keyed), "the LRU list and the keyed slots differ"
-        if len(order):
-            assert meta[TAIL] == order[-1] and tab[PREV, order[0]] == -1
-            assert np.array_equal(tab[PREV, order[1:]], order[:-1]), "PREV and NEXT disagree"
+        groups = tab[GROUP, order]
+        assert np.all(np.diff(groups) >= 0) and (len(order) == 0 or groups[-1] < self.groups)
+        for g in range(self.groups):
+            part = order[groups == g]
+            if len(part):
+                assert meta[_ends(g)[1]] == part[-1] and tab[PREV, part[0]] == -1
+                assert np.array_equal(tab[PREV, part[1:]], part[:-1]), "PREV and NEXT disagree"
+            if g:
+                assert int(tab[TOK, part].sum()) * self.bytes_per_token == self.group_bytes(g)
         assert np.count_nonzero(tab[KEY] == TOMB) == meta[TOMBS]
         assert 2 * (meta[COUNT] + meta[TOMBS]) <= tab.shape[1] and _findable(meta, tab)
         tokens = tab[TOK, order]

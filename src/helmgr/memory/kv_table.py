@@ -4,11 +4,9 @@ is their Python face).
 The LRU lives in three int64 arrays that compiled code (the simulator's engine) works on directly
 through the `kv_*` functions; `KVCache` is the Python face of the same arrays.
 
-- `meta[KV_META]`: the scalars, named by the indices below.
-- `tab[4, slots]`: an open-addressing hash table (linear probing, `slots` a power of two) whose
-  slots are also the nodes of the LRU's doubly linked list: rows KEY (the user; EMPTY, or TOMB
-  for a deleted one), TOK (cached tokens), PREV and NEXT (slots; -1: none). meta[HEAD] is the
-  least recently used slot, meta[TAIL] the most recently used.
+- `meta` and `tab`: the scalars, the hash table and the LRU lists, one per group
+  (memory/kv_slots.py). A cache of several groups (class-aware eviction, docs/tenancy.md)
+  evicts its last group first, each group down to its floor (`_evict`).
 - `log[4, L]`: what happened that the Python side replays onto the parts that are not arrays
   (the host tier, `events`), in order, as rows (kind, user, a, b): EVICT (user, tokens it had,
   tokens left) — the user's tokens go to the host tier, `(user, left)` to `events`; SPILL (user,
@@ -27,29 +25,25 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# meta: least/most recently used slot, entries, bytes used, capacity, bytes per token, tokens per
-# page, tail-first flag, tokens evicted so far, tombstones, log rows used, what to log
-HEAD, TAIL, COUNT, USED, CAP_BYTES, BPT, TPP, TAIL_FIRST, EVICTED, TOMBS, LOG_N, LOGGING = range(12)
-KV_META = 12
-KEY, TOK, PREV, NEXT = 0, 1, 2, 3           # rows of tab
-EMPTY, TOMB = -1, -2                        # tab[KEY] of a free slot
-EVICT, SPILL, EVENT = 1, 2, 3               # log kinds
-LOG_EVENTS, LOG_SPILLS = 1, 2               # bits of meta[LOGGING]
-MIN_SLOTS = 16
-_MIX = -7046029254386353131                 # 0x9E3779B97F4A7C15 (Fibonacci hashing), as int64
+from helmgr.memory.kv_slots import (BPT, CAP_BYTES, COUNT, EVENT, EVICT, EVICTED, G_FLOOR, G_USED, GROUP, GROUP_META,
+                                    HEAD, KEY, KV_META, LOG_EVENTS, LOG_N, LOG_SPILLS, LOGGING, MIN_SLOTS, SPILL, TAIL,
+                                    TAIL_FIRST, TOK, TOMBS, TPP, USED, _at, _charge, _claim, _delete, _ends, _groups,
+                                    _link_tail, _reset_lists, _unlink, kv_find, kv_order)
 
 
 def kv_arrays(bytes_per_token: int, tokens_per_page: int, capacity_bytes: int = 0, tail_first: bool = False,
-              slots: int = MIN_SLOTS):
-    """A new, empty cache's (meta, tab, log)."""
+              slots: int = MIN_SLOTS, groups: int = 1):
+    """A new, empty cache's (meta, tab, log), of `groups` LRU lists."""
     if slots < MIN_SLOTS or slots & (slots - 1):
         raise ValueError(f"slots must be a power of two >= {MIN_SLOTS}, got {slots}")
-    meta = np.zeros(KV_META, np.int64)
-    meta[HEAD] = meta[TAIL] = -1
+    if groups < 1:
+        raise ValueError(f"a KV cache needs at least one group, got {groups}")
+    meta = np.zeros(KV_META + GROUP_META * (groups - 1), np.int64)
+    _reset_lists(meta)
     meta[CAP_BYTES], meta[BPT], meta[TPP] = capacity_bytes, bytes_per_token, tokens_per_page
     meta[TAIL_FIRST] = tail_first
-    tab = np.full((4, slots), -1, np.int64)
-    tab[TOK] = 0
+    tab = np.full((5, slots), -1, np.int64)
+    tab[TOK] = tab[GROUP] = 0
     return meta, tab, np.zeros((4, slots // 2 + 4), np.int64)
 
 
@@ -57,84 +51,6 @@ def ghost_arrays(bytes_per_token: int, capacity_bytes: int = -1):
     """A ghost queue's (gmeta, gtab), empty, of `capacity_bytes` (< 0: none)."""
     meta, tab, _ = kv_arrays(bytes_per_token, 1, capacity_bytes)
     return meta, tab
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _home(tab, user):
-    h = user * _MIX
-    return (h ^ (h >> 32)) & (tab.shape[1] - 1)
-
-
-@njit(cache=True, nogil=True)
-def kv_find(meta, tab, user):
-    """The slot holding `user`, or -1."""
-    mask = tab.shape[1] - 1
-    s = _home(tab, user)
-    while True:
-        k = tab[KEY, s]
-        if k == user:
-            return s
-        if k == EMPTY:
-            return -1
-        s = (s + 1) & mask
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _unlink(meta, tab, s):
-    p, n = tab[PREV, s], tab[NEXT, s]
-    if p >= 0:
-        tab[NEXT, p] = n
-    else:
-        meta[HEAD] = n
-    if n >= 0:
-        tab[PREV, n] = p
-    else:
-        meta[TAIL] = p
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _link_tail(meta, tab, s):
-    t = meta[TAIL]
-    tab[PREV, s], tab[NEXT, s] = t, -1
-    if t >= 0:
-        tab[NEXT, t] = s
-    else:
-        meta[HEAD] = s
-    meta[TAIL] = s
-
-
-@njit(cache=True, nogil=True)
-def _claim(meta, tab, user):
-    """A slot for a user not in the table (the first tombstone on its probe path, else the empty
-    slot that ends it), keyed to `user`."""
-    mask = tab.shape[1] - 1
-    s = _home(tab, user)
-    while tab[KEY, s] >= 0:
-        s = (s + 1) & mask
-    if tab[KEY, s] == TOMB:
-        meta[TOMBS] -= 1
-    tab[KEY, s] = user
-    meta[COUNT] += 1
-    return s
-
-
-@njit(cache=True, nogil=True)
-def _delete(meta, tab, s):
-    """Free an unlinked slot: a tombstone, unless the next slot is empty (then it and the
-    tombstones just before it are empty again: no probe path runs through them)."""
-    mask = tab.shape[1] - 1
-    meta[COUNT] -= 1
-    tab[TOK, s] = 0
-    if tab[KEY, (s + 1) & mask] != EMPTY:
-        tab[KEY, s] = TOMB
-        meta[TOMBS] += 1
-        return
-    tab[KEY, s] = EMPTY
-    s = (s - 1) & mask
-    while tab[KEY, s] == TOMB:
-        tab[KEY, s] = EMPTY
-        meta[TOMBS] -= 1
-        s = (s - 1) & mask
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -199,15 +115,34 @@ def ghost_put(gm, gt, user, tokens):
 
 @njit(cache=True, nogil=True)
 def _evict(meta, tab, log, need_bytes, gm, gt):
-    """Free at least `need_bytes`, least recently used first (whole pages off its tail with
-    tail-first); each user evicted from goes into the ghost queue with the tokens it had."""
+    """Free at least `need_bytes`. One group: least recently used first. More: the last group
+    first, each group while it holds more than its floor, least recently used first within it;
+    then, only if that is not enough, the same order without the floors."""
+    groups = _groups(meta)
+    for floors in range(1, -1, -1):
+        for g in range(groups - 1, -1, -1):
+            keep = -1
+            if g and floors:
+                keep = meta[CAP_BYTES] * meta[_at(g, G_FLOOR)] // 1_000_000
+            need_bytes = _evict_group(meta, tab, log, g, need_bytes, keep, gm, gt)
+            if need_bytes <= 0:
+                return
+
+
+@njit(cache=True, nogil=True)
+def _evict_group(meta, tab, log, g, need_bytes, keep, gm, gt):
+    """Free up to `need_bytes` from group g while it holds more than `keep` bytes (< 0: to the
+    last), least recently used first (whole pages off its tail with tail-first); each user
+    evicted from goes into the ghost queue with the tokens it had. Returns what is still needed."""
     bpt, tpp = meta[BPT], meta[TPP]
-    while need_bytes > 0 and meta[HEAD] >= 0:
-        s = meta[HEAD]
+    head = _ends(g)[0]
+    while need_bytes > 0 and meta[head] >= 0 and (keep < 0 or meta[_at(g, G_USED)] > keep):
+        s = meta[head]
         user, tokens = tab[KEY, s], tab[TOK, s]
         drop = tokens
         if meta[TAIL_FIRST]:
             drop = min(tokens, (need_bytes + tpp * bpt - 1) // (tpp * bpt) * tpp)
+        _charge(meta, tab, s, -drop * bpt)
         if drop == tokens:
             _unlink(meta, tab, s)
             _delete(meta, tab, s)
@@ -217,9 +152,9 @@ def _evict(meta, tab, log, need_bytes, gm, gt):
             _log(meta, log, EVICT, user, tokens, tokens - drop)
         if gm[CAP_BYTES] >= 0:
             ghost_put(gm, gt, user, tokens)
-        meta[USED] -= drop * bpt
         need_bytes -= drop * bpt
         meta[EVICTED] += drop
+    return need_bytes
 
 
 @njit(cache=True, nogil=True)
@@ -233,17 +168,17 @@ def _uncache(meta, tab, log, s, user, old):
 
 
 @njit(cache=True, nogil=True)
-def kv_insert(meta, tab, log, user, tokens, gm, gt):
-    """Cache `tokens` prefix positions of `user` as most recently used, evicting others to fit
-    (into the ghost queue `gm`, `gt`, which `user` leaves). Returns the tokens actually cached
-    (fewer if the prefix alone does not fit). A new user needs `kv_room`."""
+def kv_insert(meta, tab, log, user, tokens, gm, gt, group=0):
+    """Cache `tokens` prefix positions of `user` as most recently used in `group`, evicting
+    others to fit (into the ghost queue `gm`, `gt`, which `user` leaves). Returns the tokens
+    actually cached (fewer if the prefix alone does not fit). A new user needs `kv_room`."""
     bpt = meta[BPT]
     s = kv_find(meta, tab, user)
     old = 0
     if s >= 0:
         old = tab[TOK, s]
         _unlink(meta, tab, s)
-        meta[USED] -= old * bpt
+        _charge(meta, tab, s, -old * bpt)
     ghost_drop(gm, gt, user)
     fit = meta[CAP_BYTES] // bpt
     if tokens > fit:
@@ -260,9 +195,9 @@ def kv_insert(meta, tab, log, user, tokens, gm, gt):
     _evict(meta, tab, log, meta[USED] + tokens * bpt - meta[CAP_BYTES], gm, gt)
     if s < 0:
         s = _claim(meta, tab, user)
-    tab[TOK, s] = tokens
+    tab[TOK, s], tab[GROUP, s] = tokens, group
     _link_tail(meta, tab, s)
-    meta[USED] += tokens * bpt
+    _charge(meta, tab, s, tokens * bpt)
     if meta[LOGGING] & LOG_EVENTS:
         _log(meta, log, EVENT, user, tokens, 0)
     return tokens
@@ -317,35 +252,13 @@ def kv_reserve(meta, tab, log, gm, gt):
 
 @njit(cache=True, nogil=True)
 def _rehash(meta, tab, slots):
-    new = np.full((4, slots), -1, np.int64)
-    new[TOK] = 0
-    s = meta[HEAD]
-    meta[HEAD] = meta[TAIL] = -1
+    new = np.full((5, slots), -1, np.int64)
+    new[TOK] = new[GROUP] = 0
+    order = kv_order(meta, tab)
+    _reset_lists(meta)
     meta[COUNT] = meta[TOMBS] = 0
-    while s >= 0:
+    for s in order:
         t = _claim(meta, new, tab[KEY, s])
-        new[TOK, t] = tab[TOK, s]
+        new[TOK, t], new[GROUP, t] = tab[TOK, s], tab[GROUP, s]
         _link_tail(meta, new, t)
-        s = tab[NEXT, s]
     return new
-
-
-@njit(cache=True, nogil=True)
-def kv_order(meta, tab):
-    """The linked slots, least recently used first (stops after COUNT + 1, so a cycle shows)."""
-    out = np.empty(meta[COUNT] + 1, np.int64)
-    n, s = 0, meta[HEAD]
-    while s >= 0 and n < out.shape[0]:
-        out[n] = s
-        n += 1
-        s = tab[NEXT, s]
-    return out[:n]
-
-
-@njit(cache=True, nogil=True)
-def _findable(meta, tab):
-    """Every keyed slot is where a probe for its user ends."""
-    for s in range(tab.shape[1]):
-        if tab[KEY, s] >= 0 and kv_find(meta, tab, tab[KEY, s]) != s:
-            return False
-    return True

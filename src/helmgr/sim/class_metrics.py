@@ -11,13 +11,16 @@ from helmgr.sim.metrics import NAN, Recorder, window_stats
 
 _NO_REQUEST = "no request of it completed after the warm-up"
 GROUP_NULLS = {"p50_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "slo_attainment": _NO_REQUEST,
-               "window_slo_satisfaction": "no window after the warm-up had a completed request of it"}
+               "window_slo_satisfaction": "no window after the warm-up had a completed request of it",
+               "kv_hit_rate": "no request of it with a history prefix completed after the warm-up"}
 
 
 def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_ms: float, duration: float,
-                  window_s: float, warmup_s: float, shed: int = 0) -> dict:
+                  window_s: float, warmup_s: float, shed: int = 0, prefix: np.ndarray | None = None,
+                  kv: np.ndarray | None = None) -> dict:
     """One class's or tenant's figures from its completed requests, against its target `slo_ms`;
-    like the run's own, latency figures cover the arrivals after `warmup_s`."""
+    like the run's own, latency figures cover the arrivals after `warmup_s`. With the requests'
+    `prefix` and cached `kv` tokens, also its KV hit rate (cached / prefix tokens)."""
     keep = arrival >= warmup_s
     lat, slo_s = latency[keep], slo_ms * 1e-3
     span = max(duration - warmup_s, 1e-9)
@@ -30,12 +33,16 @@ def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_m
            "slo_attainment": float(ok.mean()) if len(lat) else NAN,
            "window_slo_satisfaction": float(np.mean(p99[busy] <= slo_s)) if busy.any() else NAN,
            "goodput_rps": float(ok.sum()) / span}
-    nulls = {k: why for k, why in GROUP_NULLS.items() if not np.isfinite(out[k])}
+    if prefix is not None:
+        p = prefix[keep].sum()
+        out["kv_hit_rate"] = float(kv[keep].sum() / p) if p else NAN
+    nulls = {k: why for k, why in GROUP_NULLS.items() if k in out and not np.isfinite(out[k])}
     return out | ({"nulls": nulls} if nulls else {})
 
 
 def completed(rec: Recorder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The completed requests' tenants, arrivals and latencies, in completion order."""
+    """The completed requests' tenants, arrivals and latencies, in completion order (as the
+    recorder's other per-request columns)."""
     arrival = np.asarray(rec.arrival)
     return np.asarray(rec.tenant, np.int64)[np.asarray(rec.rid)], arrival, np.asarray(rec.end) - arrival
 
@@ -52,12 +59,13 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
     tenant_all = np.asarray(rec.tenant, np.int64)
     tenant, arrival, latency = completed(rec)
     cls_of = table.tenant_class
+    prefix, kv = np.asarray(rec.prefix, np.int64), np.asarray(rec.kv_tokens, np.int64)
     per_tenant = np.bincount(tenant_all, minlength=len(table.tenants))
     shed = np.bincount(tenant_all[np.asarray(rec.shed)], minlength=len(table.tenants))
 
     def figures(mask: np.ndarray, of: np.ndarray, slo_ms: float) -> dict:
         return group_figures(int(per_tenant[of].sum()), arrival[mask], latency[mask], slo_ms, duration, window_s,
-                             warmup_s, int(shed[of].sum()))
+                             warmup_s, int(shed[of].sum()), prefix[mask], kv[mask])
 
     classes = {c.name: figures(cls_of[tenant] == k, cls_of == k, c.slo_ms) for k, c in enumerate(table.classes)}
     tenants = {t.name: {"class": t.slo_class} | figures(tenant == j, np.arange(len(cls_of)) == j,

@@ -28,7 +28,7 @@ from helmgr.sim.faults import Faults
 from helmgr.sim.metrics import Recorder
 from helmgr.sim.node import Node
 from helmgr.sim.node_queue import ClassQueue
-from helmgr.sim.tenancy import Shedding, node_queue
+from helmgr.sim.tenancy import Shedding, class_memory, node_queue
 from helmgr.sim.periodic import Periodic
 from helmgr.sim.service import BatchServer
 from helmgr.sim.windows import WindowBook
@@ -109,6 +109,7 @@ class Cluster(Faults, Periodic):
 
     def _fresh_node(self, i: int) -> Node:
         node = Node(self.profile, self.workload.n_items, self.node_config, node_id=i)
+        class_memory(self.cfg, node)
         if self.workload.prior is not None:
             warmed = self._warmed_emb                     # every node warms from the same prior
             if warmed is not None and node.emb.can_warm_from(warmed):

@@ -55,6 +55,7 @@ class Node:
         self.blocked_until = 0.0
         self.stats = NodeStats()
         self.kv_log: list[tuple[int, int]] | None = None   # (user, prefix tokens) per request, when on
+        self.kv_group: list[int] | None = None             # per tenant, its KV group (sim/tenancy.py)
         self.ghost_peers: list | None = None     # nodes whose KV ghosts this node's recomputes credit (None: itself)
 
     # -- memory ---------------------------------------------------------------------------
@@ -115,7 +116,7 @@ class Node:
         return _Lookup(cached, onload, computed_from, tokens, ids, hits + token_hits, token_hits, unfilled + u)
 
     def _account(self, user: int, prefix_len: int, n_new: int, lk: _Lookup, busy_s: float, fetch_s: float,
-                 flops_per_s: float) -> float:
+                 flops_per_s: float, group: int = 0) -> float:
         """A served request's counters, and its prefix cached; returns its recompute seconds."""
         s, kv = self.stats, self.kv
         recompute = 0.0
@@ -129,7 +130,7 @@ class Node:
                     shadow = min(peer.kv.ghost_tokens(user), prefix_len) - lk.computed_from
                     if shadow > 0:
                         peer.stats.kv_shadow_tokens += shadow
-        kv.insert(user, prefix_len + n_new)
+        kv.insert(user, prefix_len + n_new, group)
         if self.kv_log is not None:
             self.kv_log.append((user, prefix_len + n_new))
         s.emb_wait_s += fetch_s
@@ -188,8 +189,10 @@ class Node:
         rate = cost.batch_rate(rows)
         out = []
         share = compute / len(batch)
+        groups = self.kv_group
         for req, lk in zip(batch, looks):
-            recompute = self._account(req.user, req.prefix_len, len(req.items), lk, share, ready - start, rate)
+            recompute = self._account(req.user, req.prefix_len, len(req.items), lk, share, ready - start, rate,
+                                      groups[req.tenant] if groups is not None else 0)
             out.append(Service(start, end, lk.computed_from, lk.ids, lk.ids - lk.hits, lk.unfilled, ready - start,
                                recompute, launch))
         return out, launch

@@ -1,11 +1,12 @@
-"""How a cluster serves a class table (docs/tenancy.md): each node's queue, and which requests
-`--tenancy helm` sheds."""
+"""How a cluster serves a class table (docs/tenancy.md): each node's queue, its KV eviction, and
+which requests `--tenancy helm` sheds."""
 from __future__ import annotations
 
 from collections import deque
 
 from helmgr.core.records import Request
 from helmgr.sim.config import SimConfig
+from helmgr.sim.node import Node
 from helmgr.sim.node_queue import ClassQueue
 
 
@@ -14,6 +15,16 @@ def node_queue(cfg: SimConfig, clock) -> deque | ClassQueue:
     if cfg.tenancy == "blind":
         return deque()
     return ClassQueue(cfg.classes, clock, fair=cfg.tenancy == "helm")
+
+
+def class_memory(cfg: SimConfig, node: Node) -> None:
+    """Under `--tenancy helm`, a fresh node's KV cache evicts by band: one LRU list per band, the
+    lowest band (the highest number) first, each band down to its classes' `kv_floor`
+    (memory/kv_table.py `_evict`); each request's prefix goes into its tenant's band."""
+    if cfg.tenancy != "helm":
+        return
+    node.kv.set_groups(cfg.classes.band_floors)
+    node.kv_group = cfg.classes.tenant_band.tolist()
 
 
 class Shedding:
