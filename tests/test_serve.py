@@ -4,6 +4,7 @@ import http.client
 import json
 import threading
 import time
+from dataclasses import replace
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -22,12 +23,27 @@ PORT = 8137
 # a deadline far above the service time: the tests check that no request is lost, and a CPU shared
 # with other test workers must not cut one
 CFG = ServeConfig(replicas=2, replica_cpus=0.25, stats_period_s=0.5, window_s=1.0, deadline_ms=10_000.0)
+# the app's class table: every synthetic user is `home` (feed); `bulk` is sheddable with a target
+# no replica can meet, so each of its requests is refused
+CLASSES = """
+[classes.feed]
+slo_ms = 15.0
+[classes.bulk]
+slo_ms = 0.001
+band = 1
+sheddable = true
+[tenants.home]
+class = "feed"
+share = 1.0
+"""
 
 
 @pytest.fixture(scope="module")
-def app():
+def app(tmp_path_factory):
+    table = tmp_path_factory.mktemp("classes") / "classes.toml"
+    table.write_text(CLASSES)
     try:
-        url = start(CFG, port=PORT, num_cpus=2)       # Ray started here: the ingress serves PORT itself
+        url = start(replace(CFG, classes=str(table)), port=PORT, num_cpus=2)   # the ingress serves PORT itself
         yield url, synthetic_workload(CFG.workload_config(), CFG.seed).history
     finally:
         stop()
@@ -61,10 +77,37 @@ def test_scores_routing_back_to_the_prefix_and_metrics(app):
         assert status == 200 and out["kv_hit"] and out["kv_tokens"] == 64 and out["node"] == first[user], out
     with urllib.request.urlopen(url + "/healthz") as r:
         assert json.loads(r.read())["status"] == "ok"
+    families = metrics(url)
+    assert any(s.labels["kv_hit"] == "true" and s.labels["class"] == "none" for s in families["helm_requests"])
+    assert families["helm_request_latency_seconds"] and "helm_ratio" in families
+    assert "helm_controller_decisions" in families
+
+
+def metrics(url: str) -> dict:
+    """/metrics, parsed with Prometheus's own parser: family name -> its samples."""
+    from prometheus_client.parser import text_string_to_metric_families
     with urllib.request.urlopen(url + "/metrics") as r:
-        text = r.read().decode()
-    assert 'helm_requests_total{kv_hit="true"' in text and "helm_request_latency_seconds_bucket" in text
-    assert "helm_ratio{" in text and "helm_controller_decisions{" in text
+        return {f.name: f.samples for f in text_string_to_metric_families(r.read().decode())}
+
+
+def test_classes_label_answers_and_metrics_and_a_sheddable_class_is_refused(app):
+    url, history = app
+    status, out = post(url, body(history, 31, 40) | {"tenant": "home"})
+    assert status == 200 and out["class"] == "feed"
+    assert post(url, body(history, 32, 40) | {"class": "feed"})[1]["class"] == "feed"
+    for bad, loc, needle in (({"class": "gold"}, "class", "unknown class 'gold' (known: feed, bulk)"),
+                             ({"tenant": "nobody"}, "tenant", "unknown tenant 'nobody' (known: home)"),
+                             ({"tenant": "home", "class": "bulk"}, "class", "is in class 'feed', not 'bulk'")):
+        status, out = post(url, body(history, 33, 40) | bad)
+        assert status == 422 and out["detail"][0]["loc"] == ["body", loc] and needle in out["detail"][0]["msg"], out
+    assert post(url, body(history, 35, 40))[1]["class"] == "none"          # names neither: as without a table
+    status, out = post(url, body(history, 34, 40) | {"class": "bulk"})
+    assert status == 429 and out["detail"][0]["type"] == "shed", out
+    families = metrics(url)
+    assert {s.labels["class"] for s in families["helm_requests"]} >= {"feed", "none"}
+    assert any(s.labels["class"] == "feed" for s in families["helm_request_latency_seconds"])
+    shed = [s for s in families["helm_shed"] if s.name == "helm_shed_total"]
+    assert [(s.labels, s.value) for s in shed] == [({"class": "bulk", "reason": "late"}, 1.0)]
 
 
 @pytest.mark.parametrize("bad, field", [
@@ -135,8 +178,12 @@ def test_unknown_user_is_served_cold(app):
 
 
 def test_loadgen_replays_the_workload(app):
-    result = loadgen(LoadConfig(url=app[0], duration_s=4.0, rps=8.0, concurrency=8))
-    assert result["requests"] > 10 and result["errors"] == 0 and result["completed"] == result["requests"]
+    result = loadgen(LoadConfig(url=app[0], duration_s=4.0, rps=8.0, concurrency=8))    # each names tenant home
+    assert result["requests"] > 10 and result["errors"] == result["shed"] == 0
+    assert result["completed"] == result["requests"]
+    feed = sum(s.value for s in metrics(app[0])["helm_requests"] if s.name == "helm_requests_total"
+               and s.labels["class"] == "feed")
+    assert feed >= result["completed"]
     assert result["p50_ms"] > 0 and result["throughput_rps"] > 0 and 0 <= result["kv_hit_rate"] <= 1
     parts = result["split_ms"]["p50"]                     # every part measured, and each one's own
     assert all(v >= 0 for v in parts.values()) and parts["service_ms"] > 0

@@ -1,6 +1,7 @@
 """`helmgr serve` (the app on a Ray cluster) and `helmgr loadgen` (replay a workload against it)."""
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -58,9 +59,13 @@ from helmgr.serve.config import ServeConfig
 @click.option("--base-policy", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="The controllers' base policy from this file (helmgr train, e.g. --trace on your log) "
                    "[default: the shipped one].")
+@click.option("--classes", default=None, metavar="NAME|FILE",
+              help="SLO classes and tenants (a shipped table, e.g. surfaces, or a TOML file): a request may name its "
+                   "tenant or class (unknown: 422); a sheddable class's request its replica cannot serve within "
+                   "the class's target is refused, 429; metrics labelled by class.")
 def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, replica_cpus, pool_mib, ratio, hardware,
               slo_ms, deadline_ms, max_cost_ms, max_body_kib, no_controller, seed, history_dir, redis_url, model_dir,
-              base_policy):
+              base_policy, classes):
     """Serve recommendations over HTTP: backend replicas with real caches, the HELM router, an
     ingress at POST /v1/recommend. Blocks until Ctrl-C.
 
@@ -84,7 +89,7 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
                       hardware=hardware, slo_ms=slo_ms, deadline_ms=deadline_ms, max_cost_ms=max_cost_ms,
                       max_body_bytes=max_body_kib * 1024, controller=not no_controller, seed=seed,
                       history=history_dir, redis=redis_url, checkpoint=model_dir,
-                      base_policy=base_policy).with_sources().validate()  # exit 2 now
+                      base_policy=base_policy, classes=_shipped_or_absolute(classes)).with_sources().validate()
     stderr.print(f"starting {replicas} replicas ({device}) ...")
     try:
         url = start(cfg, port=port, host=host, address=address, num_cpus=num_cpus, metrics_port=metrics_port)
@@ -102,11 +107,18 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
         stop()
 
 
+def _shipped_or_absolute(name_or_path: str | None) -> str | None:
+    """A class table's name as the replicas will read it: a file's absolute path, a shipped name as is."""
+    if name_or_path is None or not name_or_path.endswith(".toml"):
+        return name_or_path
+    return os.path.abspath(name_or_path)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-SHOWN = ("requests", "completed", "errors", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
+SHOWN = ("requests", "completed", "shed", "errors", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "slo_ms", "slo_attainment",
          "throughput_rps", "goodput_rps", "emb_hit_rate", "kv_hit_rate", "mean_ratio", "appended", "wall_s")
 CHECKED = ("score_checked", "score_mismatch", "score_unchecked", "score_max_diff")     # with --model
 

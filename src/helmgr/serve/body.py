@@ -6,6 +6,8 @@
   which Python's `json` accepts, are refused with the field they sit in — then the pydantic
   model. Every error is 422 with the field in `loc`, the problem in `msg`, and never the input
   (pydantic's `input` and `ctx` would echo a body of any size back to the client).
+- `request_class`: the class a request names (its `tenant`'s, or its `class`) in the app's class
+  table; an unknown one is 422 naming it.
 """
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from typing import Annotated, AsyncIterator
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from helmgr.core.classes import ClassTable
+
 Id = Annotated[int, Field(ge=0)]
+Name = Annotated[str, Field(min_length=1, max_length=64)]
 MAX_ERRORS = 10                 # a body with 4,096 bad ids gets ten errors and a count, not 4,096
 
 
@@ -25,6 +30,8 @@ class RecommendRequest(BaseModel):
     new_items: list[Id] = Field(min_length=1, max_length=256)
     candidates: list[Id] = Field(min_length=1, max_length=4096)
     prefix_len: Id | None = None
+    tenant: Name | None = None                              # a tenant of the app's class table ...
+    slo_class: Name | None = Field(None, alias="class")     # ... or a class of it
 
 
 class BodyError(Exception):
@@ -110,3 +117,28 @@ def parse_body(raw: bytes) -> RecommendRequest:
         if len(errors) > MAX_ERRORS:
             detail.append(error(["body"], "more_errors", f"{len(errors) - MAX_ERRORS} more errors not shown"))
         raise BodyError(422, detail) from None
+
+
+def request_class(table: ClassTable | None, req: RecommendRequest) -> int | None:
+    """The index in `table.classes` of the class `req` names — its tenant's, or its `class` (both
+    given: they must agree); None for a request that names neither. 422 naming the field for a
+    name the table does not hold, or for an app without a table."""
+    if req.tenant is None and req.slo_class is None:
+        return None
+    field = "tenant" if req.tenant is not None else "class"
+    if table is None:
+        raise BodyError(422, [error(["body", field], "no_classes", "this app serves no class table")])
+    names = table.class_names
+    if req.tenant is not None:
+        if req.tenant not in table.tenant_names:
+            raise BodyError(422, [error(["body", "tenant"], "unknown_tenant", f"unknown tenant {req.tenant[:64]!r} "
+                                        f"(known: {', '.join(table.tenant_names)})")])
+        k = int(table.tenant_class[table.tenant_names.index(req.tenant)])
+        if req.slo_class is not None and req.slo_class != names[k]:
+            raise BodyError(422, [error(["body", "class"], "class_mismatch", f"tenant {req.tenant!r} is in class "
+                                        f"{names[k]!r}, not {req.slo_class[:64]!r}")])
+        return k
+    if req.slo_class not in names:
+        raise BodyError(422, [error(["body", "class"], "unknown_class", f"unknown class {req.slo_class[:64]!r} "
+                                    f"(known: {', '.join(names)})")])
+    return names.index(req.slo_class)

@@ -45,6 +45,7 @@ class ServeConfig:
     checkpoint: str | None = None     # model weights and item table from this folder (helmgr model train);
                                       # None: seeded random ones
     base_policy: str | None = None    # the controllers' base policy from this file (helmgr train); None: the shipped one
+    classes: str | None = None        # SLO classes and tenants: a shipped table's name or a TOML file (docs/tenancy.md)
 
     @property
     def store(self) -> bool:
@@ -83,6 +84,7 @@ class ServeConfig:
             if not self.controller:
                 raise HelmInputError("a base policy is for the controllers; the ratios are fixed without them")
             self.controller_now()                         # names a file that is not a policy, before any replica
+        self.class_table()                                # a bad table is refused before any replica
         check_numbers(self, {"replica_cpus": NON_NEGATIVE, "ratio": Range(0, 1, low_open=True, high_open=True)})
         if self.max_cost_s > self.deadline_s:
             raise HelmInputError(f"max-cost-ms ({self.max_cost_s * 1e3:g}) must not exceed deadline-ms "
@@ -94,6 +96,11 @@ class ServeConfig:
         around `base_policy`."""
         from helmgr.controller import Controller
         return Controller.default() if self.base_policy is None else Controller.load(self.base_policy)
+
+    def class_table(self):
+        """The class table (`classes`), or None."""
+        from helmgr.core.classes import load_table
+        return None if self.classes is None else load_table(self.classes)
 
     def to_dict(self) -> dict:
         """JSON-serializable (Ray's router kwargs and deployment args)."""

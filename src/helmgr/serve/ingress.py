@@ -25,9 +25,15 @@ Readiness: `/healthz` answers 503 until the ingress has sent warm-up requests th
 handle (the router's first decisions and its compiled kernel, the replica set it learns) and
 every backend replica answered one; the replicas warm themselves before Ray starts them.
 
+Classes (`ServeConfig.classes`, docs/tenancy.md): a request may name its `tenant` or its `class`
+in the app's class table (422 for a name the table does not hold; a request naming neither is
+served as before, labelled `none`). A request of a sheddable class gets its class's target as its
+deadline: one its replica cannot serve by then is refused, 429 with the reason, and counted under
+`helm_shed`.
+
 Metrics are Prometheus text at `/metrics` from this ingress replica's own registry: requests by
-node and KV hit, end-to-end latency histogram, errors and retries, and, per node, the hit rates,
-ratio and controller decisions the node last reported with a response. With more than one
+node, KV hit and class, end-to-end latency histogram by class, errors, shed requests and retries,
+and, per node, the hit rates, ratio and controller decisions the node last reported with a response. With more than one
 ingress replica each scrape sees one replica's counts (run one, the default, or sum in Prometheus).
 """
 # no `from __future__ import annotations` here: Serve rewrites the route signatures and FastAPI
@@ -45,7 +51,7 @@ from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from helmgr.history.store import StoreUnavailable
-from helmgr.serve.body import BodyError, RecommendRequest, parse_body, read_body
+from helmgr.serve.body import BodyError, RecommendRequest, parse_body, read_body, request_class
 from helmgr.serve.config import ServeConfig
 from helmgr.serve.limits import RequestLimits
 from helmgr.serve.turns import Turns
@@ -98,9 +104,11 @@ class Progress:
 class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("helm_requests", "Requests answered", ("node", "kv_hit"), registry=r)
-        self.latency = Histogram("helm_request_latency_seconds", "End-to-end latency at the ingress",
+        self.requests = Counter("helm_requests", "Requests answered", ("node", "kv_hit", "class"), registry=r)
+        self.latency = Histogram("helm_request_latency_seconds", "End-to-end latency at the ingress", ("class",),
                                  buckets=LATENCY_BUCKETS, registry=r)
+        self.shed = Counter("helm_shed", "Requests of a sheddable class refused (429)", ("class", "reason"),
+                            registry=r)
         self.errors = Counter("helm_errors", "Requests that failed after retries", ("kind",), registry=r)
         self.new_users = Counter("helm_new_users", "Requests of users the history store held nothing for",
                                  registry=r)
@@ -111,10 +119,10 @@ class Metrics:
         self.decisions = Gauge("helm_controller_decisions", "Windows the node's controller decided", ("node",),
                                registry=r)
 
-    def answered(self, out: dict, latency_s: float) -> None:
+    def answered(self, out: dict, latency_s: float, slo_class: str) -> None:
         node = out["node"]
-        self.requests.labels(node, str(out["kv_tokens"] > 0).lower()).inc()
-        self.latency.observe(latency_s)
+        self.requests.labels(node, str(out["kv_tokens"] > 0).lower(), slo_class).inc()
+        self.latency.labels(slo_class).observe(latency_s)
         self.emb_hit.labels(node).set(out["emb_hit_rate_total"])
         self.kv_hit.labels(node).set(out["kv_hit_rate_total"])
         self.ratio.labels(node).set(out["ratio"])
@@ -128,6 +136,9 @@ class Deadline(Exception):
     """The request's deadline passed before the backend answered."""
 
 
+UNCLASSED = "none"      # the class label of a request that names no tenant or class
+
+
 @serve.ingress(api)
 class Ingress:
     def __init__(self, backend, cfg: dict):
@@ -136,6 +147,7 @@ class Ingress:
         self.turns = Turns()
         self.limits = RequestLimits(self.cfg)
         self.metrics = Metrics()
+        self.table = self.cfg.class_table()
         self.warmup, self.warming = Warmup(self.cfg.replicas), None
 
     def _warm(self) -> None:
@@ -161,6 +173,10 @@ class Ingress:
             return JSONResponse({"detail": exc.detail}, status_code=exc.status)
         async with self.turns.of(req.user_id):        # a user's requests in order: each prefix counts the last
             try:
+                k = request_class(self.table, req)
+                sheddable = k is not None and self.table.classes[k].sheddable
+                if sheddable:                          # its target is its deadline: refused rather than late
+                    deadline = min(deadline, deadline - self.cfg.deadline_s + self.table.classes[k].slo_ms / 1e3)
                 prefix_len = self.progress.prefix(req.user_id, req.prefix_len)
                 self.limits.check(req, prefix_len)
                 out, retries = await self._call(req, prefix_len, deadline)
@@ -168,6 +184,9 @@ class Ingress:
                 self.metrics.errors.labels(f"http_{exc.status}").inc()
                 return JSONResponse({"detail": exc.detail}, status_code=exc.status)
             except Deadline as exc:
+                if sheddable:
+                    self.metrics.shed.labels(self.table.class_names[k], "late").inc()
+                    return JSONResponse({"detail": [{"loc": [], "type": "shed", "msg": str(exc)}]}, status_code=429)
                 self.metrics.errors.labels("deadline").inc()
                 return JSONResponse({"detail": [{"loc": [], "type": "deadline", "msg": str(exc)}]}, status_code=504)
             except StoreUnavailable as exc:         # nothing was appended: the request can be sent again
@@ -177,12 +196,13 @@ class Ingress:
         new_user = self.progress.store is not None and req.prefix_len is None and prefix_len == 0
         self.metrics.new_users.inc(new_user)
         latency = time.perf_counter() - t0
-        self.metrics.answered(out, latency)
+        slo_class = UNCLASSED if k is None else self.table.class_names[k]
+        self.metrics.answered(out, latency, slo_class)
         return {"scores": out["scores"], "node": out["node"], "kv_hit": out["kv_tokens"] > 0,
                 "kv_tokens": out["kv_tokens"], "prefix_len": prefix_len,
                 "emb_hit_rate": 1.0 - out["misses"] / out["ids"], "latency_ms": latency * 1e3,
                 "service_ms": out["service_ms"], "replica_ms": out["replica_ms"], "ratio": out["ratio"],
-                "retries": retries, "appended": out["appended"], "new_user": new_user}
+                "retries": retries, "appended": out["appended"], "new_user": new_user, "class": slo_class}
 
     async def _call(self, req: RecommendRequest, prefix_len: int, deadline: float) -> tuple[dict, int]:
         budget = f"its deadline of {self.cfg.deadline_s * 1e3:.0f} ms"

@@ -129,17 +129,20 @@ def trace_log(cfg: ServeConfig, load: LoadConfig):
 
 def requests(cfg: ServeConfig, load: LoadConfig) -> Iterator[Sent]:
     """The workload's requests in arrival order (by default the server's seed: its users and
-    histories; another seed draws other arrivals and items over the same user population)."""
-    w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload),
-                           stream_seed(cfg, load))
+    histories; another seed draws other arrivals and items over the same user population). With
+    the app's class table, each names its tenant, drawn as the simulator draws it."""
+    seed = stream_seed(cfg, load)
+    w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload), seed)
+    table = cfg.class_table()
     n = 0
     for chunk in w.chunks():
+        tenants = None if table is None else [table.tenant_names[j] for j in table.assign(chunk.user, chunk.burst, seed)]
         for i in range(len(chunk)):
             if n == load.max_requests:
                 return
-            yield Sent(float(chunk.t[i]), {"user_id": int(chunk.user[i]), "prefix_len": int(chunk.prefix_len[i]),
-                                           "new_items": chunk.items(i).tolist(),
-                                           "candidates": chunk.candidates(i).tolist()})
+            body = {"user_id": int(chunk.user[i]), "prefix_len": int(chunk.prefix_len[i]),
+                    "new_items": chunk.items(i).tolist(), "candidates": chunk.candidates(i).tolist()}
+            yield Sent(float(chunk.t[i]), body if tenants is None else body | {"tenant": tenants[i]})
             n += 1
 
 
@@ -184,7 +187,7 @@ async def replay(load: LoadConfig, reqs: list[Sent], on_answer: Callable[[], Non
 
 def summarize(answers: list[Answer], slo_ms: float, wall_s: float) -> dict:
     """The fields of a run's summary (docs/simulator.md#metrics) that a client can measure, plus
-    errors, answers by HTTP status and per-node counts. Strict JSON: what cannot be measured (no
+    errors, requests shed (429), answers by HTTP status and per-node counts. Strict JSON: what cannot be measured (no
     request completed) is `null`, with the reason in `nulls`."""
     ok = [a for a in answers if a.status == 200]
     lat = np.array([a.latency_s for a in ok]) * 1e3
@@ -199,7 +202,8 @@ def summarize(answers: list[Answer], slo_ms: float, wall_s: float) -> dict:
     statuses: dict[str, int] = {}
     for a in answers:
         statuses[str(a.status)] = statuses.get(str(a.status), 0) + 1
-    out = {"requests": len(answers), "completed": len(ok), "errors": len(answers) - len(ok),
+    shed = statuses.get("429", 0)                     # a sheddable class's request refused: not an error
+    out = {"requests": len(answers), "completed": len(ok), "shed": shed, "errors": len(answers) - len(ok) - shed,
            "p50_ms": pct[0], "p95_ms": pct[1], "p99_ms": pct[2], "p999_ms": pct[3],
            "slo_ms": slo_ms, "slo_attainment": good / len(answers) if answers else 0.0,
            "throughput_rps": len(ok) / span, "goodput_rps": good / span,
