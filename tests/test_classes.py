@@ -204,7 +204,7 @@ def test_class_aware_queues_move_the_wait_to_the_lower_bands():
     assert w_blind.max() < 1.1 * w_blind.min()                 # class-blind: every class waits alike
     for tenancy in ("strict", "helm"):
         s, w = class_waits(tenancy)
-        assert s["sim_path"] == "python" and "class-aware node queues" in s["sim_path_reason"]
+        assert s["sim_path"] == "python" and "class-aware serving" in s["sim_path_reason"]
         assert s["completed"] == s["requests"] == blind["requests"]
         assert w[0] < 0.5 * w_blind[0] and w[2] > 2 * w_blind[2]    # the feed first, the refresh last
         assert w[0] < w[1] < w[2]
@@ -238,3 +238,19 @@ def test_helm_keeps_the_top_bands_prefixes_and_the_floors_hold():
         assert kv.groups == 3 and node.kv_group == [0, 1, 1, 1, 2]
         assert kv.group_bytes(0) > kv.group_bytes(1) > 0 and kv.group_bytes(2) > 0
     assert all(node.kv.groups == 1 for node in runs["strict"].cluster.nodes)
+
+
+def test_quota_holds_each_tenant_to_its_share_of_every_nodes_kv():
+    t = load_table("surfaces")
+    r = simulate(SimConfig(nodes=2, seed=1, warmup_s=2.0, classes=t, tenancy="quota"),
+                 small("steady", seed=1, rps=1500.0, duration_s=10.0))
+    s = r.summary
+    assert s["completed"] == s["requests"] and s["shed"] == 0 and "quota" in s["sim_path_reason"]
+    for node in r.cluster.nodes:
+        kv = node.kv
+        kv.check_integrity()                                  # each group within its quota
+        assert kv.groups == 5 and node.kv_group == [0, 1, 2, 3, 4]
+        cap = kv.capacity_bytes
+        used = [kv.group_bytes(g) / cap for g in range(5)]
+        assert used[0] > 0.40 and used[4] > 0.10              # full partitions: 0.45 and 0.15 of the cache
+        assert all(u <= x.share + 1e-6 for u, x in zip(used, t.tenants))

@@ -15,9 +15,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from helmgr.memory.kv_slots import (CAP_BYTES, COUNT, EVENT, EVICT, EVICTED, G_USED, GROUP, KEY, LOG_EVENTS, LOG_N,
-                                    LOG_SPILLS, LOGGING, PREV, SPILL, TAIL_FIRST, TOK, TOMB, TOMBS, USED, _at, _ends,
-                                    _findable, _groups, kv_order, kv_set_floor)
+from helmgr.memory.kv_slots import (CAP_BYTES, COUNT, EVENT, EVICT, EVICTED, GROUP, KEY, LOG_EVENTS, LOG_N, LOG_SPILLS,
+                                    LOGGING, PREV, QUOTAS, SPILL, TAIL_FIRST, TOK, TOMB, TOMBS, USED, _ends, _findable,
+                                    _group_used, _groups, _share, kv_order, kv_set_floor)
 from helmgr.memory.kv_table import (ghost_arrays, kv_arrays, kv_insert, kv_lookup, kv_peek, kv_reserve, kv_resize,
                                     kv_room)
 from helmgr.memory.pool import SizeInfo
@@ -81,10 +81,12 @@ class KVCache:
         self._set_logging(LOG_SPILLS, self.host is not None)
         self._inserts_left = self._room()
 
-    def set_groups(self, floors: list[float]) -> None:
+    def set_groups(self, floors: list[float], quotas: bool = False) -> None:
         """Make the (empty) cache class-aware: one LRU list per group, `len(floors)` groups,
         group g >= 1 keeping `floors[g]` of the capacity before a lower group yields (memory/
-        kv_table.py `_evict`: the last group is evicted first; `floors[0]` is not used)."""
+        kv_table.py `_evict`: the last group is evicted first; `floors[0]` is not used). With
+        `quotas`, each group is held to its own part instead (static partitions: an insert evicts
+        only from its own group); group 0's is what the others leave."""
         if self.meta[COUNT]:
             raise ValueError("set_groups needs an empty KV cache")
         if any(not 0 <= f < 1 for f in floors) or sum(floors[1:]) >= 1:
@@ -92,7 +94,7 @@ class KVCache:
         meta = self.meta
         self.meta, self.tab, self.log = kv_arrays(self.bytes_per_token, self.tokens_per_page, int(meta[CAP_BYTES]),
                                                   bool(meta[TAIL_FIRST]), groups=len(floors))
-        self.meta[LOGGING] = meta[LOGGING]
+        self.meta[LOGGING], self.meta[QUOTAS] = meta[LOGGING], quotas
         for g, f in enumerate(floors[1:], 1):
             kv_set_floor(self.meta, g, round(f * 1_000_000))
         self._views()
@@ -104,9 +106,7 @@ class KVCache:
 
     def group_bytes(self, g: int) -> int:
         """Bytes cached in group g."""
-        if g:
-            return int(self.meta[_at(g, G_USED)])
-        return self.used_bytes - sum(self.group_bytes(h) for h in range(1, self.groups))
+        return int(_group_used(self.meta, g))
 
     def _views(self) -> None:
         self._meta_view = memoryview(self.meta)          # reads and writes a scalar 2x faster than numpy
@@ -274,8 +274,9 @@ class KVCache:
             if len(part):
                 assert meta[_ends(g)[1]] == part[-1] and tab[PREV, part[0]] == -1
                 assert np.array_equal(tab[PREV, part[1:]], part[:-1]), "PREV and NEXT disagree"
-            if g:
-                assert int(tab[TOK, part].sum()) * self.bytes_per_token == self.group_bytes(g)
+            assert int(tab[TOK, part].sum()) * self.bytes_per_token == self.group_bytes(g)
+            if meta[QUOTAS]:
+                assert self.group_bytes(g) <= _share(meta, g), (g, self.group_bytes(g), _share(meta, g))
         assert np.count_nonzero(tab[KEY] == TOMB) == meta[TOMBS]
         assert 2 * (meta[COUNT] + meta[TOMBS]) <= tab.shape[1] and _findable(meta, tab)
         tokens = tab[TOK, order]

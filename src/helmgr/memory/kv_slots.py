@@ -3,7 +3,8 @@
 
 - `meta[KV_META + GROUP_META * (G - 1)]`: the scalars, named by the indices below, then
   GROUP_META fields per group g >= 1 (`_at(g, field)`): its list's ends, its bytes and its
-  floor (parts per million of the capacity).
+  floor (parts per million of the capacity) — with meta[QUOTAS] set, its quota instead (group 0's
+  is the rest of the capacity).
 - `tab[5, slots]`: an open-addressing hash table (linear probing, `slots` a power of two) whose
   slots are also the nodes of the doubly linked LRU lists, one per group: rows KEY (the user;
   EMPTY, or TOMB for a deleted one), TOK (cached tokens), PREV and NEXT (slots; -1: none), GROUP
@@ -17,8 +18,8 @@ from numba import njit
 
 # meta: least/most recently used slot, entries, bytes used, capacity, bytes per token, tokens per
 # page, tail-first flag, tokens evicted so far, tombstones, log rows used, what to log
-HEAD, TAIL, COUNT, USED, CAP_BYTES, BPT, TPP, TAIL_FIRST, EVICTED, TOMBS, LOG_N, LOGGING = range(12)
-KV_META = 12
+HEAD, TAIL, COUNT, USED, CAP_BYTES, BPT, TPP, TAIL_FIRST, EVICTED, TOMBS, LOG_N, LOGGING, QUOTAS = range(13)
+KV_META = 13
 G_HEAD, G_TAIL, G_USED, G_FLOOR = range(4)  # a group's fields in meta (`_at`)
 GROUP_META = 4
 KEY, TOK, PREV, NEXT, GROUP = 0, 1, 2, 3, 4  # rows of tab
@@ -62,6 +63,29 @@ def _charge(meta, tab, s, nbytes):
     g = tab[GROUP, s]
     if g:
         meta[_at(g, G_USED)] += nbytes
+
+
+@njit(cache=True, nogil=True)
+def _group_used(meta, g):
+    """Bytes cached in group g."""
+    if g:
+        return meta[_at(g, G_USED)]
+    used = meta[USED]
+    for h in range(1, _groups(meta)):
+        used -= meta[_at(h, G_USED)]
+    return used
+
+
+@njit(cache=True, nogil=True)
+def _share(meta, g):
+    """Group g's floor (or quota) in bytes of the current capacity; group 0's quota is the rest."""
+    cap = meta[CAP_BYTES]
+    if g:
+        return cap * meta[_at(g, G_FLOOR)] // 1_000_000
+    rest = cap
+    for h in range(1, _groups(meta)):
+        rest -= cap * meta[_at(h, G_FLOOR)] // 1_000_000
+    return rest
 
 
 @njit(cache=True, nogil=True)

@@ -25,10 +25,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from helmgr.memory.kv_slots import (BPT, CAP_BYTES, COUNT, EVENT, EVICT, EVICTED, G_FLOOR, G_USED, GROUP, GROUP_META,
-                                    HEAD, KEY, KV_META, LOG_EVENTS, LOG_N, LOG_SPILLS, LOGGING, MIN_SLOTS, SPILL, TAIL,
-                                    TAIL_FIRST, TOK, TOMBS, TPP, USED, _at, _charge, _claim, _delete, _ends, _groups,
-                                    _link_tail, _reset_lists, _unlink, kv_find, kv_order)
+from helmgr.memory.kv_slots import (BPT, CAP_BYTES, COUNT, EVENT, EVICT, EVICTED, GROUP, GROUP_META, HEAD, KEY,
+                                    KV_META, LOG_EVENTS, LOG_N, LOG_SPILLS, LOGGING, MIN_SLOTS, QUOTAS, SPILL, TAIL,
+                                    TAIL_FIRST, TOK, TOMBS, TPP, USED, _charge, _claim, _delete, _ends, _group_used,
+                                    _groups, _link_tail, _reset_lists, _share, _unlink, kv_find, kv_order)
 
 
 def kv_arrays(bytes_per_token: int, tokens_per_page: int, capacity_bytes: int = 0, tail_first: bool = False,
@@ -117,13 +117,12 @@ def ghost_put(gm, gt, user, tokens):
 def _evict(meta, tab, log, need_bytes, gm, gt):
     """Free at least `need_bytes`. One group: least recently used first. More: the last group
     first, each group while it holds more than its floor, least recently used first within it;
-    then, only if that is not enough, the same order without the floors."""
+    then, only if that is not enough, the same order without the floors. (With quotas each group
+    is kept within its own, so this has nothing left to do but for rounding.)"""
     groups = _groups(meta)
     for floors in range(1, -1, -1):
         for g in range(groups - 1, -1, -1):
-            keep = -1
-            if g and floors:
-                keep = meta[CAP_BYTES] * meta[_at(g, G_FLOOR)] // 1_000_000
+            keep = _share(meta, g) if g and floors else -1
             need_bytes = _evict_group(meta, tab, log, g, need_bytes, keep, gm, gt)
             if need_bytes <= 0:
                 return
@@ -136,7 +135,7 @@ def _evict_group(meta, tab, log, g, need_bytes, keep, gm, gt):
     evicted from goes into the ghost queue with the tokens it had. Returns what is still needed."""
     bpt, tpp = meta[BPT], meta[TPP]
     head = _ends(g)[0]
-    while need_bytes > 0 and meta[head] >= 0 and (keep < 0 or meta[_at(g, G_USED)] > keep):
+    while need_bytes > 0 and meta[head] >= 0 and (keep < 0 or _group_used(meta, g) > keep):
         s = meta[head]
         user, tokens = tab[KEY, s], tab[TOK, s]
         drop = tokens
@@ -180,7 +179,7 @@ def kv_insert(meta, tab, log, user, tokens, gm, gt, group=0):
         _unlink(meta, tab, s)
         _charge(meta, tab, s, -old * bpt)
     ghost_drop(gm, gt, user)
-    fit = meta[CAP_BYTES] // bpt
+    fit = (_share(meta, group) if meta[QUOTAS] else meta[CAP_BYTES]) // bpt
     if tokens > fit:
         if not meta[TAIL_FIRST]:
             if meta[LOGGING] & LOG_SPILLS:
@@ -192,6 +191,8 @@ def kv_insert(meta, tab, log, user, tokens, gm, gt, group=0):
         tokens = fit
     if tokens <= 0:
         return _uncache(meta, tab, log, s, user, old)
+    if meta[QUOTAS]:                        # its own group makes room, down to its quota
+        _evict_group(meta, tab, log, group, _group_used(meta, group) + tokens * bpt - _share(meta, group), -1, gm, gt)
     _evict(meta, tab, log, meta[USED] + tokens * bpt - meta[CAP_BYTES], gm, gt)
     if s < 0:
         s = _claim(meta, tab, user)
@@ -208,6 +209,9 @@ def kv_resize(meta, tab, log, capacity_bytes, gm, gt):
     """A new capacity, the least recently used evicted to fit it (into the ghost queue). Needs
     `kv_room`."""
     meta[CAP_BYTES] = capacity_bytes
+    if meta[QUOTAS]:                        # each group down to its new quota
+        for g in range(_groups(meta)):
+            _evict_group(meta, tab, log, g, _group_used(meta, g) - _share(meta, g), -1, gm, gt)
     _evict(meta, tab, log, meta[USED] - capacity_bytes, gm, gt)
 
 

@@ -12,19 +12,23 @@ from helmgr.sim.node_queue import ClassQueue
 
 def node_queue(cfg: SimConfig, clock) -> deque | ClassQueue:
     """A node's queue: FCFS, or under a class-aware tenancy a `ClassQueue` reading `clock.now`."""
-    if cfg.tenancy == "blind":
+    if cfg.tenancy in ("blind", "quota"):
         return deque()
     return ClassQueue(cfg.classes, clock, fair=cfg.tenancy == "helm")
 
 
 def class_memory(cfg: SimConfig, node: Node) -> None:
-    """Under `--tenancy helm`, a fresh node's KV cache evicts by band: one LRU list per band, the
-    lowest band (the highest number) first, each band down to its classes' `kv_floor`
-    (memory/kv_table.py `_evict`); each request's prefix goes into its tenant's band."""
-    if cfg.tenancy != "helm":
-        return
-    node.kv.set_groups(cfg.classes.band_floors)
-    node.kv_group = cfg.classes.tenant_band.tolist()
+    """A fresh node's KV cache under a class-aware tenancy. `helm`: evicted by band, one LRU list
+    per band, the lowest band (the highest number) first, each band down to its classes'
+    `kv_floor` (memory/kv_table.py `_evict`); each request's prefix goes into its tenant's band.
+    `quota`: one static partition per tenant, its share of the traffic, each evicting only its own."""
+    t = cfg.classes
+    if cfg.tenancy == "helm":
+        node.kv.set_groups(t.band_floors)
+        node.kv_group = t.tenant_band.tolist()
+    elif cfg.tenancy == "quota":
+        node.kv.set_groups([x.share for x in t.tenants], quotas=True)
+        node.kv_group = list(range(len(t.tenants)))
 
 
 class Shedding:
