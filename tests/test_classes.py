@@ -254,3 +254,9 @@ def test_quota_holds_each_tenant_to_its_share_of_every_nodes_kv():
         used = [kv.group_bytes(g) / cap for g in range(5)]
         assert used[0] > 0.40 and used[4] > 0.10              # full partitions: 0.45 and 0.15 of the cache
         assert all(u <= x.share + 1e-6 for u, x in zip(used, t.tenants))
+
+
+def test_serve_refuses_a_bad_class_table_before_any_work(capsys):
+    assert main(["serve", "--classes", "gold"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "unknown class table 'gold'" in err

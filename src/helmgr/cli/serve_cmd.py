@@ -10,6 +10,7 @@ import click
 from helmgr.cli.output import (emit_json, json_option, json_text, markdown_table, out_option, progress, result_dir,
                                stderr, table)
 from helmgr.cli.types import NON_NEGATIVE, POSITIVE, SEED, Finite
+from helmgr.core.classes import load_table
 from helmgr.core.extras import require
 from helmgr.serve.config import ServeConfig
 
@@ -59,7 +60,7 @@ from helmgr.serve.config import ServeConfig
 @click.option("--base-policy", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="The controllers' base policy from this file (helmgr train, e.g. --trace on your log) "
                    "[default: the shipped one].")
-@click.option("--classes", default=None, metavar="NAME|FILE",
+@click.option("--classes", default=None, metavar="NAME|FILE", callback=lambda ctx, param, value: _table_name(value),
               help="SLO classes and tenants (a shipped table, e.g. surfaces, or a TOML file): a request may name its "
                    "tenant or class (unknown: 422); a sheddable class's request its replica cannot serve within "
                    "the class's target is refused, 429; metrics labelled by class.")
@@ -89,7 +90,7 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
                       hardware=hardware, slo_ms=slo_ms, deadline_ms=deadline_ms, max_cost_ms=max_cost_ms,
                       max_body_bytes=max_body_kib * 1024, controller=not no_controller, seed=seed,
                       history=history_dir, redis=redis_url, checkpoint=model_dir,
-                      base_policy=base_policy, classes=_shipped_or_absolute(classes)).with_sources().validate()
+                      base_policy=base_policy, classes=classes).with_sources().validate()
     stderr.print(f"starting {replicas} replicas ({device}) ...")
     try:
         url = start(cfg, port=port, host=host, address=address, num_cpus=num_cpus, metrics_port=metrics_port)
@@ -107,11 +108,13 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
         stop()
 
 
-def _shipped_or_absolute(name_or_path: str | None) -> str | None:
-    """A class table's name as the replicas will read it: a file's absolute path, a shipped name as is."""
-    if name_or_path is None or not name_or_path.endswith(".toml"):
-        return name_or_path
-    return os.path.abspath(name_or_path)
+def _table_name(name_or_path: str | None) -> str | None:
+    """`--classes`: the table checked while the options are parsed (a bad one: exit 2 before any
+    work), named as the replicas will read it (a file by its absolute path)."""
+    if name_or_path is None:
+        return None
+    load_table(name_or_path)
+    return os.path.abspath(name_or_path) if name_or_path.endswith(".toml") else name_or_path
 
 
 def _interrupt(signum, frame):
