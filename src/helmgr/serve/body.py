@@ -130,15 +130,15 @@ def request_class(table: ClassTable | None, req: RecommendRequest) -> int | None
         raise BodyError(422, [error(["body", field], "no_classes", "this app serves no class table")])
     names = table.class_names
     if req.tenant is not None:
-        if req.tenant not in table.tenant_names:
-            raise BodyError(422, [error(["body", "tenant"], "unknown_tenant", f"unknown tenant {req.tenant[:64]!r} "
+        tenant = next((t for t in table.tenants if t.name == req.tenant), None)
+        if tenant is None:
+            raise BodyError(422, [error(["body", "tenant"], "unknown_tenant", f"unknown tenant {req.tenant!r} "
                                         f"(known: {', '.join(table.tenant_names)})")])
-        k = int(table.tenant_class[table.tenant_names.index(req.tenant)])
-        if req.slo_class is not None and req.slo_class != names[k]:
+        if req.slo_class is not None and req.slo_class != tenant.slo_class:
             raise BodyError(422, [error(["body", "class"], "class_mismatch", f"tenant {req.tenant!r} is in class "
-                                        f"{names[k]!r}, not {req.slo_class[:64]!r}")])
-        return k
+                                        f"{tenant.slo_class!r}, not {req.slo_class!r}")])
+        return names.index(tenant.slo_class)
     if req.slo_class not in names:
-        raise BodyError(422, [error(["body", "class"], "unknown_class", f"unknown class {req.slo_class[:64]!r} "
+        raise BodyError(422, [error(["body", "class"], "unknown_class", f"unknown class {req.slo_class!r} "
                                     f"(known: {', '.join(names)})")])
     return names.index(req.slo_class)

@@ -134,9 +134,10 @@ def requests(cfg: ServeConfig, load: LoadConfig) -> Iterator[Sent]:
     seed = stream_seed(cfg, load)
     w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload), seed)
     table = cfg.class_table()
+    names = None if table is None else table.tenant_names
     n = 0
     for chunk in w.chunks():
-        tenants = None if table is None else [table.tenant_names[j] for j in table.assign(chunk.user, chunk.burst, seed)]
+        tenants = None if table is None else [names[j] for j in table.assign(chunk.user, chunk.burst, seed)]
         for i in range(len(chunk)):
             if n == load.max_requests:
                 return
