@@ -1,6 +1,9 @@
 """The timings behind `helmgr calibrate`, taken on a `NodeRuntime` the way it serves.
 
-Every figure is the median of `repeats` timed runs after `warmup` untimed ones; on CUDA each run
+Every figure is the median of `repeats` timed runs after `warmup` untimed ones -- at least
+`FAST_REPEATS` for the lookups, copies and gathers, which take microseconds to milliseconds: a
+miss's extra cost is the difference of two such medians, and with 2 runs on a busy 2-core machine
+it came out shrinking with size in 87 of 300 tries (0 of 150 with 15). On CUDA each run
 is bracketed by synchronizes. Serving rarely finds a lookup's maps or a request's K/V in the
 core's private caches: the request before it ran the model over other data in between. So each
 timed run here starts with those caches flushed (a buffer larger than them is written first,
@@ -29,6 +32,7 @@ from helmgr.real.runtime import NodeRuntime, RealRequest
 Shape = tuple[int, int, int, int]       # prefix_len, cached, new_tokens, candidates
 USERS_PER_SHAPE = 3
 BATCH_USERS = 1 << 30          # users of the batches start here, apart from the single requests' ones
+FAST_REPEATS = 15       # the fewest timed runs of a lookup, copy or gather point (see above)
 FLUSH_BYTES = {"cpu": 4 << 20, "cuda": 256 << 20}      # past a CPU core's L2 (not the L3); past a GPU's L2
 
 
@@ -40,6 +44,7 @@ def sizes(top: int, n: int = 4, factor: int = 4) -> list[int]:
 class Measure:
     def __init__(self, rt: NodeRuntime, repeats: int, warmup: int, seed: int):
         self.rt, self.repeats, self.warmup = rt, repeats, warmup
+        self.fast_repeats = max(repeats, FAST_REPEATS)
         self.device = rt.device
         self.rng = np.random.default_rng(seed)
         self._scratch = torch.empty(FLUSH_BYTES[self.device.type], dtype=torch.uint8, device=self.device)
@@ -58,9 +63,10 @@ class Measure:
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - t
 
-    def _rounds(self, runs: list[Callable[[], float]]) -> list[float]:
-        """Median time of each run, the runs taken in turn, `warmup + repeats` rounds."""
-        times = [[run() for run in runs] for _ in range(self.warmup + self.repeats)][self.warmup:]
+    def _rounds(self, runs: list[Callable[[], float]], repeats: int | None = None) -> list[float]:
+        """Median time of each run, the runs taken in turn, `warmup + repeats` rounds (default:
+        `self.repeats`)."""
+        times = [[run() for run in runs] for _ in range(self.warmup + (repeats or self.repeats))][self.warmup:]
         return [statistics.median(col) for col in zip(*times)]
 
     # -- EMB ------------------------------------------------------------------------------
@@ -80,7 +86,7 @@ class Measure:
         absent = lambda n: self._pick(torch.nonzero(emb.slot_of == EMPTY).flatten(), n)
         ns = sizes(top)
         runs = [lambda n=n, ids=ids: self._lookup(ids(n)) for ids in (resident, absent) for n in ns]
-        times = self._rounds(runs)
+        times = self._rounds(runs, self.fast_repeats)
         rows = [{"ids": n, "bytes": n * self.rt.pool.row_bytes} for n in ns]
         return ([r | {"s": t} for r, t in zip(rows, times[:len(ns)])],
                 [r | {"s": t} for r, t in zip(rows, times[len(ns):])])
@@ -96,13 +102,13 @@ class Measure:
             src = torch.empty(n, dtype=torch.uint8, pin_memory=pinned)
             dst = torch.empty(n, dtype=torch.uint8, device=self.device)
             runs.append(lambda src=src, dst=dst: self._timed(lambda: dst.copy_(src, non_blocking=True)))
-        return [{"bytes": n, "s": t} for n, t in zip(nbytes, self._rounds(runs))]
+        return [{"bytes": n, "s": t} for n, t in zip(nbytes, self._rounds(runs, self.fast_repeats))]
 
     def host_gather(self) -> list[dict]:
         """Random host-table rows gathered into a staging buffer (pinned on CUDA), as a miss does."""
         host, ns = self.rt.emb.host, sizes(4096)
         outs = [torch.empty(n, host.shape[1], dtype=host.dtype, pin_memory=self.device.type == "cuda") for n in ns]
-        times = self._rounds([lambda out=out: self._gather(host, out) for out in outs])
+        times = self._rounds([lambda out=out: self._gather(host, out) for out in outs], self.fast_repeats)
         return [{"rows": n, "s": t} for n, t in zip(ns, times)]
 
     def _gather(self, host: torch.Tensor, out: torch.Tensor) -> float:
