@@ -260,3 +260,34 @@ def test_serve_refuses_a_bad_class_table_before_any_work(capsys):
     assert main(["serve", "--classes", "gold"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "unknown class table 'gold'" in err
+
+
+def test_pools_split_the_nodes_by_class_share_by_hand():
+    t = load_table("surfaces")                        # feed 0.45, interactive 0.40, refresh 0.15
+    assert [t.pool_sizes(n) for n in (3, 4, 5, 8, 16)] == [[1, 1, 1], [2, 1, 1], [2, 2, 1], [4, 3, 1], [7, 6, 3]]
+    skew = parse_table(with_("tenants.a.share", 0.9) | {"tenants": {"a": {"class": "tight", "share": 0.9},
+                                                                   "b": {"class": "loose", "share": 0.1}}}, "t")
+    assert skew.pool_sizes(2) == [1, 1] and skew.pool_sizes(4) == [3, 1] and skew.pool_sizes(10) == [9, 1]
+    with pytest.raises(HelmInputError) as e:
+        SimConfig(nodes=2, classes=t, tenancy="pools").validate()
+    assert str(e.value) == "--tenancy pools needs a node per class: 2 nodes, 3 classes (feed, interactive, refresh)"
+
+
+def test_pools_serve_each_class_on_its_own_nodes_and_lose_nothing():
+    t = load_table("surfaces")
+    r = simulate(SimConfig(nodes=4, seed=1, warmup_s=2.0, classes=t, tenancy="pools", router="helm"),
+                 small("steady", seed=1, rps=1500.0, duration_s=10.0))
+    s, rec = r.summary, r.cluster.rec
+    assert s["pools"] == {"feed": 2, "interactive": 1, "refresh": 1} and s["completed"] == s["requests"]
+    cls = t.tenant_class[np.asarray(rec.tenant)[np.asarray(rec.rid)]]
+    node = np.asarray(rec.node)
+    assert [sorted(set(node[cls == k].tolist())) for k in range(3)] == [[0, 1], [2], [3]]
+
+
+def test_one_pool_routes_as_its_router_alone():
+    runs = []
+    for tenancy, path in (("blind", "python"), ("pools", "auto")):
+        s = simulate(SimConfig(nodes=3, seed=2, warmup_s=2.0, path=path, classes=ONE, tenancy=tenancy, router="helm"),
+                     small("burst", seed=2)).summary
+        runs.append({k: v for k, v in s.items() if k not in ("wall_s", "sim_path_reason", "pools")})
+    assert runs[0] == runs[1]

@@ -89,9 +89,10 @@ def class_options(f):
     f = click.option("--tenancy", type=click.Choice(TENANCIES), default="blind", show_default=True,
                      help="How each node serves the classes: blind (FCFS, one LRU; figures per class only), strict "
                           "(priority bands, FCFS in each), quota (FCFS; each tenant a static KV partition, its "
-                          "share), helm (bands with minimum shares; tenants by deficit round robin on uncached "
-                          "work; KV evicted lowest band first down to kv_floor; with the HELM router, a sheddable "
-                          "class's request predicted late is refused). All but blind run on the Python path.")(f)
+                          "share), pools (separate nodes per class, sized by the classes' traffic shares; FCFS), "
+                          "helm (bands with minimum shares; tenants by deficit round robin on uncached work; KV "
+                          "evicted lowest band first down to kv_floor; with the HELM router, a sheddable class's "
+                          "request predicted late is refused). All but blind run on the Python path.")(f)
     return click.option("--classes", "class_table", default=None, metavar="NAME|FILE", callback=classes_checked,
                         help=f"SLO classes and tenants ({', '.join(available('classes'))}, or a TOML file): "
                              "figures per class and tenant, each against its class's target.")(f)

@@ -85,6 +85,25 @@ class ClassTable:
             floors[c.band] += c.kv_floor
         return floors
 
+    def pool_sizes(self, nodes: int) -> list[int]:
+        """Per class, its nodes under `--tenancy pools`: `nodes` split by the classes' shares of
+        the base traffic (their tenants' shares), each class one node first, the rest by largest
+        remainder (ties to the first class)."""
+        if nodes < len(self.classes):
+            raise HelmInputError(f"--tenancy pools needs a node per class: {nodes} nodes, {len(self.classes)} "
+                                 f"classes ({', '.join(self.class_names)})")
+        share = np.zeros(len(self.classes))
+        np.add.at(share, self.tenant_class, [t.share for t in self.tenants])
+        want = share / share.sum() * nodes
+        sizes = np.maximum(np.floor(want), 1).astype(int)
+        for k in np.argsort(-(want - np.floor(want)), kind="stable"):
+            if sizes.sum() >= nodes:
+                break
+            sizes[k] += 1
+        while sizes.sum() > nodes:                 # the one-node floors took more than the shares gave
+            sizes[np.argmax(np.where(sizes > 1, sizes - want, -np.inf))] -= 1
+        return sizes.tolist()
+
     def assign(self, user: np.ndarray, burst: np.ndarray, seed: int) -> np.ndarray:
         """The tenant (index into `tenants`) of requests from these users with these burst flags:
         each user belongs to one tenant, a stable draw per user and seed over the tenants' shares

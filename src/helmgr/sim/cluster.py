@@ -21,6 +21,7 @@ from helmgr.core.profiles import NodeProfile
 from helmgr.core.records import NodeConfig, Request
 from helmgr.policy.base import MemoryPolicy
 from helmgr.routing.residency import ResidencyReporter
+from helmgr.routing.pools import Pools
 from helmgr.routing.routers import Router
 from helmgr.sim.config import SimConfig
 from helmgr.sim.events import DEPART, DOWN, LAUNCH, REFILL, REFRESH, TICK, UP, WINDOW
@@ -28,7 +29,7 @@ from helmgr.sim.faults import Faults
 from helmgr.sim.metrics import Recorder
 from helmgr.sim.node import Node
 from helmgr.sim.node_queue import ClassQueue
-from helmgr.sim.tenancy import Shedding, class_memory, node_queue
+from helmgr.sim.tenancy import Shedding, class_memory, node_queue, pooled
 from helmgr.sim.periodic import Periodic
 from helmgr.sim.service import BatchServer
 from helmgr.sim.windows import WindowBook
@@ -52,7 +53,8 @@ class Cluster(Faults, Periodic):
     def __init__(self, cfg: SimConfig, workload: Workload, profile: NodeProfile, router: Router,
                  policy: MemoryPolicy, on_progress=None):
         self.cfg, self.workload, self.profile = cfg, workload, profile
-        self.router, self.policy = router, policy
+        self.router = router = pooled(cfg, router)
+        self.policy = policy
         self.on_progress = on_progress
         n = cfg.nodes
         self.node_config = NodeConfig(ratio=cfg.ratio, r_min=cfg.r_min, r_max=cfg.r_max, refill=cfg.refill,
@@ -245,7 +247,11 @@ class Cluster(Faults, Periodic):
             else:
                 self.start(idle, [req])
             return
-        n = self.router.route_request(self.now, req.user, req.prefix_len, req.items, req.cands, req.segment)
+        if type(self.router) is Pools:
+            n = self.router.route_tenant(req.tenant, self.now, req.user, req.prefix_len, req.items, req.cands,
+                                         req.segment)
+        else:
+            n = self.router.route_request(self.now, req.user, req.prefix_len, req.items, req.cands, req.segment)
         if self.shedding is not None and self.shedding.late(self.router, n, req, self.now):
             self.rec.shed.append(req.rid)
             return

@@ -60,7 +60,8 @@ def check_faults(faults: tuple[FaultSpec, ...], duration_s: float | None = None)
 
 ENGINES = ("batched", "pipelined")
 MAX_EMB_SAMPLE = 1024
-TENANCIES = ("blind", "strict", "quota", "helm")   # docs/tenancy.md: FCFS | bands | FCFS, KV quotas | bands, DRR, KV by band
+TENANCIES = ("blind", "strict", "quota", "pools", "helm")   # docs/tenancy.md: FCFS | bands | FCFS, KV quotas |
+                                                            # FCFS, nodes per class | bands, DRR, KV by band
 SIM_PATHS = ("auto", "compiled", "python")     # auto: compiled when the configuration allows it
 @dataclass(frozen=True, slots=True)
 class SimConfig:
@@ -96,7 +97,7 @@ class SimConfig:
     path: str = "auto"                 # the per-request path: auto | compiled | python (sim/engine.py)
     emb_sample: int = 1                 # EMB caches track one item id in this many (memory/emb.py)
     classes: ClassTable | None = None  # SLO classes and tenants: figures per class and tenant (core/classes.py)
-    tenancy: str = "blind"             # how classes are served: blind | strict | quota | helm (docs/tenancy.md)
+    tenancy: str = "blind"             # how classes are served: blind | strict | quota | pools | helm (docs/tenancy.md)
 
     def metrics_warmup_s(self, duration_s: float) -> float:
         """The warm-up the latency metrics skip in a run of `duration_s`: `warmup_s`, at most half
@@ -119,6 +120,8 @@ class SimConfig:
             raise HelmInputError(f"--tenancy {self.tenancy} needs a class table (--classes)")
         if self.tenancy != "blind" and self.central_queue:
             raise HelmInputError(f"--tenancy {self.tenancy} queues at each node; a central queue has none")
+        if self.tenancy == "pools":
+            self.classes.pool_sizes(self.nodes)         # a node per class, or one line naming the counts
         if self.engine not in ENGINES:
             raise HelmInputError(f"unknown engine {self.engine!r} (known: {', '.join(ENGINES)})")
         seed("seed", self.seed)

@@ -59,6 +59,8 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
                                 cfg.window_s, workload.bursts, wall, cluster.rerouted, warmup_s)
     if cfg.classes is not None:
         summary |= class_figures(cluster.rec, cfg.classes, workload.duration_s, cfg.window_s, warmup_s)
+        if cfg.tenancy == "pools":
+            summary["pools"] = dict(zip(cfg.classes.class_names, cfg.classes.pool_sizes(cfg.nodes)))
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": cfg.policy if policy is None else policy.name,
             "router": cfg.router if router is None else router.name, "ratio": cfg.ratio, "seed": cfg.seed,
             "hardware": cfg.hardware, "model": model, "duration_s": workload.duration_s,

@@ -1,10 +1,12 @@
-"""How a cluster serves a class table (docs/tenancy.md): each node's queue, its KV eviction, and
-which requests `--tenancy helm` sheds."""
+"""How a cluster serves a class table (docs/tenancy.md): each node's queue, its KV eviction, the
+pools of `--tenancy pools`, and which requests `--tenancy helm` sheds."""
 from __future__ import annotations
 
 from collections import deque
 
 from helmgr.core.records import Request
+from helmgr.routing.base import Router
+from helmgr.routing.pools import Pools
 from helmgr.sim.config import SimConfig
 from helmgr.sim.node import Node
 from helmgr.sim.node_queue import ClassQueue
@@ -12,7 +14,7 @@ from helmgr.sim.node_queue import ClassQueue
 
 def node_queue(cfg: SimConfig, clock) -> deque | ClassQueue:
     """A node's queue: FCFS, or under a class-aware tenancy a `ClassQueue` reading `clock.now`."""
-    if cfg.tenancy in ("blind", "quota"):
+    if cfg.tenancy in ("blind", "quota", "pools"):
         return deque()
     return ClassQueue(cfg.classes, clock, fair=cfg.tenancy == "helm")
 
@@ -29,6 +31,15 @@ def class_memory(cfg: SimConfig, node: Node) -> None:
     elif cfg.tenancy == "quota":
         node.kv.set_groups([x.share for x in t.tenants], quotas=True)
         node.kv_group = list(range(len(t.tenants)))
+
+
+def pooled(cfg: SimConfig, router: Router) -> Router:
+    """The router the cluster routes with: under `--tenancy pools` one copy of `router` per class
+    over that class's nodes (routing/pools.py), else `router` itself."""
+    if cfg.tenancy != "pools":
+        return router
+    t = cfg.classes
+    return Pools(router, t.pool_sizes(cfg.nodes), t.tenant_class.tolist())
 
 
 class Shedding:
