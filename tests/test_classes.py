@@ -8,6 +8,7 @@ import pytest
 from helmgr.cli import main
 from helmgr.core.classes import ClassTable, SloClass, Tenant, load_table, parse_table
 from helmgr.core.errors import HelmInputError
+from helmgr.policy.base import MemoryPolicy
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.class_metrics import group_figures, jain
 from tests.test_sim import short_burst, small
@@ -291,3 +292,34 @@ def test_one_pool_routes_as_its_router_alone():
                      small("burst", seed=2)).summary
         runs.append({k: v for k, v in s.items() if k not in ("wall_s", "sim_path_reason", "pools")})
     assert runs[0] == runs[1]
+
+
+class Windows(MemoryPolicy):
+    """Keeps every node window the policy is shown."""
+
+    name = "static"
+
+    def __init__(self):
+        self.seen = []
+
+    def observe(self, index, window, node):
+        self.seen.append(window)
+
+
+def test_under_helm_the_controller_sees_each_latency_against_its_class_target():
+    t = load_table("surfaces")
+    for tenancy in ("strict", "helm"):
+        policy = Windows()
+        r = simulate(SimConfig(nodes=2, seed=1, warmup_s=2.0, classes=t, tenancy=tenancy),
+                     small("steady", seed=1, rps=1500.0, duration_s=6.0), policy=policy)
+        rec = r.cluster.rec
+        model_slo = 30.0                                       # the large model's target, ms
+        scale = np.array([model_slo / 15, model_slo / 30, model_slo / 30, model_slo / 30, model_slo / 250])
+        latency = np.asarray(rec.end) - np.asarray(rec.arrival)
+        if tenancy == "helm":
+            latency = latency * scale[np.asarray(rec.tenant)[np.asarray(rec.rid)]]
+        end, node = np.asarray(rec.end), np.asarray(rec.node)
+        assert len(policy.seen) == 12
+        for w in policy.seen:
+            mine = latency[(node == w.node) & (end > w.t - 1.0) & (end <= w.t)]
+            assert w.completed == len(mine) > 100 and w.p99_s == pytest.approx(np.percentile(mine, 99), rel=1e-12)

@@ -29,7 +29,7 @@ from helmgr.sim.faults import Faults
 from helmgr.sim.metrics import Recorder
 from helmgr.sim.node import Node
 from helmgr.sim.node_queue import ClassQueue
-from helmgr.sim.tenancy import Shedding, class_memory, node_queue, pooled
+from helmgr.sim.tenancy import Shedding, class_memory, node_queue, pooled, tail_scale
 from helmgr.sim.periodic import Periodic
 from helmgr.sim.service import BatchServer
 from helmgr.sim.windows import WindowBook
@@ -81,6 +81,7 @@ class Cluster(Faults, Periodic):
                 self.report(i, emb=True)
         self.rec = Recorder(n)
         self.shedding = Shedding.of(cfg, router)
+        self.tail_scale = tail_scale(cfg, profile)   # the windows' latencies against each class's target
         self.windows = WindowBook(self.nodes)
         for i, s in enumerate(self.slots):
             policy.attach(i, s.node)
@@ -296,13 +297,14 @@ class Cluster(Faults, Periodic):
 
     def depart(self, n: int) -> None:
         now, rec, router, windows, slot = self.now, self.rec, self.router, self.windows, self.slots[n]
-        central = self.cfg.central_queue
+        central, scale = self.cfg.central_queue, self.tail_scale
         served, frees = slot.inflight.popleft()
         for req, svc in served:
             rec.complete(req, svc, n, now)
             if req.rid >= self.watch_from:
                 self.watch_done += 1
-            windows.completed(n, now - req.t, svc.fetch_s, svc.recompute_s)
+            latency = now - req.t if scale is None else (now - req.t) * scale[req.tenant]
+            windows.completed(n, latency, svc.fetch_s, svc.recompute_s)
             if not central:
                 router.completed(n, now)
         if frees:

@@ -33,6 +33,18 @@ def class_memory(cfg: SimConfig, node: Node) -> None:
         node.kv_group = list(range(len(t.tenants)))
 
 
+def tail_scale(cfg: SimConfig, profile) -> list[float] | None:
+    """Under `--tenancy helm`, per tenant, what its requests' latencies are multiplied by in the
+    nodes' windows, the controller's input: the model's target over the tenant's class's target.
+    A window's P99 is then the P99 of the requests' latencies as shares of their own targets (in
+    the model's unit), so the class closest to breaking its target fills the tail the controller
+    steers by. None (latencies as they are) under every other tenancy."""
+    if cfg.tenancy != "helm":
+        return None
+    t = cfg.classes
+    return [profile.model.slo_ms / t.classes[k].slo_ms for k in t.tenant_class]
+
+
 def pooled(cfg: SimConfig, router: Router) -> Router:
     """The router the cluster routes with: under `--tenancy pools` one copy of `router` per class
     over that class's nodes (routing/pools.py), else `router` itself."""
