@@ -100,10 +100,19 @@ def test_batches_are_measured_on_a_tiny_runtime():
 def test_a_small_cpu_calibration_writes_finite_batch_fields(capsys, tmp_path):
     out = tmp_path / "cpu.toml"
     # 1,024 tokens, not 256: with 256 the batches were so small that timing noise put the fitted
-    # fixed cost above a batch's time in 4 of 75 tries on the 2-core VM (calibrate refuses that), 0 of 85 here
-    code = main(["calibrate", "--device", "cpu", "--out", str(out), "--n-items", "20000", "--pool-mib", "8",
-                 "--max-tokens", "1024", "--candidates", "32", "--max-batch", "4", "--repeats", "2", "--warmup", "1"])
-    _, err = capsys.readouterr()
+    # fixed cost above a batch's time in 4 of 75 tries on the 2-core VM (calibrate refuses that), 0 of 85 here.
+    # On a loaded machine calibrate still refuses noise (exit 2, "measure more ... or on a quieter
+    # machine"): with two other processes on the VM's two cores, 4 of 30 tries at --repeats 3 and 1
+    # of CI's runs at 2. Such a refusal is tried again, as a user would; any other error, or three
+    # refusals, fails the test.
+    for _ in range(3):
+        code = main(["calibrate", "--device", "cpu", "--out", str(out), "--n-items", "20000", "--pool-mib", "8",
+                     "--max-tokens", "1024", "--candidates", "32", "--max-batch", "4", "--repeats", "2",
+                     "--warmup", "1"])
+        _, err = capsys.readouterr()
+        if not (code == 2 and "or on a quieter machine" in err):
+            break
+        assert not out.exists()                               # a refused calibration writes nothing
     assert code == 0, err
     hw = load_hardware(str(out))
     assert 0 < hw.batch_efficiency <= 1 and 0 <= hw.batch_half_rows and math.isfinite(hw.batch_half_rows)
