@@ -11,6 +11,7 @@ from helmgr.core.errors import HelmInputError
 from helmgr.policy.base import MemoryPolicy
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.class_metrics import group_figures, jain
+from helmgr.workload.arrivals import Burst
 from tests.test_sim import short_burst, small
 
 TWO = {"classes": {"tight": {"slo_ms": 10.0}, "loose": {"slo_ms": 100.0, "band": 1, "sheddable": True,
@@ -122,6 +123,11 @@ def test_group_figures_by_hand():
     prefix, kv = np.array([10, 10, 0, 20, 10, 0]), np.array([10, 5, 0, 5, 0, 0])
     f = group_figures(7, arrival, latency, 10.0, 4.0, 1.0, 1.0, prefix=prefix, kv=kv)
     assert f["kv_hit_rate"] == pytest.approx(10 / 40)              # the warm-up's 10 of 10 dropped
+    assert "burst_window_slo_satisfaction" not in f                  # no bursts: not reported
+    f = group_figures(7, arrival, latency, 10.0, 4.0, 1.0, 1.0, bursts=[Burst(1.5, 2.2, 3.0, 0)])
+    assert f["burst_window_slo_satisfaction"] == pytest.approx(1 / 2)   # windows 1 (missed) and 2 (met)
+    f = group_figures(7, arrival, latency, 10.0, 4.0, 1.0, 1.0, bursts=[Burst(0.2, 0.8, 3.0, 0)])
+    assert math.isnan(f["burst_window_slo_satisfaction"]) and set(f["nulls"]) == {"burst_window_slo_satisfaction"}
     empty = group_figures(0, np.zeros(0), np.zeros(0), 10.0, 4.0, 1.0, 1.0)
     assert math.isnan(empty["p99_ms"]) and set(empty["nulls"]) == {"p50_ms", "p99_ms", "slo_attainment",
                                                                     "window_slo_satisfaction"}

@@ -7,20 +7,23 @@ from __future__ import annotations
 import numpy as np
 
 from helmgr.core.classes import ClassTable
+from helmgr.sim.bursts import burst_windows
 from helmgr.sim.metrics import NAN, Recorder, window_stats
 
 _NO_REQUEST = "no request of it completed after the warm-up"
 GROUP_NULLS = {"p50_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "slo_attainment": _NO_REQUEST,
                "window_slo_satisfaction": "no window after the warm-up had a completed request of it",
+               "burst_window_slo_satisfaction": "no window of a burst after the warm-up had a completed request of it",
                "kv_hit_rate": "no request of it with a history prefix completed after the warm-up"}
 
 
 def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_ms: float, duration: float,
                   window_s: float, warmup_s: float, shed: int = 0, prefix: np.ndarray | None = None,
-                  kv: np.ndarray | None = None) -> dict:
+                  kv: np.ndarray | None = None, bursts=()) -> dict:
     """One class's or tenant's figures from its completed requests, against its target `slo_ms`;
     like the run's own, latency figures cover the arrivals after `warmup_s`. With the requests'
-    `prefix` and cached `kv` tokens, also its KV hit rate (cached / prefix tokens)."""
+    `prefix` and cached `kv` tokens, also its KV hit rate (cached / prefix tokens); with the
+    workload's `bursts`, also its window SLO satisfaction over the windows a burst overlaps."""
     keep = arrival >= warmup_s
     lat, slo_s = latency[keep], slo_ms * 1e-3
     span = max(duration - warmup_s, 1e-9)
@@ -33,6 +36,13 @@ def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_m
            "slo_attainment": float(ok.mean()) if len(lat) else NAN,
            "window_slo_satisfaction": float(np.mean(p99[busy] <= slo_s)) if busy.any() else NAN,
            "goodput_rps": float(ok.sum()) / span}
+    if len(bursts):
+        in_burst = np.zeros(len(p99), bool)
+        for b in bursts:
+            k0, k1 = burst_windows(b, window_s, len(p99))
+            in_burst[k0:k1] = True
+        hit = busy & in_burst
+        out["burst_window_slo_satisfaction"] = float(np.mean(p99[hit] <= slo_s)) if hit.any() else NAN
     if prefix is not None:
         p = prefix[keep].sum()
         out["kv_hit_rate"] = float(kv[keep].sum() / p) if p else NAN
@@ -53,9 +63,11 @@ def jain(x: np.ndarray) -> float:
     return float(x.sum() ** 2 / (len(x) * (x * x).sum())) if len(x) and (x * x).sum() > 0 else NAN
 
 
-def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: float, warmup_s: float) -> dict:
+def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: float, warmup_s: float,
+                  bursts=()) -> dict:
     """`classes` and `tenants` (name -> figures) and `fairness`: Jain's index over the tenants'
-    SLO attainment (the share of each one's requests answered within its class's target)."""
+    SLO attainment (the share of each one's requests answered within its class's target). With
+    the workload's `bursts`, each group's figures also hold its window SLO satisfaction in them."""
     tenant_all = np.asarray(rec.tenant, np.int64)
     tenant, arrival, latency = completed(rec)
     cls_of = table.tenant_class
@@ -65,7 +77,7 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
 
     def figures(mask: np.ndarray, of: np.ndarray, slo_ms: float) -> dict:
         return group_figures(int(per_tenant[of].sum()), arrival[mask], latency[mask], slo_ms, duration, window_s,
-                             warmup_s, int(shed[of].sum()), prefix[mask], kv[mask])
+                             warmup_s, int(shed[of].sum()), prefix[mask], kv[mask], bursts)
 
     classes = {c.name: figures(cls_of[tenant] == k, cls_of == k, c.slo_ms) for k, c in enumerate(table.classes)}
     tenants = {t.name: {"class": t.slo_class} | figures(tenant == j, np.arange(len(cls_of)) == j,

@@ -58,7 +58,8 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
     summary, series = summarize(cluster.rec, cluster.nodes + cluster.retired, workload.duration_s, slo_s,
                                 cfg.window_s, workload.bursts, wall, cluster.rerouted, warmup_s)
     if cfg.classes is not None:
-        summary |= class_figures(cluster.rec, cfg.classes, workload.duration_s, cfg.window_s, warmup_s)
+        summary |= class_figures(cluster.rec, cfg.classes, workload.duration_s, cfg.window_s, warmup_s,
+                                 workload.bursts)
         if cfg.tenancy == "pools":
             summary["pools"] = dict(zip(cfg.classes.class_names, cfg.classes.pool_sizes(cfg.nodes)))
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": cfg.policy if policy is None else policy.name,
