@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from helmgr.cli import main
 from helmgr.cli.evaluate_cmd import assemble
+from helmgr.experiments import report
 from helmgr.experiments import evaluate as ev_mod
 from helmgr.experiments.evaluate import EvalConfig, RunStore, evaluate, first_units
 from helmgr.sim import SimConfig
@@ -184,6 +186,9 @@ def test_the_command_of_a_run_reproduces_it(done, capsys):
     (["plan", "--rps", "100", "--candidates", "helm@nowhere"], "'helm@nowhere' is not POLICY@ROUTER"),
     (["plan", "--rps", "-1"], "'--rps': -1"),
     (["evaluate", "--rate-scale", "0"], "'--rate-scale': 0"),
+    (["evaluate", "--classes", "gold"], "unknown class table 'gold'"),
+    (["evaluate", "--classes", "surfaces", "--class-loads", "1,-2"], "--class-loads '1,-2'"),
+    (["evaluate", "--classes", "surfaces", "--nodes", "2"], "--tenancy pools needs a node per class: 2 nodes"),
     (["capacity", "--seeds", ""], "--seeds ''"),
     (["capacity", "--tol", "1.5"], "'--tol': 1.5"),
 ])
@@ -251,3 +256,50 @@ def test_burst_violations_are_judged_on_the_bursts_static_best_under_helm_provis
     assert violation_share(first, keep) == 1.0 and violation_share(first) == 0.5
     assert _provisioned([(other, "static-best", "prefix-aware")]) == [True, True]     # no HELM sweep: the first
     assert _provisioned([({"summary": {}}, "static-best", "helm")]) is None           # stored before the fields
+
+
+def _group(p99, win, requests=10, completed=10, shed=0, burst=None, goodput=1.0):
+    return {"p99_ms": p99, "window_slo_satisfaction": win, "requests": requests, "completed": completed, "shed": shed,
+            "goodput_rps": goodput} | ({} if burst is None else {"burst_window_slo_satisfaction": burst})
+
+
+def test_the_tenancy_table_by_hand():
+    ev = replace(TINY, regimes=("burst",), seeds=(1, 2), classes="surfaces")
+    units = ev_mod.tenancy_units(ev)
+    assert len(units) == 2 * 5 and units[0].name == "burst seed 1: helm, tenancy blind at 1x @ helm"
+    assert [u.payload[1].tenancy for u in units[:5]] == ["blind", "strict", "quota", "pools", "helm"]
+    assert units[0].payload[0].rps == 1300.0 and units[0].payload[1].classes.class_names == ["feed", "interactive",
+                                                                                            "refresh"]
+    tenants = ["home", "search", "notifications", "trending", "refresh"]
+
+    def summary(feed, burst, shed=0):
+        return {"requests": 30, "completed": 30 - shed, "shed": shed, "fairness": {"jain": 0.9},
+                "classes": {"feed": _group(feed, 0.5, goodput=100.0), "interactive": _group(10.0, 1.0, goodput=50.0),
+                            "refresh": _group(20.0, 1.0, requests=10, completed=10 - shed, shed=shed, goodput=5.0)},
+                "tenants": {t: _group(1.0, 1.0, burst=burst if t != "search" else 0.25 + burst) for t in tenants}}
+    results = {units[0]: {"summary": summary(12.0, 0.75)}, units[5]: {"summary": summary(16.0, 0.5, shed=2)}}
+    row, = report.tenancy_table(ev, results)
+    assert row == {"regime": "burst", "load": 1.0, "rps": 1300.0, "tenancy": "blind", "seeds": 2,
+                   "feed_p99_ms": 14.0, "feed_window_slo": 0.5, "interactive_p99_ms": 10.0, "interactive_window_slo": 1.0,
+                   "refresh_p99_ms": 20.0, "refresh_window_slo": 1.0, "goodput_rps": 155.0, "shed": 1.0, "jain": 0.9,
+                   "others_burst_window_slo": 0.5, "unaccounted": 0}
+    results[units[5]]["summary"]["tenants"]["home"]["completed"] = 8          # two requests lost: counted
+    assert report.tenancy_table(ev, results)[0]["unaccounted"] == 2
+
+
+def test_evaluate_with_a_class_table_runs_every_tenancy_and_reproduces_one(tmp_path, capsys):
+    ev = replace(TINY, cluster=replace(TINY.cluster, nodes=3), routers=("helm",), capacity=False, oracle_routers=(),
+                 check_router="helm", classes="surfaces")
+    out = evaluate(ev, tmp_path)
+    result = assemble(ev, out["results"], "whole")
+    assert [r["tenancy"] for r in result["tenancy"]] == ["blind", "strict", "quota", "pools", "helm"]
+    assert all(r["unaccounted"] == 0 and r["seeds"] == 1 for r in result["tenancy"])
+    unit = next(u for u in out["results"] if u.kind == "tenancy" and u.payload[1].tenancy == "pools")
+    cmd = result["commands"][unit.name]
+    assert cmd == ("helmgr simulate --workload steady --duration 5 --rps 1300 --seed 1 --nodes 3 --policy helm "
+                   "--router helm --classes surfaces --tenancy pools --json")
+    assert main(cmd.split()[1:]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    kept = out["results"][unit]["summary"]
+    assert printed["pools"] == {"feed": 1, "interactive": 1, "refresh": 1}
+    assert printed["classes"] == kept["classes"] and printed["p99_ms"] == kept["p99_ms"]

@@ -12,14 +12,17 @@ from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, progress, result_dir, stderr, stdout
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.types import NON_NEGATIVE, POSITIVE, Finite, names, parallel_options, ratio_grid, seed_list
+from helmgr.cli.types import (NON_NEGATIVE, POSITIVE, Finite, names, parallel_options, positive_list, ratio_grid,
+                              seed_list)
 from helmgr.cli.workload_cmd import cluster_defaults
 from helmgr.experiments import commands, report
 from helmgr.experiments.evaluate import DEFAULT_GRID, EvalConfig, config_dict, evaluate
 from helmgr.experiments.phase_oracle import LOOKAHEAD_S
 from helmgr.experiments.scenario import S5_MEASURES
 from helmgr.policy import POLICIES
+from helmgr.core.classes import load_table
 from helmgr.routing import ROUTERS
+from helmgr.sim import SimConfig
 from helmgr.workload import REGIMES
 
 # what --quick changes (an option given on the command line wins)
@@ -56,6 +59,10 @@ DEFAULT_OUT = Path("results/evaluate")
               help=f"Simulated seconds of each capacity probe [default: the runs'; --quick {QUICK['capacity_duration']:g}].")
 @click.option("--capacity-tol", type=Finite(0, 1, min_open=True, max_open=True), default=None,
               help=f"Capacity bisection tolerance [default: {FULL['capacity_tol']:g}; --quick {QUICK['capacity_tol']:g}].")
+@click.option("--classes", "class_table", default=None, metavar="NAME|FILE",
+              help="A class table (docs/tenancy.md): adds full HELM under every --tenancy at each --class-loads.")
+@click.option("--class-loads", default="1", show_default=True, metavar="F,...",
+              help="With --classes: the rates of its runs, as multiples of each regime's base rate.")
 @click.option("--s5", type=click.Choice(S5_MEASURES), default="whole", show_default=True, help="The check's S5 measure.")
 @click.option("--quick", is_flag=True, help="A first look: one seed, 4 ratios, each regime's whole shape in half the "
                                            "time (180-s runs), and a coarser capacity on steady.")
@@ -67,7 +74,7 @@ DEFAULT_OUT = Path("results/evaluate")
 @cluster_defaults
 def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers, ratios, rate_scale, nodes, policy, ratio, router,
                  hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, no_oracle,
-                 oracle_lookahead, no_capacity, capacity_workloads, capacity_duration, capacity_tol, s5, quick, fresh, jobs, ray_address, as_json, out_dir):
+                 oracle_lookahead, no_capacity, capacity_workloads, capacity_duration, capacity_tol, class_table, class_loads, s5, quick, fresh, jobs, ray_address, as_json, out_dir):
     """Regimes x seeds x policies x routers, static-best per router, the phase oracle, capacity at
     SLO and the scenario check; reported both ways (the controller against static-best under the
     HELM router; full HELM against static-best with least-loaded and with prefix-aware routing),
@@ -100,7 +107,10 @@ def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers
                     oracle_routers=() if no_oracle else ("helm",), oracle_lookahead_s=oracle_lookahead,
                     capacity=not no_capacity, capacity_regimes=cap_regimes,
                     capacity_duration_s=pick["capacity_duration"], capacity_tol=pick["capacity_tol"],
-                    rate_scale=rate_scale)
+                    rate_scale=rate_scale, classes=class_table,
+                    class_loads=tuple(positive_list(class_loads, "class-loads")))
+    if class_table is not None:                      # the table, and a node per class (--tenancy pools)
+        SimConfig(nodes=nodes, classes=load_table(class_table), tenancy="pools").validate()
     if len(ev.grid) < 2:
         raise click.UsageError(f"--ratios {pick['ratios']!r}: the evaluation needs at least two ratios")
     durations = {regime: ev.spec(regime, ev.seeds[0]).build().duration_s  # validates the workload options
@@ -139,7 +149,8 @@ def assemble(ev: EvalConfig, results: dict, s5: str) -> dict:
            "controller": report.headline(table, ev, *report.CONTROLLER) if "helm" in ev.routers else [],
            "capacity": report.capacity_table(ev, results),
            "scenario_check": report.check_table(ev, results, s5), "routers": report.router_table(ev, results),
-           "oracle_blocks": report.oracle_table(ev, results), "rows": table}
+           "oracle_blocks": report.oracle_table(ev, results), "rows": table,
+           "tenancy": report.tenancy_table(ev, results)}
     out["commands"] = _commands(ev, results)
     return out
 
@@ -265,6 +276,14 @@ def markdown(result: dict, pngs: list[str]) -> str:
                   "band (within 2 % of its fitted minimum; `common_lo`-`common_hi`, — where no ratio is), and "
                   "the share of blocks whose band holds static-best's split under that router.", ""]
         lines += _md_table(result["oracle_blocks"], BLOCKS)
+    if result.get("tenancy"):
+        lines += ["## Tenants and SLO classes: full HELM under each tenancy", "",
+                  f"Class table `{c['classes']}`; each class's P99 (ms, the mean of the seeds) and window SLO "
+                  "satisfaction against its own target (the worst seed's); goodput, shed and Jain's index, the "
+                  "means; `others_burst_window_slo`: the worst window SLO satisfaction of a tenant other than "
+                  "the noisy one in the windows of the bursts; `unaccounted`: requests neither completed nor "
+                  "shed, over the runs, classes and tenants.", ""]
+        lines += _md_table(result["tenancy"], list(result["tenancy"][0]))
     lines += ["## Scenario check (S1-S3 gated, S4-S5 reported)", "", "| regime | property | " + " | ".join(
         f"seed {s}" for s in c["seeds"]) + " | threshold | pass | gated |",
         "|---|---|" + "---:|" * len(c["seeds"]) + "---:|---|---|"]
@@ -310,7 +329,8 @@ def _print(result: dict) -> None:
     for title, rows, cols in (("full HELM vs static-best + prefix-aware (headline), + least-loaded", result["system"],
                                HEAD),
                               ("controller vs static-best, HELM router", result["controller"], CTRL),
-                              ("capacity at SLO (req/s)", result["capacity"], CAP)):
+                              ("capacity at SLO (req/s)", result["capacity"], CAP),
+                              ("tenants and SLO classes", result["tenancy"], list(result["tenancy"][0]) if result["tenancy"] else ())):
         if not rows:
             continue
         t = Table(title=title)

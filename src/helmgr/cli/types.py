@@ -91,6 +91,19 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
+def positive_list(text: str, what: str) -> list[float]:
+    """A comma list of finite positive numbers (`--what` in the error)."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HelmInputError(f"--{what} {text!r} is not a comma list of numbers") from None
+    bad = [v for v in values if not (math.isfinite(v) and v > 0)]
+    if bad or not values:
+        raise HelmInputError(f"--{what} {text!r}: every value must be a finite number > 0, got "
+                             f"{bad[0] if bad else 'none'}")
+    return values
+
+
 def parallel_options(f):
     """--jobs and --ray-address: where the independent runs go (experiments.parallel)."""
     f = click.option("--ray-address", default=None, metavar="ADDR",

@@ -48,6 +48,10 @@ def unit_command(ev: EvalConfig, unit: Unit) -> str:
     if unit.kind == "point":
         return (f"helmgr simulate {wl} --seed {unit.seed}{cluster} --policy static --ratio {unit.ratio:g} "
                 f"--router {unit.router} --json")
+    if unit.kind == "tenancy":
+        wl = workload_flags(ev, unit.regime, ev.duration_s, rate=False) + f" --rps {ev.class_rps(unit.regime, unit.load):g}"
+        return (f"helmgr simulate {wl} --seed {unit.seed}{cluster} --policy helm --router helm --classes {ev.classes} "
+                f"--tenancy {unit.payload[1].tenancy} --json")
     if unit.kind == "oracle":
         ahead = f" --oracle-lookahead {ev.oracle_lookahead_s:g}" if ev.oracle_lookahead_s != LOOKAHEAD_S else ""
         return (f"helmgr compare {wl} --seed {unit.seed}{cluster} --policies oracle --routers {unit.router} "

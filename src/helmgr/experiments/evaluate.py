@@ -12,9 +12,11 @@ helmgr's version), so a changed option is a new unit. The units, per regime and 
   static-best (held at the ratio that was best at the base rate) with least-loaded and with
   prefix-aware routing;
 - `oracle`: the phase oracle under each oracle router (its blocks run in order; each block's
-  replays are spread over the workers).
+  replays are spread over the workers);
+- `tenancy` (with a class table): full HELM under each `--tenancy`, the regime's base rate times
+  each of `class_loads` (the multi-tenant section).
 
-They run in three stages: runs and points (one batch over `jobs` processes or Ray), then the
+They run in three stages: runs, points and tenancy runs (one batch over `jobs` processes or Ray), then the
 capacity bisections (they need static-best's ratio), then the oracles. `report.assemble` turns
 the stored units into the tables.
 """
@@ -39,7 +41,9 @@ from helmgr.policy.helm import HelmPolicy, helm_revision
 from helmgr.policy.policies import POLICIES
 from helmgr.routing.helm import Helm
 from helmgr.routing.routers import ROUTERS
+from helmgr.core.classes import load_table
 from helmgr.sim import SimConfig, simulate
+from helmgr.sim.config import TENANCIES
 from helmgr.sim.metrics import slim, window_ratios
 from helmgr.workload import WorkloadSpec, default_config
 
@@ -75,14 +79,21 @@ class EvalConfig:
     capacity_tol: float = 0.02
     rate_scale: float = 1.0                        # each regime's default base rate times this (4 on 32 nodes:
                                                    # the 8-node scenario's load per node)
+    classes: str | None = None                     # a class table (name or TOML path): the multi-tenant section
+    class_loads: tuple[float, ...] = (1.0,)        # its runs' rates, as multiples of each regime's base rate
 
     def rps(self, regime: str) -> float | None:
         """The base rate a run gets: None (the regime's default) unless the rate is scaled."""
         return None if self.rate_scale == 1.0 else default_config(regime).rps * self.rate_scale
 
-    def spec(self, regime: str, seed: int, duration: float | None = None) -> WorkloadSpec:
-        return WorkloadSpec(regime, duration or self.duration_s, seed, self.rps(regime),
-                            time_compression=self.time_compression)
+    def spec(self, regime: str, seed: int, duration: float | None = None, load: float | None = None) -> WorkloadSpec:
+        """The workload of a unit; `load` (the multi-tenant section's): that multiple of the base rate."""
+        rps = self.rps(regime) if load is None else self.class_rps(regime, load)
+        return WorkloadSpec(regime, duration or self.duration_s, seed, rps, time_compression=self.time_compression)
+
+    def class_rps(self, regime: str, load: float) -> float:
+        """The base rate of the multi-tenant section's runs at `load`."""
+        return default_config(regime).rps * self.rate_scale * load
 
     def cfg(self, policy: str, router: str, seed: int, ratio: float | None = None) -> SimConfig:
         return replace(self.cluster, policy=policy, router=router, seed=seed,
@@ -96,16 +107,19 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class Unit:
-    kind: str                  # run | point | capacity | oracle
+    kind: str                  # run | point | capacity | oracle | tenancy
     regime: str
     seed: int
     policy: str
     router: str
     ratio: float | None = None
     payload: object = None     # what the worker gets: (spec, cfg), a CapacityTask, or (spec, cfg, grid)
+    load: float | None = None  # a tenancy unit's: its rate as a multiple of the base rate
 
     @property
     def name(self) -> str:
+        if self.kind == "tenancy":
+            return f"{self.regime} seed {self.seed}: helm, tenancy {self.payload[1].tenancy} at {self.load:g}x @ helm"
         what = f"static {self.ratio:g}" if self.kind == "point" else {
             "run": self.policy, "oracle": "oracle", "capacity": f"capacity {self.policy}"}[self.kind]
         return f"{self.regime} seed {self.seed}: {what} @ {self.router}"
@@ -161,11 +175,21 @@ def policy_run(args: tuple[WorkloadSpec, SimConfig]) -> dict:
             "window_p99_ms": np.asarray(result.series.window_p99_ms, float)}
 
 
+def tenancy_run(args: tuple[WorkloadSpec, SimConfig]) -> dict:
+    """One run with a class table: its scalar summary fields with the per-class and per-tenant
+    figures and the fairness."""
+    spec, cfg = args
+    s = simulate(cfg, spec.build()).summary
+    return {"summary": slim(s) | {k: s[k] for k in ("classes", "tenants", "fairness")}}
+
+
 def _execute(unit: Unit) -> tuple[object, float]:
     """A worker's job: one run, point or bisection; and the seconds it took."""
     start = time.perf_counter()
     if unit.kind == "run":
         result = policy_run(unit.payload)
+    elif unit.kind == "tenancy":
+        result = tenancy_run(unit.payload)
     elif unit.kind == "point":
         result = phase_point(unit.payload)
     else:
@@ -183,7 +207,18 @@ def first_units(ev: EvalConfig) -> list[Unit]:
                     for rt in ev.routers for p in ev.policies]
             out += [Unit("point", regime, seed, "static", rt, r, (spec, ev.cfg("static", rt, seed, r)))
                     for rt in ev.point_routers for r in ev.grid]
-    return out
+    return out + tenancy_units(ev)
+
+
+def tenancy_units(ev: EvalConfig) -> list[Unit]:
+    """With a class table: full HELM under every tenancy, at each of the class loads."""
+    if ev.classes is None:
+        return []
+    table = load_table(ev.classes)
+    return [Unit("tenancy", regime, seed, "helm", "helm", None,
+                 (ev.spec(regime, seed, load=load), replace(ev.cfg("helm", "helm", seed), classes=table, tenancy=t)),
+                 load)
+            for regime in ev.regimes for load in ev.class_loads for seed in ev.seeds for t in TENANCIES]
 
 
 def static_best_ratio(points: dict, regime: str, seed: int, router: str, grid) -> float:
@@ -287,6 +322,8 @@ def config_dict(ev: EvalConfig) -> dict:
     blind = {"classes": None, "tenancy": "blind"}       # class-blind: written as before classes existed
     d["cluster"] = {k: v for k, v in d["cluster"].items()
                     if k not in ("policy", "ratio", "router", "seed") and not (k in blind and v == blind[k])}
+    if ev.classes is None:                          # no multi-tenant section: written as before it existed
+        del d["classes"], d["class_loads"]
     d["helm_revision"] = stack_revision()           # which HELM its `helm` rows are (base hash, tiers, router)
     return d
 

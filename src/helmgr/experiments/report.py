@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from helmgr.core.classes import load_table
 from helmgr.experiments.evaluate import EvalConfig, Unit, static_best_ratio
 from helmgr.experiments.phase_oracle import band_overlap, in_phase_band_distance, regret, window_figures
 from helmgr.experiments.scenario import properties, summarize_check
 from helmgr.sim.bursts import provisioned, violation_share
+from helmgr.sim.config import TENANCIES
 
 FULL = ("helm", "helm")
 SYSTEM_BASELINES = (("static-best", "prefix-aware"), ("static-best", "least-loaded"))     # the headline's first
@@ -209,3 +211,38 @@ def check_table(ev: EvalConfig, results: dict[Unit, object], s5: str = "whole") 
 def _mean(values) -> float | None:
     v = [x for x in values if x is not None and np.isfinite(x)]
     return float(np.mean(v)) if v else None
+
+
+def tenancy_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
+    """The multi-tenant section: per regime, load and tenancy, over the seeds, each class's P99
+    (mean) and window SLO satisfaction (the worst seed's), the total goodput, shed and Jain's
+    index (means); on a regime with bursts, the worst window SLO satisfaction in the bursts' windows
+    of any tenant but the noisy ones; and `unaccounted`, requests neither completed nor shed (0)."""
+    runs: dict[tuple, list[dict]] = {}
+    for u, r in results.items():
+        if u.kind == "tenancy":
+            runs.setdefault((u.regime, u.load, u.payload[1].tenancy), []).append(r["summary"])
+    table = load_table(ev.classes) if ev.classes else None
+    quiet = [t.name for t in table.tenants if not t.bursts] if table else []
+    out = []
+    for (regime, load, tenancy), found in sorted(runs.items(), key=lambda kv: (
+            ev.regimes.index(kv[0][0]), kv[0][1], TENANCIES.index(kv[0][2]))):
+        row = {"regime": regime, "load": load, "rps": ev.class_rps(regime, load), "tenancy": tenancy,
+               "seeds": len(found)}
+        for c in found[0]["classes"]:
+            row[f"{c}_p99_ms"] = _mean(s["classes"][c]["p99_ms"] for s in found)
+            row[f"{c}_window_slo"] = _worst(s["classes"][c]["window_slo_satisfaction"] for s in found)
+        row["goodput_rps"] = _mean(sum(c["goodput_rps"] for c in s["classes"].values()) for s in found)
+        row["shed"] = _mean(s["shed"] for s in found)
+        row["jain"] = _mean(s["fairness"]["jain"] for s in found)
+        row["others_burst_window_slo"] = _worst(s["tenants"][t].get("burst_window_slo_satisfaction")
+                                                for s in found for t in quiet)
+        row["unaccounted"] = sum(g["requests"] - g["completed"] - g["shed"] for s in found
+                                 for g in [s] + list(s["classes"].values()) + list(s["tenants"].values()))
+        out.append(row)
+    return out
+
+
+def _worst(values) -> float | None:
+    v = [x for x in values if x is not None and np.isfinite(x)]
+    return float(min(v)) if v else None
