@@ -2,6 +2,7 @@
 the whole module, torn down at the end. Skipped where ray[serve] is not installed."""
 import http.client
 import json
+import socket
 import threading
 import time
 from dataclasses import replace
@@ -19,7 +20,15 @@ from helmgr.serve import ServeConfig, start, stop  # noqa: E402
 from helmgr.serve.loadgen import LoadConfig, loadgen  # noqa: E402
 from helmgr.workload import synthetic_workload  # noqa: E402
 
-PORT = 8137
+def _free_port() -> int:
+    """A port nothing listens on now: a fixed one stays in TIME_WAIT after a run, and a second run
+    of this file within a minute found it taken (Ray's NoAvailablePortError)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+PORT = _free_port()
 # a deadline far above the service time: the tests check that no request is lost, and a CPU shared
 # with other test workers must not cut one
 CFG = ServeConfig(replicas=2, replica_cpus=0.25, stats_period_s=0.5, window_s=1.0, deadline_ms=10_000.0)
