@@ -286,3 +286,30 @@ def test_serve_config_numbers_go_through_the_one_check(field, value, named):
     from helmgr.core.errors import HelmInputError
     with pytest.raises(HelmInputError, match=named):
         ServeConfig(**{field: value}).validate()
+
+
+def test_the_gate_serves_the_lower_band_first_then_the_cheapest():
+    now = [100.0]
+    order = []
+
+    async def main():
+        gate = Gate(clock=lambda: now[0])
+        await gate.enter(0.2, now[0] + 1.0, band=1)           # in service: 0.2 s predicted
+
+        async def one(name, cost, band):
+            await gate.enter(cost, now[0] + 50.0, band)
+            order.append(name)
+            gate.leave()
+        jobs = (("cheap, band 2", 0.01, 2), ("dear, band 0", 0.5, 0), ("cheap, band 1", 0.02, 1),
+                ("cheaper, band 0", 0.1, 0))
+        tasks = [asyncio.create_task(one(*job)) for job in jobs]
+        await asyncio.sleep(0)
+        # ahead of a 0.3-s band-0 request: the one in service and band 0's cheaper one, not the others
+        assert gate.waiting == 4 and gate.ahead_s(0.3, band=0) == pytest.approx(0.2 + 0.1)
+        assert gate.ahead_s(0.3, band=1) == pytest.approx(0.2 + 0.5 + 0.1 + 0.02)
+        with pytest.raises(Late):                             # 0.82 ahead + 0.3 own > 1.0 left
+            await gate.enter(0.3, now[0] + 1.0, band=1)
+        gate.leave()
+        await asyncio.gather(*tasks)
+    asyncio.run(main())
+    assert order == ["cheaper, band 0", "dear, band 0", "cheap, band 1", "cheap, band 2"]

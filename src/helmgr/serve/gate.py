@@ -1,13 +1,16 @@
-"""A replica's queue, without Ray: one request at a time, the cheapest waiting one
-next, and nobody served after it can no longer finish by its deadline.
+"""A replica's queue, without Ray: one request at a time, the waiting one of the lowest priority
+band next (a class table's `band`; 0 without one), the cheapest within a band, and nobody served
+after it can no longer finish by its deadline.
 
-`enter(cost_s, deadline)` returns when the caller may start, or raises `Late`:
+`enter(cost_s, deadline, band=0)` returns when the caller may start, or raises `Late`:
 - at once, when the work predicted ahead of it (the one in service, the rest of its predicted
-  time; the waiting ones no dearer than it) plus its own would end past its deadline;
+  time; the waiting ones of a lower band, or of its band and no dearer than it) plus its own
+  would end past its deadline;
 - while waiting, at its start-by time (`deadline - cost_s`), leaving the queue unserved.
 A caller that is cancelled while waiting leaves the queue too. `leave()` hands the replica to
-the cheapest waiter. Cheapest first keeps small requests from queueing behind large ones; a
-large one waits its turn until its start-by time at most. `clock` is wall-clock time by default
+the first waiter. Cheapest first keeps small requests from queueing behind large ones; a
+large one, or one of a lower band, waits its turn until its start-by time at most (the deadline
+bounds how long a band waits behind the ones above it: it is cut, never starved unseen). `clock` is wall-clock time by default
 (deadlines are `time.time()` values of the replica's own clock)."""
 from __future__ import annotations
 
@@ -26,26 +29,26 @@ class Gate:
     def __init__(self, clock: Callable[[], float] = time.time):
         self.clock = clock
         self.busy = False
-        self.heap: list[tuple[float, int, asyncio.Future]] = []
+        self.heap: list[tuple[int, float, int, asyncio.Future]] = []     # (band, cost, arrival, waiter)
         self.seq = 0
         self.current = (0.0, 0.0)                 # (predicted cost, start time) of the one in service
         self.cut = 0                              # requests refused or dropped as late
 
     @property
     def waiting(self) -> int:
-        return sum(not f.done() for _, _, f in self.heap)
+        return sum(not f.done() for *_, f in self.heap)
 
-    def ahead_s(self, cost_s: float) -> float:
-        """Predicted work before a request of `cost_s` would start (if it came now)."""
+    def ahead_s(self, cost_s: float, band: int = 0) -> float:
+        """Predicted work before a request of `cost_s` in `band` would start (if it came now)."""
         if not self.busy:
             return 0.0
         c, start = self.current
-        queued = sum(c2 for c2, _, f in self.heap if c2 <= cost_s and not f.done())
+        queued = sum(c2 for b2, c2, _, f in self.heap if (b2, c2) <= (band, cost_s) and not f.done())
         return max(c - (self.clock() - start), 0.0) + queued
 
-    async def enter(self, cost_s: float, deadline: float) -> None:
+    async def enter(self, cost_s: float, deadline: float, band: int = 0) -> None:
         now = self.clock()
-        ahead = self.ahead_s(cost_s)
+        ahead = self.ahead_s(cost_s, band)
         if now + ahead + cost_s > deadline:
             self.cut += 1
             raise Late(f"predicted to finish {(now + ahead + cost_s - deadline) * 1e3:.0f} ms past its deadline "
@@ -58,7 +61,7 @@ class Gate:
         timer = loop.call_later(max(deadline - cost_s - now, 0.0), self._expire, fut) if math.isfinite(deadline) \
             else None
         self.seq += 1
-        heapq.heappush(self.heap, (cost_s, self.seq, fut))
+        heapq.heappush(self.heap, (band, cost_s, self.seq, fut))
         try:
             await fut
         except asyncio.CancelledError:
@@ -78,9 +81,10 @@ class Gate:
             fut.set_exception(Late("its deadline would pass before it could be served (queued behind others)"))
 
     def leave(self) -> None:
-        """The one in service is done: the cheapest live waiter starts, or the replica is free."""
+        """The one in service is done: the first live waiter (lowest band, then cheapest) starts, or
+        the replica is free."""
         while self.heap:
-            cost_s, _, fut = heapq.heappop(self.heap)
+            _, cost_s, _, fut = heapq.heappop(self.heap)
             if not fut.done():
                 self.current = (cost_s, self.clock())
                 fut.set_result(None)

@@ -29,7 +29,7 @@ Classes (`ServeConfig.classes`, docs/tenancy.md): a request may name its `tenant
 in the app's class table (422 for a name the table does not hold; a request naming neither is
 served as before, labelled `none`). A request of a sheddable class gets its class's target as its
 deadline: one its replica cannot serve by then is refused, 429 with the reason, and counted under
-`helm_shed`.
+`helm_shed`. The replica is sent the class's band: its queue serves lower bands first.
 
 Metrics are Prometheus text at `/metrics` from this ingress replica's own registry: requests by
 node, KV hit and class, end-to-end latency histogram by class, errors, shed requests and retries,
@@ -179,7 +179,7 @@ class Ingress:
                     deadline = min(deadline, deadline - self.cfg.deadline_s + self.table.classes[k].slo_ms / 1e3)
                 prefix_len = self.progress.prefix(req.user_id, req.prefix_len)
                 self.limits.check(req, prefix_len)
-                out, retries = await self._call(req, prefix_len, deadline)
+                out, retries = await self._call(req, prefix_len, deadline, 0 if k is None else self.table.classes[k].band)
             except BodyError as exc:
                 self.metrics.errors.labels(f"http_{exc.status}").inc()
                 return JSONResponse({"detail": exc.detail}, status_code=exc.status)
@@ -204,11 +204,12 @@ class Ingress:
                 "service_ms": out["service_ms"], "replica_ms": out["replica_ms"], "ratio": out["ratio"],
                 "retries": retries, "appended": out["appended"], "new_user": new_user, "class": slo_class}
 
-    async def _call(self, req: RecommendRequest, prefix_len: int, deadline: float) -> tuple[dict, int]:
+    async def _call(self, req: RecommendRequest, prefix_len: int, deadline: float, band: int = 0) -> tuple[dict, int]:
         budget = f"its deadline of {self.cfg.deadline_s * 1e3:.0f} ms"
         for attempt in range(TRIES):
             response = self.backend.remote(user_id=req.user_id, prefix_len=prefix_len, new_items=req.new_items,
-                                           candidates=req.candidates, budget_s=max(deadline - time.time(), 0.0))
+                                           candidates=req.candidates, budget_s=max(deadline - time.time(), 0.0),
+                                           band=band)
             try:
                 async with asyncio.timeout(max(deadline - time.time(), 0.0) + HOP_GRACE_S):
                     out = await response

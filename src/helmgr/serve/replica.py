@@ -3,7 +3,8 @@ controller, reporter).
 
 A replica warms up in its constructor (`ServeNode.warm_up`: first model calls, the controller's
 kernels), so Ray marks it running only once the first requests no longer pay for that. Requests
-go through a `Worker` (`helmgr.serve.worker`): one at a time, cheapest predicted first, and one
+go through a `Worker` (`helmgr.serve.worker`): one at a time, the lowest band of a class table
+first (`band`, from the ingress), cheapest predicted first within it, and one
 that cannot finish by its deadline is answered
 `{"late": why}` without being served. The controller ticks every `window_s` on an asyncio task,
 ahead of the queue; `record_routing_stats` hands Ray the residency report that the HELM router
@@ -44,10 +45,11 @@ class Backend:
             await self.worker.alone(lambda: self.node.tick(self.worker.gate.waiting))
 
     async def __call__(self, *, user_id: int, prefix_len: int, new_items: list[int], candidates: list[int],
-                       budget_s: float | None = None, warmup: bool = False) -> dict:
+                       budget_s: float | None = None, warmup: bool = False, band: int = 0) -> dict:
         self._start_ticker()
         deadline = time.time() + (self.cfg.deadline_s if budget_s is None else budget_s)
-        return await self.worker.serve(user_id, prefix_len, new_items, candidates, deadline, warmup) | {"node": self.name}
+        return await self.worker.serve(user_id, prefix_len, new_items, candidates, deadline, warmup,
+                                       band) | {"node": self.name}
 
     async def record_routing_stats(self) -> dict:
         self._start_ticker()

@@ -1,7 +1,7 @@
 """One replica's serving loop without Ray: a `ServeNode` behind a `Gate`.
 
 `serve` prices the request on this node (`ServeNode.predict_s`: the KV prefix it holds, this
-machine's measured slowdown), waits its turn (cheapest first), and answers `{"late": why}`
+machine's measured slowdown), waits its turn (its class's band first, then cheapest first), and answers `{"late": why}`
 without any work when it cannot finish by `deadline`. The work runs in a thread so the event
 loop stays free; the gate passes on only when that thread is done, even if the caller was
 cancelled meanwhile (the ones behind it are not held past their deadlines). The replica decides
@@ -28,10 +28,11 @@ class Worker:
         self.gate = Gate(clock)
 
     async def serve(self, user: int, prefix_len: int, new_items: list[int], candidates: list[int],
-                    deadline: float, warmup: bool = False) -> dict:
+                    deadline: float, warmup: bool = False, band: int = 0) -> dict:
         t0 = time.perf_counter()
         try:
-            await self.gate.enter(self.node.predict_s(user, prefix_len, len(new_items), len(candidates)), deadline)
+            await self.gate.enter(self.node.predict_s(user, prefix_len, len(new_items), len(candidates)), deadline,
+                                  band)
         except Late as late:
             return {"late": str(late)}
         gone = threading.Event()
