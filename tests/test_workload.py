@@ -106,7 +106,7 @@ def test_unknown_regime_is_a_named_error():
     with pytest.raises(HelmInputError, match="unknown workload 'bursty'"):
         parse_regime("bursty")
     assert parse_regime("trend+burst") == {"trend", "burst"}
-    with pytest.raises(HelmInputError, match="unknown workload 'burst\+flash'"):
+    with pytest.raises(HelmInputError, match=r"unknown workload 'burst\+flash'"):
         parse_regime("burst+flash")
     with pytest.raises(HelmInputError, match="names a regime twice"):
         parse_regime("trend+trend")
