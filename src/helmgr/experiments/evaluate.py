@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from helmgr.core.classes import load_table
 from helmgr.experiments.capacity import CapacityTask, base_rate, bisect_task
 from helmgr.experiments.parallel import run_all
 from helmgr.experiments.phase_oracle import LOOKAHEAD_S, oracle_blocks, run_phase_oracle
@@ -41,7 +42,6 @@ from helmgr.policy.helm import HelmPolicy, helm_revision
 from helmgr.policy.policies import POLICIES
 from helmgr.routing.helm import Helm
 from helmgr.routing.routers import ROUTERS
-from helmgr.core.classes import load_table
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.config import TENANCIES
 from helmgr.sim.metrics import slim, window_ratios

@@ -19,12 +19,11 @@ class Pools(Router):
     `route_tenant` routes a request of a tenant; the other verbs take global node numbers and go
     to the pool that owns the node, in its local numbers."""
 
-    residency = False
-
     def __init__(self, router: Router, sizes: list[int], tenant_pool: list[int]):
         if min(sizes) < 1:
             raise ValueError(f"every pool needs a node, got sizes {sizes}")
-        self.name, self.sizes, self.tenant_pool = router.name, list(sizes), list(tenant_pool)
+        self.name, self.residency = router.name, router.residency
+        self.sizes, self.tenant_pool = list(sizes), list(tenant_pool)
         self.pools = [router] + [copy.deepcopy(router) for _ in sizes[1:]]    # unbound: nothing shared
         self.first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()    # each pool's first global node
         self.where = [(p, i) for p, k in enumerate(sizes) for i in range(k)]  # global node -> (pool, local)
