@@ -10,6 +10,7 @@ from helmgr.core.classes import ClassTable, SloClass, Tenant, load_table, parse_
 from helmgr.core.errors import HelmInputError
 from helmgr.policy.base import MemoryPolicy
 from helmgr.sim import SimConfig, simulate
+from helmgr.sim.config import parse_fault
 from helmgr.sim.class_metrics import group_figures, jain
 from helmgr.workload.arrivals import Burst
 from tests.test_sim import short_burst, small
@@ -329,3 +330,19 @@ def test_under_helm_the_controller_sees_each_latency_against_its_class_target():
         for w in policy.seen:
             mine = latency[(node == w.node) & (end > w.t - 1.0) & (end <= w.t)]
             assert w.completed == len(mine) > 100 and w.p99_s == pytest.approx(np.percentile(mine, 99), rel=1e-12)
+
+
+def test_a_pool_reroutes_within_itself_and_a_pool_with_every_node_down_is_named():
+    t = load_table("surfaces")
+    fault = (parse_fault("1@3:6", 4),)                       # one of the feed's two nodes, down 3-6 s
+    r = simulate(SimConfig(nodes=4, seed=1, warmup_s=2.0, classes=t, tenancy="pools", router="helm", faults=fault),
+                 small("steady", seed=1, rps=800.0, duration_s=10.0))
+    s, rec = r.summary, r.cluster.rec
+    assert s["completed"] == s["requests"] and r.cluster.rerouted > 0
+    cls = t.tenant_class[np.asarray(rec.tenant)[np.asarray(rec.rid)]]
+    node, start = np.asarray(rec.node), np.asarray(rec.start)
+    assert set(node[cls == 0].tolist()) == {0, 1} and not np.any((node == 1) & (start > 3.0) & (start < 6.0))
+    with pytest.raises(HelmInputError) as e:                 # the refresh pool's one node
+        simulate(SimConfig(nodes=4, seed=1, warmup_s=2.0, classes=t, tenancy="pools", faults=(parse_fault("3@3", 4),)),
+                 small("steady", seed=1, rps=800.0, duration_s=10.0))
+    assert str(e.value).startswith("every node of class 'refresh''s pool is down at t=3.")

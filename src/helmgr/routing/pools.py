@@ -10,6 +10,7 @@ import copy
 
 import numpy as np
 
+from helmgr.core.errors import HelmInputError
 from helmgr.routing.base import Router
 from helmgr.routing.residency import ResidencyIndex
 
@@ -19,11 +20,12 @@ class Pools(Router):
     `route_tenant` routes a request of a tenant; the other verbs take global node numbers and go
     to the pool that owns the node, in its local numbers."""
 
-    def __init__(self, router: Router, sizes: list[int], tenant_pool: list[int]):
+    def __init__(self, router: Router, sizes: list[int], tenant_pool: list[int], names: list[str] | None = None):
         if min(sizes) < 1:
             raise ValueError(f"every pool needs a node, got sizes {sizes}")
         self.name, self.residency = router.name, router.residency
         self.sizes, self.tenant_pool = list(sizes), list(tenant_pool)
+        self.names = names or [str(p) for p in range(len(sizes))]            # each pool's class, for errors
         self.pools = [router] + [copy.deepcopy(router) for _ in sizes[1:]]    # unbound: nothing shared
         self.first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()    # each pool's first global node
         self.where = [(p, i) for p, k in enumerate(sizes) for i in range(k)]  # global node -> (pool, local)
@@ -43,7 +45,12 @@ class Pools(Router):
         return None if indexes[0] is None else PooledIndex(self, indexes)
 
     def route_tenant(self, tenant: int, now, user, prefix_len, new_ids, cand_ids, segment=-1) -> int:
+        """The global node for a request of `tenant`; a pool with every node down has nowhere to
+        put it (as a cluster with every node down: `HelmInputError`)."""
         p = self.tenant_pool[tenant]
+        if not any(self.up_of[p]):
+            raise HelmInputError(f"every node of class {self.names[p]!r}'s pool is down at t={now:.3f} s; "
+                                 f"nothing can serve it (--tenancy pools)")
         return self.first[p] + self.pools[p].route_request(now, user, prefix_len, new_ids, cand_ids, segment)
 
     def route_request(self, now, user, prefix_len, new_ids, cand_ids, segment=-1):

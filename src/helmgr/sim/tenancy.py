@@ -51,7 +51,7 @@ def pooled(cfg: SimConfig, router: Router) -> Router:
     if cfg.tenancy != "pools":
         return router
     t = cfg.classes
-    return Pools(router, t.pool_sizes(cfg.nodes), t.tenant_class.tolist())
+    return Pools(router, t.pool_sizes(cfg.nodes), t.tenant_class.tolist(), t.class_names)
 
 
 class Shedding:
