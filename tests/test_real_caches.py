@@ -397,3 +397,31 @@ def test_on_cuda_misses_come_from_pinned_memory_and_hits_match():
 
 def to_cpu(kv):
     return type(kv)(tuple(t.cpu() for t in kv.k), tuple(t.cpu() for t in kv.v))
+
+
+def test_kv_groups_evict_the_lowest_band_to_its_floor_then_by_band_then_without_floors():
+    cache = kv_cache(kv_pages=10)                               # 2 tokens a page
+    cache.set_groups([0.0, 0.3, 0.0])                           # band 1 keeps 3 pages from band 0
+
+    def put(user, band, tokens):
+        cache.set_group(user, band)
+        got = cache.put(user, *prefix(tokens, seed=user))
+        cache.check_integrity()
+        return got
+    for user, band in ((1, 2), (2, 1), (3, 1), (4, 0)):
+        put(user, band, 4)                                      # 2 pages each: 8 of 10
+    put(5, 0, 6)                                                # needs 1 more: band 2 goes first (user 1)
+    assert set(cache.entries) == {2, 3, 4, 5} and [cache.group_pages(g) for g in range(3)] == [5, 4, 0]
+    put(6, 0, 6)                                                # needs 2: band 1 down to its floor (user 2)
+    assert set(cache.entries) == {3, 4, 5, 6} and [cache.group_pages(g) for g in range(3)] == [8, 2, 0]
+    put(7, 0, 4)                                                # band 1 at its floor: band 0's least recent (4)
+    assert set(cache.entries) == {3, 5, 6, 7}
+    assert put(8, 0, 20) == 20                                  # the whole cache: the floor gives way last
+    assert set(cache.entries) == {8} and [cache.group_pages(g) for g in range(3)] == [10, 0, 0]
+    cache.set_group(8, 1)                                       # a cached user's pages move with it
+    assert [cache.group_pages(g) for g in range(3)] == [0, 10, 0]
+    cache.check_integrity()
+    with pytest.raises(ValueError, match="empty cache"):
+        cache.set_groups([0.5])
+    with pytest.raises(ValueError, match="group 3 of a cache with 3 groups"):
+        cache.set_group(9, 3)

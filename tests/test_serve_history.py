@@ -165,3 +165,16 @@ def test_loadgen_counts_the_users_the_store_did_not_know():
     answers = [Answer(0.0, 0.01, 200, 0, 0, 5, 1.0, "a", 0.3, appended=True, new_user=new) for new in (True, False, True)]
     answers.append(Answer(0.0, 0.01, 503, 0, 0, 0, 0.0, "", 0.3, new_user=True))       # not answered: not counted
     assert summarize(answers, 50.0, 1.0)["new_users"] == 2
+
+
+def test_a_replica_with_a_class_table_caches_each_prefix_in_its_band(cfg):
+    from dataclasses import replace
+    node = ServeNode(replace(cfg, classes="surfaces"))
+    kv = node.runtime.kv
+    assert kv.floors == [0.0, 0.2, 0.05]                         # surfaces' bands: feed, interactive, refresh
+    node.serve(0, 30, np.array([7, 8, 9]), CANDS, append=False, band=2)
+    node.serve(1, 10, np.array([7]), CANDS, append=False)         # no class named: band 0
+    assert kv.group_pages(2) > 0 and kv.group_pages(0) > 0 and kv.group_pages(1) == 0
+    kv.check_integrity()
+    plain = ServeNode(cfg).runtime.kv
+    assert plain.floors is None

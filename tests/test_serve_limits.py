@@ -167,7 +167,7 @@ class SlowNode:
     def predict_s(self, user, prefix_len, n_new, n_candidates):
         return 0.001
 
-    def serve(self, user, prefix_len, new_ids, cand_ids, append=True, forget=False, in_time=None):
+    def serve(self, user, prefix_len, new_ids, cand_ids, append=True, forget=False, in_time=None, band=0):
         if user == 0:
             assert self.release.wait(30)
         self.served.append(user)

@@ -7,6 +7,14 @@ so the first n pages of a user hold its first tokens: trimming pages off the tai
 usable shorter prefix. Users are kept in LRU order; free pages are handed out lowest index first
 (farthest from the EMB boundary, so EMB growth takes as few users' pages as it can).
 
+Class-aware eviction (`set_groups`, a serving replica with a class table; docs/tenancy.md): each
+user's prefix belongs to a group (its class's band, `set_group` before the request), and room is
+made from the highest-numbered group first, each only while it holds more than its floor (a
+share of the KV pages at that moment), least recently used first within a group; only if that is
+not enough do the floors give way, in the same order -- the simulated cache's rule
+(memory/kv_table.py `_evict`). Finding a group's least recent user scans the LRU order: a
+replica's cache holds hundreds of users, not the simulator's millions.
+
 The ghost queue (`track_ghosts`, adapter v2's KV side, as the simulated cache's): the users most
 recently evicted, with the tokens they had, up to a byte budget; caching a user takes it out.
 """
@@ -103,6 +111,29 @@ class PagedKVCache:
         self.ghost: OrderedDict[int, int] | None = None   # user -> tokens it had, least recently evicted first
         self._ghost_cap = self._ghost_used = 0
         self.events: list[tuple[int, int]] | None = None   # (user, tokens now cached; 0 = gone), when on
+        self.floors: list[float] | None = None         # per group, the share of the pages it keeps (set_groups)
+        self._group: dict[int, int] = {}               # user -> its group (absent: 0)
+        self._group_pages: list[int] = [0]             # pages each group holds
+
+    def set_groups(self, floors: Sequence[float]) -> None:
+        """Evict by group (module doc): `floors[g]`, the share of the KV pages group g keeps from
+        the groups below it (lower numbers); the floors sum below 1. Set on an empty cache."""
+        if self.entries or not floors or sum(floors) >= 1 or min(floors) < 0:
+            raise ValueError(f"set_groups needs an empty cache and floors >= 0 summing below 1, got {list(floors)}")
+        self.floors, self._group_pages = [float(f) for f in floors], [0] * len(floors)
+
+    def set_group(self, user: int, group: int) -> None:
+        """`user`'s prefix belongs to `group` from now on (its pages move with it if cached)."""
+        if self.floors is None or not 0 <= group < len(self.floors):
+            raise ValueError(f"group {group} of a cache with {0 if self.floors is None else len(self.floors)} groups")
+        entry, old = self.entries.get(user), self._group.get(user, 0)
+        if entry is not None:
+            self._group_pages[old] -= len(entry.pages)
+            self._group_pages[group] += len(entry.pages)
+        self._group[user] = group
+
+    def group_pages(self, group: int) -> int:
+        return self._group_pages[group]
 
     @property
     def _record_bytes(self) -> int:
@@ -164,6 +195,7 @@ class PagedKVCache:
         pages = tuple(heapq.heappop(self._free) for _ in range(need))
         self._write(pages, data[:tokens])
         self.entries[user] = Entry(tokens, pages)
+        self._group_pages[self._group.get(user, 0)] += need
         self._owner.update((p, user) for p in pages)
         if self.events is not None:
             self.events.append((user, tokens))
@@ -184,12 +216,27 @@ class PagedKVCache:
         self.pool.pages_view()[rows, : self._record_bytes] = data.view(len(pages), self._record_bytes)
 
     def _evict(self, need_pages: int) -> None:
-        """Free at least `need_pages` pages: whole LRU users, or their tail pages (tail_first)."""
-        while need_pages > 0 and self.entries:
-            user, entry = next(iter(self.entries.items()))
-            drop = min(len(entry.pages), need_pages) if self.tail_first else len(entry.pages)
-            self._trim(user, len(entry.pages) - drop)
-            need_pages -= drop
+        """Free at least `need_pages` pages: whole LRU users, or their tail pages (tail_first);
+        with groups, by group first (module doc)."""
+        if self.floors is None:
+            while need_pages > 0 and self.entries:
+                need_pages -= self._evict_one(next(iter(self.entries)), need_pages)
+            return
+        for keep_floors in (True, False):
+            for g in reversed(range(len(self.floors))):
+                floor = self.floors[g] * self.pool.kv_pages if keep_floors else 0.0
+                while need_pages > 0 and self._group_pages[g] > floor:
+                    user = next((u for u in self.entries if self._group.get(u, 0) == g), None)
+                    if user is None:
+                        break
+                    need_pages -= self._evict_one(user, need_pages)
+
+    def _evict_one(self, user: int, need_pages: int) -> int:
+        """Evict `user` (or its tail pages, tail_first); the pages freed."""
+        pages = len(self.entries[user].pages)
+        drop = min(pages, need_pages) if self.tail_first else pages
+        self._trim(user, pages - drop)
+        return drop
 
     def _trim(self, user: int, keep_pages: int, evicted: bool = True) -> None:
         """Keep the first `keep_pages` pages of `user` (0: drop the user); keeps its LRU place."""
@@ -199,6 +246,7 @@ class PagedKVCache:
         for p in entry.pages[keep_pages:]:
             del self._owner[p]
             heapq.heappush(self._free, p)
+        self._group_pages[self._group.get(user, 0)] -= len(entry.pages) - keep_pages
         tokens = min(entry.tokens, keep_pages * self.tokens_per_page)
         if evicted:
             self.evicted_tokens += entry.tokens - tokens
@@ -210,6 +258,8 @@ class PagedKVCache:
             self.entries[user] = Entry(tokens, entry.pages[:keep_pages])
         else:
             del self.entries[user]
+            if evicted:                       # gone: its group is set again before its next request
+                self._group.pop(user, None)
 
     def on_resize(self, covered: range) -> None:
         """Follow a pool resize. Pages the EMB took: their owners are evicted (tail_first: cut
@@ -238,6 +288,10 @@ class PagedKVCache:
         assert len(self._free) == len(set(self._free)), "a page is free twice"
         assert set(owned).isdisjoint(self._free), "a page is both free and owned"
         assert set(owned) | set(self._free) == set(range(self.pool.kv_pages)), "free + owned != KV pages"
+        held = [0] * len(self._group_pages)
+        for user, e in self.entries.items():
+            held[self._group.get(user, 0)] += len(e.pages)
+        assert held == self._group_pages, f"pages per group {self._group_pages}, counted {held}"
         assert self._owner == {p: u for u, e in self.entries.items() for p in e.pages}
         for user, e in self.entries.items():
             assert len(e.pages) == -(-e.tokens // self.tokens_per_page) and e.tokens > 0, (user, e)

@@ -29,7 +29,8 @@ Classes (`ServeConfig.classes`, docs/tenancy.md): a request may name its `tenant
 in the app's class table (422 for a name the table does not hold; a request naming neither is
 served as before, labelled `none`). A request of a sheddable class gets its class's target as its
 deadline: one its replica cannot serve by then is refused, 429 with the reason, and counted under
-`helm_shed`. The replica is sent the class's band: its queue serves lower bands first.
+`helm_shed`. The replica is sent the class's band: its queue serves lower bands first, and its
+KV cache keeps the user's prefix in that band.
 
 Metrics are Prometheus text at `/metrics` from this ingress replica's own registry: requests by
 node, KV hit and class, end-to-end latency histogram by class, errors, shed requests and retries,

@@ -70,6 +70,9 @@ class ServeNode:
             if cfg.warm and workload.prior is not None:        # as the simulated nodes start
                 ids, requests, _ = workload.first_second_lookups()
                 self.runtime.emb.warm(workload.prior, ids / requests if requests else 1.0)
+        table = cfg.class_table()
+        if table is not None:                   # a class table: the KV cache evicts by band (docs/tenancy.md)
+            self.runtime.kv.set_groups(table.band_floors)
         self.reporter = Reporter(self.runtime)
         self.ctl = self.sampler = None
         if cfg.controller:
@@ -115,15 +118,18 @@ class ServeNode:
         self.slowdown = 1.0                 # the warm-up's first calls are not this machine's speed
 
     def serve(self, user: int, prefix_len: int, new_ids: np.ndarray, cand_ids: np.ndarray, append: bool = True,
-              forget: bool = False, in_time: Callable[[], bool] | None = None) -> dict:
+              forget: bool = False, in_time: Callable[[], bool] | None = None, band: int = 0) -> dict:
         """Serve one request; with a store and `append`, append its new items if the request
-        continues the user's history. `forget`: drop the user's K/V afterwards (a warm-up's, which
+        continues the user's history. `band`: its class's band, its prefix's KV group under a class
+        table. `forget`: drop the user's K/V afterwards (a warm-up's, which
         a real user of that id must not find). `in_time()`, asked once the model is done and
         before the append: False when the request no longer counts (it finished past its deadline,
         or its caller gave up); then nothing is appended and the answer is `{"late": why}`, so a
         504 leaves the store as it was and the user's next request reads the same prefix."""
         self._arrivals += 1
         self._last = (0.0, 0.0)
+        if self.runtime.kv.floors is not None:
+            self.runtime.kv.set_group(user, min(band, len(self.runtime.kv.floors) - 1))
         try:
             s = self.runtime.serve(self.clock(), user, prefix_len, new_ids, cand_ids,
                                    with_new(self.history, prefix_len, new_ids))

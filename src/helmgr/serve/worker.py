@@ -41,7 +41,7 @@ class Worker:
             return not gone.is_set() and self.gate.clock() <= deadline
         work = asyncio.ensure_future(asyncio.to_thread(
             self.node.serve, user, prefix_len, np.asarray(new_items, np.int64), np.asarray(candidates, np.int64),
-            not warmup, warmup, in_time))               # a warm-up appends nothing and leaves no K/V
+            not warmup, warmup, in_time, band))         # a warm-up appends nothing and leaves no K/V
         work.add_done_callback(lambda _: self._done(t0))
         try:
             out = await asyncio.shield(work)
