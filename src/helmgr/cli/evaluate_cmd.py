@@ -22,7 +22,6 @@ from helmgr.experiments.scenario import S5_MEASURES
 from helmgr.policy import POLICIES
 from helmgr.core.classes import load_table
 from helmgr.routing import ROUTERS
-from helmgr.sim import SimConfig
 from helmgr.workload import REGIMES
 
 # what --quick changes (an option given on the command line wins)
@@ -110,7 +109,7 @@ def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers
                     rate_scale=rate_scale, classes=class_table,
                     class_loads=tuple(positive_list(class_loads, "class-loads")))
     if class_table is not None:                      # the table, and a node per class (--tenancy pools)
-        SimConfig(nodes=nodes, classes=load_table(class_table), tenancy="pools").validate()
+        load_table(class_table).pool_sizes(nodes)
     if len(ev.grid) < 2:
         raise click.UsageError(f"--ratios {pick['ratios']!r}: the evaluation needs at least two ratios")
     durations = {regime: ev.spec(regime, ev.seeds[0]).build().duration_s  # validates the workload options

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from helmgr.core.classes import load_table
 from helmgr.experiments.evaluate import EvalConfig, Unit, static_best_ratio
 from helmgr.experiments.phase_oracle import band_overlap, in_phase_band_distance, regret, window_figures
 from helmgr.experiments.scenario import properties, summarize_check
@@ -219,11 +218,11 @@ def tenancy_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
     index (means); on a regime with bursts, the worst window SLO satisfaction in the bursts' windows
     of any tenant but the noisy ones; and `unaccounted`, requests neither completed nor shed (0)."""
     runs: dict[tuple, list[dict]] = {}
+    quiet: list[str] = []
     for u, r in results.items():
         if u.kind == "tenancy":
             runs.setdefault((u.regime, u.load, u.payload[1].tenancy), []).append(r["summary"])
-    table = load_table(ev.classes) if ev.classes else None
-    quiet = [t.name for t in table.tenants if not t.bursts] if table else []
+            quiet = [t.name for t in u.payload[1].classes.tenants if not t.bursts]
     out = []
     for (regime, load, tenancy), found in sorted(runs.items(), key=lambda kv: (
             ev.regimes.index(kv[0][0]), kv[0][1], TENANCIES.index(kv[0][2]))):

@@ -18,7 +18,8 @@ from helmgr.routing.residency import ResidencyIndex
 class Pools(Router):
     """Routers of the pools, seen by the cluster as one router of its global node numbers.
     `route_tenant` routes a request of a tenant; the other verbs take global node numbers and go
-    to the pool that owns the node, in its local numbers."""
+    to the pool that owns the node, in its local numbers. The load and up-state are the pools'
+    routers' own; this one keeps only the mapping."""
 
     def __init__(self, router: Router, sizes: list[int], tenant_pool: list[int], names: list[str] | None = None):
         if min(sizes) < 1:
@@ -33,7 +34,7 @@ class Pools(Router):
     def bind(self, n_nodes, up, rng):
         if n_nodes != sum(self.sizes):
             raise ValueError(f"pools of {self.sizes} nodes bound to a cluster of {n_nodes}")
-        super().bind(n_nodes, up, rng)
+        self.n = n_nodes
         self.up_of = [[up[self.first[p] + i] for i in range(k)] for p, k in enumerate(self.sizes)]
         # the first pool draws from the cluster's generator (one pool routes as the router alone would)
         rngs = [rng] + rng.spawn(len(self.sizes) - 1)
@@ -58,23 +59,19 @@ class Pools(Router):
 
     def dispatched(self, node, user, tokens):
         p, i = self.where[node]
-        self.load[node] += 1
         self.pools[p].dispatched(i, user, tokens)
 
     def completed(self, node, now=0.0):
         p, i = self.where[node]
-        self.load[node] -= 1
         self.pools[p].completed(i, now)
 
     def node_down(self, node):
         p, i = self.where[node]
-        super().node_down(node)
         self.up_of[p][i] = False
         self.pools[p].node_down(i)
 
     def node_up(self, node):
         p, i = self.where[node]
-        super().node_up(node)
         self.up_of[p][i] = True
         self.pools[p].node_up(i)
 

@@ -129,7 +129,7 @@ class ServeNode:
         self._arrivals += 1
         self._last = (0.0, 0.0)
         if self.runtime.kv.floors is not None:
-            self.runtime.kv.set_group(user, min(band, len(self.runtime.kv.floors) - 1))
+            self.runtime.kv.set_group(user, band)
         try:
             s = self.runtime.serve(self.clock(), user, prefix_len, new_ids, cand_ids,
                                    with_new(self.history, prefix_len, new_ids))
