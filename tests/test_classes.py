@@ -212,7 +212,7 @@ def test_class_aware_queues_move_the_wait_to_the_lower_bands():
     assert w_blind.max() < 1.1 * w_blind.min()                 # class-blind: every class waits alike
     for tenancy in ("strict", "helm"):
         s, w = class_waits(tenancy)
-        assert s["sim_path"] == "python" and "class-aware serving" in s["sim_path_reason"]
+        assert s["sim_path"] == "compiled"
         assert s["completed"] == s["requests"] == blind["requests"]
         assert w[0] < 0.5 * w_blind[0] and w[2] > 2 * w_blind[2]    # the feed first, the refresh last
         assert w[0] < w[1] < w[2]
@@ -253,7 +253,7 @@ def test_quota_holds_each_tenant_to_its_share_of_every_nodes_kv():
     r = simulate(SimConfig(nodes=2, seed=1, warmup_s=2.0, classes=t, tenancy="quota"),
                  small("steady", seed=1, rps=1500.0, duration_s=10.0))
     s = r.summary
-    assert s["completed"] == s["requests"] and s["shed"] == 0 and "quota" in s["sim_path_reason"]
+    assert s["completed"] == s["requests"] and s["shed"] == 0 and s["sim_path"] == "compiled"
     for node in r.cluster.nodes:
         kv = node.kv
         kv.check_integrity()                                  # each group within its quota
@@ -294,10 +294,11 @@ def test_pools_serve_each_class_on_its_own_nodes_and_lose_nothing():
 
 def test_one_pool_routes_as_its_router_alone():
     runs = []
-    for tenancy, path in (("blind", "python"), ("pools", "auto")):
-        s = simulate(SimConfig(nodes=3, seed=2, warmup_s=2.0, path=path, classes=ONE, tenancy=tenancy, router="helm"),
+    for tenancy in ("blind", "pools"):          # (the router compiled; the pool's from Python)
+        s = simulate(SimConfig(nodes=3, seed=2, warmup_s=2.0, classes=ONE, tenancy=tenancy, router="helm"),
                      small("burst", seed=2)).summary
-        runs.append({k: v for k, v in s.items() if k not in ("wall_s", "sim_path_reason", "pools")})
+        assert s["sim_path"] == "compiled"
+        runs.append({k: v for k, v in s.items() if k not in ("wall_s", "pools")})
     assert runs[0] == runs[1]
 
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from helmgr.core.classes import load_table
 from helmgr.core.errors import HelmInputError
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.config import FaultSpec
@@ -122,6 +123,20 @@ def test_compiled_path_under_overload_and_tail_first_kv():
     assert_same(py, co)
 
 
+@pytest.mark.parametrize("tenancy", ["strict", "quota", "pools", "helm"])
+@pytest.mark.parametrize("router", ["helm", "least-loaded"])
+def test_compiled_path_equals_python_path_under_a_class_table(tenancy, router):
+    """Each class-aware tenancy (queues by band and tenant, KV by class or quota, pools, the
+    refusals of sheddable requests predicted late) on 4 nodes at twice their capacity."""
+    cfg = SimConfig(nodes=4, router=router, seed=3, warmup_s=1.0, classes=load_table("surfaces"), tenancy=tenancy)
+    py, co = both(cfg, "burst", rps=3000.0, duration=4.0)
+    s = py.summary
+    assert s["max_queue"] > 50 and s["completed"] + s["shed"] == s["requests"]
+    assert (s["shed"] > 0) == (tenancy == "helm" and router == "helm")
+    assert_same(py, co)
+    assert np.asarray(py.cluster.rec.shed).tolist() == np.asarray(co.cluster.rec.shed).tolist()
+
+
 def test_unsupported_configurations_take_the_python_path_and_say_why():
     w = synthetic_workload(default_config("steady", rps=100.0, duration_s=4.0), 1)
     r = simulate(SimConfig(nodes=2, faults=(FaultSpec(1, 1.0, 2.0),), warmup_s=0.0), w)
@@ -203,15 +218,18 @@ def test_bitmaps_hold_each_rows_state(n):
         assert np.unpackbits(res.view(np.uint8), bitorder="little")[n:].sum() == 0
 
 
-def test_a_cluster_on_the_compiled_path_forks_and_pickles_mid_run():
+@pytest.mark.parametrize("tenancy", ["blind", "helm"])
+def test_a_cluster_on_the_compiled_path_forks_and_pickles_mid_run(tenancy):
     """Cluster.fork and a pickle (cloudpickle: what Ray sends to a worker) of a cluster on the
-    compiled path, taken mid-run with requests in flight, replay a block exactly as the original."""
+    compiled path, taken mid-run with requests in flight, replay a block exactly as the original
+    (under `helm` with a class table: its class queues and KV groups copied too)."""
     cloudpickle = pytest.importorskip("cloudpickle")
     from helmgr.core.profiles import node_profile
     from helmgr.experiments.phase_oracle import replay_p99
     from helmgr.experiments.phase_oracle import Start
     w = synthetic_workload(default_config("burst", rps=300, duration_s=8, n_items=50_000, n_clusters=8), 1)
-    cfg = SimConfig(nodes=3, router="helm", seed=1).validate(8)
+    classes = load_table("surfaces") if tenancy == "helm" else None
+    cfg = SimConfig(nodes=3, router="helm", seed=1, classes=classes, tenancy=tenancy).validate(8)
     c = Start(cfg, w, node_profile(cfg.hardware, cfg.model)).build(0.5)
     chunks = list(w.chunks(1.0))
     for chunk in chunks[:4]:

@@ -174,7 +174,7 @@ class Cluster(Faults, Periodic):
             tenant = self.cfg.classes.assign(chunk.user, chunk.burst, self.cfg.seed)
             self.rec.tenant.extend(tenant)
         if self.engine is not None:
-            self.engine.feed(chunk)
+            self.engine.feed(chunk, tenant)
             return
         heap, handle = self.heap, self._handle
         ts, users, prefix = chunk.t.tolist(), chunk.user.tolist(), chunk.prefix_len.tolist()
@@ -253,7 +253,7 @@ class Cluster(Faults, Periodic):
                                          req.segment)
         else:
             n = self.router.route_request(self.now, req.user, req.prefix_len, req.items, req.cands, req.segment)
-        if self.shedding is not None and self.shedding.late(self.router, n, req, self.now):
+        if self.shedding is not None and self.shedding.late(self.router, n, req.tenant, self.now):
             self.rec.shed.append(req.rid)
             return
         self.router.dispatched(n, req.user, req.tokens)

@@ -31,7 +31,9 @@ from helmgr.sim.engine_layout import at, length, put, typed_list
 from helmgr.sim.engine_loop import rebase, step
 from helmgr.sim.engine_modes import _plain, _typed, ghost_mode, router_mode
 from helmgr.sim.engine_node import build_bits, history_index
+from helmgr.sim.engine_queue import class_queues
 from helmgr.sim.events import REFRESH, WINDOW
+from helmgr.sim.tenancy import Shedding
 
 
 class CompiledRun(Handoffs):
@@ -52,7 +54,16 @@ class CompiledRun(Handoffs):
             G[TURN] = c.router.next
         elif self.mode in (LEAST_LOADED, PREFIX_AWARE):
             G[TURN] = c.router._turn
-        self.Q = typed_list([np.zeros(64, np.int64) for _ in range(n)])
+        lines, bands, self.CQ = class_queues(cfg.classes if cfg.tenancy in ("strict", "helm") else None,
+                                             cfg.tenancy == "helm", n)
+        G[NLINES], G[NBANDS], G[FAIR] = lines, bands, cfg.tenancy == "helm"
+        self.Q = typed_list([np.zeros(64 if lines == 0 else 16, np.int64) for _ in range(n * max(lines, 1))])
+        shed = Shedding.of(cfg, c.router) if self.mode == HELM else None
+        tenants = len(cfg.classes.tenants) if cfg.classes is not None else 1
+        self.LIM = np.array(shed.limits if shed is not None else [np.inf] * tenants)    # per tenant
+        self.SHL = typed_list([np.zeros(64, np.int64)])
+        groups = nodes[0].kv_group
+        self.GROUP = None if groups is None else np.array(groups, np.int64)      # per tenant, its KV group
         self.INF = np.zeros((n, INFLIGHT, cfg.max_batch + 1), np.int64)
         self.INFF = np.zeros((n, INFLIGHT), np.int64)
         cap = 1024
@@ -145,12 +156,13 @@ class CompiledRun(Handoffs):
     def _args(self):
         return (self.F, self.I, self.G, self.Q, self.INF, self.INFF, self.RI, self.RF, self.FREE, self.CLI, self.CLF,
                 self.HT, self.HK, self.C, self.CI, self.STATES, self.RB, self.UB, self.ACC, self.KVM, self.KVT,
-                self.KVL, self.IDSI, self.IDSC, self.HIST, self.DL, self.H)
+                self.KVL, self.IDSI, self.IDSC, self.HIST, self.DL, self.H, self.CQ, self.LIM, self.SHL)
 
     # -- the loop: Cluster.feed / advance / finish / run_until_served on this path -------------
-    def feed(self, chunk) -> None:
-        """Every request of `chunk` in, each after the events due at or before its time."""
-        self.load(chunk)
+    def feed(self, chunk, tenant: np.ndarray | None = None) -> None:
+        """Every request of `chunk` in, each after the events due at or before its time (of
+        `tenant`: each request's, under a class table)."""
+        self.load(chunk, tenant)
         self.drive()
         self.chunk = None
 
@@ -206,10 +218,10 @@ class CompiledRun(Handoffs):
         self.AT, self.AI = np.zeros(0), np.zeros((0, NRI), np.int64)
         self.G[POS] = self.G[NARR] = 0
 
-    def load(self, chunk) -> None:
+    def load(self, chunk, tenant: np.ndarray | None = None) -> None:
         """The chunk's requests become the arrivals `step` walks."""
         n = len(chunk)
-        rebase(self.I, self.G, self.Q, self.RI, self.IDSI, self.IDSC,
+        rebase(self.I, self.G, self.Q, self.CQ[0], self.RI, self.IDSI, self.IDSC,
                np.ascontiguousarray(chunk.item_ids, np.int64), np.ascontiguousarray(chunk.cand_ids, np.int64))
         AI = np.zeros((n, NRI), np.int64)
         io, co = chunk.item_offsets, chunk.cand_offsets
@@ -218,17 +230,21 @@ class CompiledRun(Handoffs):
         AI[:, R_IOFF], AI[:, R_COFF] = io[:-1], co[:-1]          # in store 0 (R_STORE 0)
         AI[:, R_BURST], AI[:, R_SEG] = chunk.burst, chunk.segment
         AI[:, R_H0], AI[:, R_HOFF], AI[:, R_HMOD], AI[:, R_HSHIFT] = self.c.workload.history.locate(chunk.user)
+        if tenant is not None:
+            AI[:, R_TENANT] = tenant
+            if self.GROUP is not None:
+                AI[:, R_GROUP] = self.GROUP[tenant]
         self.AT, self.AI, self.chunk = np.ascontiguousarray(chunk.t, np.float64), AI, chunk
         self.G[POS], self.G[NARR] = 0, n
 
     def drive(self) -> None:
         """Step until the chunk's arrivals are in."""
         c, heap, args = self.c, self.c.heap, self._args()
-        routed = -1
+        routed = NO_ROUTE
         while True:
             until = heap[0][0] if heap else np.inf
             code = self.step(until, routed, args)
-            routed = -1
+            routed = NO_ROUTE
             if code == CHUNK_DONE:
                 return
             self.report_kv()

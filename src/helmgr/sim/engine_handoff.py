@@ -10,7 +10,8 @@ from helmgr.memory import kv_table as kvmod
 from helmgr.routing.residency import KVBatch
 from helmgr.sim.engine_layout import (
     C_BURST, C_END, C_FETCH, C_IDS, C_KV, C_LAUNCH, C_MISSES, C_NODE, C_PREFIX, C_RECOMP, C_RID, C_START, C_T, C_UNF,
-    EXTERNAL, NCOMP, NDL, POS, RCUR, at)
+    C_TENANT, EXTERNAL, NCOMP, NDL, NSHED, POS, R_TENANT, RCUR, SHED, at)
+from helmgr.routing.pools import Pools
 
 
 class Handoffs:
@@ -24,6 +25,9 @@ class Handoffs:
         if self.mode == EXTERNAL:
             self._completed_to_router()
         G[NCOMP] = G[RCUR] = 0
+        if G[NSHED]:
+            c.rec.shed.extend(at(self.SHL, 0)[:G[NSHED]])
+            G[NSHED] = 0
         if not k:
             return
         cli, clf = at(self.CLI, 0)[:k], at(self.CLF, 0)[:k]
@@ -47,7 +51,10 @@ class Handoffs:
         rec.unfilled.extend(cli[:, C_UNF])
         order = np.argsort(node, kind="stable")              # each node's completions, in order
         bounds = np.searchsorted(node[order], np.arange(c.cfg.nodes + 1))
-        lat, fetch, recomp = (end - t)[order], clf[order, C_FETCH], clf[order, C_RECOMP]
+        lat = end - t
+        if c.tail_scale is not None:                # the windows' latencies against each class's target
+            lat = lat * np.asarray(c.tail_scale)[cli[:, C_TENANT]]
+        lat, fetch, recomp = lat[order], clf[order, C_FETCH], clf[order, C_RECOMP]
         w = c.windows
         for n in np.flatnonzero(np.diff(bounds)).tolist():
             a, b = bounds[n], bounds[n + 1]
@@ -66,14 +73,21 @@ class Handoffs:
             G[RCUR] = b
 
     def route_external(self) -> int:
-        """Route the arrival `step` stopped at, with the router's view brought up to date."""
+        """Route the arrival `step` stopped at, with the router's view brought up to date (SHED:
+        refused, as Cluster.arrive refuses it)."""
         self._completed_to_router()
         c, ch, i = self.c, self.chunk, int(self.G[POS])
         io, co = ch.item_offsets, ch.cand_offsets
         user, prefix, t = int(ch.user[i]), int(ch.prefix_len[i]), float(ch.t[i])
         items, cands = ch.item_ids[io[i]:io[i + 1]], ch.cand_ids[co[i]:co[i + 1]]
         c.now = t
-        n = c.router.route_request(t, user, prefix, items, cands, int(ch.segment[i]))
+        tenant = int(self.AI[i, R_TENANT])
+        if type(c.router) is Pools:
+            n = c.router.route_tenant(tenant, t, user, prefix, items, cands, int(ch.segment[i]))
+        else:
+            n = c.router.route_request(t, user, prefix, items, cands, int(ch.segment[i]))
+        if c.shedding is not None and c.shedding.late(c.router, n, tenant, t):
+            return SHED
         c.router.dispatched(n, user, prefix + len(items))
         return n
 

@@ -184,8 +184,10 @@ def _holders(HM, HE, user):
 
 
 @njit(cache=True, nogil=True)
-def _helm_route(now, s, I, G, RI, IDSI, IDSC, H):
-    """Helm.route_request then dispatched, for request slot s arriving at `now`."""
+def _helm_route(now, s, I, G, RI, IDSI, IDSC, H, limit):
+    """Helm.route_request then dispatched, for request slot s arriving at `now`; SHED instead of
+    the dispatch when the chosen node is predicted to finish it more than `limit` seconds after
+    it arrives (Shedding.late in sim/tenancy.py; inf: never)."""
     mine, c, f = H[H_MINE], H[H_C], H[H_F]
     hn0 = ht0 = hn1 = ht1 = -1
     user, prefix = RI[s, R_USER], RI[s, R_PREFIX]
@@ -212,6 +214,10 @@ def _helm_route(now, s, I, G, RI, IDSI, IDSC, H):
     if node < 0:
         node, svc = _route(I, G), 0.0
     G[LASTNODE], f[HF_LAST] = node, svc
+    if limit < np.inf:
+        free = mine[node, M_FREE]
+        if (free if free >= now else now) + svc - now > limit:
+            return SHED
     # dispatched
     I[node, LOAD] += 1
     f[HF_WSENT] += svc

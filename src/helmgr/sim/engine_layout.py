@@ -21,6 +21,8 @@ ENGINE_CODES = {"batched": BATCHED, "pipelined": PIPELINED}
 
 # what `step` returns
 CHUNK_DONE, BOUNDARY, NEED_ROUTE, NEED_DRAWS = 0, 1, 2, 3
+# what a routing answers besides a node: nothing yet, or refuse the request
+NO_ROUTE, SHED = -1, -2
 
 
 # per-node float columns (F)
@@ -30,7 +32,10 @@ LBU, LBS, BLK, CFREE, BUSY_S, WAIT_S, RECOMP_S, NF = range(8)
  EUNF, ACCN, ARR, LOAD, PH, PT, VER, KVEV, KVSH, NI) = range(27)      # KVSH: NodeStats.kv_shadow_tokens
 # globals (G)
 (POS, NARR, HEAPN, SEQ, TURN, NCOMP, RCUR, MODE, MAXB, BUDGET, ENG, NNODES, RID, NDL, NFREE, FINISH,
- SENT, LEFT, FHN, HCNT, HTOMB, EFREE, KVTERM, BLOCK, LASTNODE, PMEMORY, NG) = range(27)
+ SENT, LEFT, FHN, HCNT, HTOMB, EFREE, KVTERM, BLOCK, LASTNODE, PMEMORY, NLINES, NBANDS, FAIR, NSHED, NG) = range(31)
+# NLINES: a node's queue lines under a class table (engine_queue.py; 0: one FCFS ring), NBANDS its
+# bands, FAIR whether bands share by minimum share and tenants by deficit round robin (--tenancy
+# helm), NSHED the rids shed since the last drain
 # cost constants: floats (C) and integers (CI)
 HBM_BW, PCIE_BW, PCIE_LAT, HOST_LOOKUP, FLOPS, LAUNCH_S, BFLOPS, BHALF, BREQ, NC = range(10)
 ROW_BYTES, LAYERS, LINF, ATTF, ESHIFT, GHOSTS, NCI = range(7)   # ESHIFT: EMB caches track 1 id in 2**ESHIFT
@@ -39,12 +44,14 @@ ROW_BYTES, LAYERS, LINF, ATTF, ESHIFT, GHOSTS, NCI = range(7)   # ESHIFT: EMB ca
 GHOSTS_OFF, GHOSTS_OWN, GHOSTS_ALL = 0, 1, 2
 # request table columns: ints (RI) and floats (RF)
 (R_RID, R_USER, R_PREFIX, R_NITEMS, R_NCANDS, R_IOFF, R_COFF, R_BURST, R_H0, R_HOFF, R_HMOD, R_HSHIFT, R_CF, R_IDS,
- R_MISSES, R_UNF, R_HITS, R_TOKHITS, R_TOKENS, R_SEG, R_STORE, NRI) = range(22)
+ R_MISSES, R_UNF, R_HITS, R_TOKHITS, R_TOKENS, R_SEG, R_STORE, R_TENANT, R_GROUP, R_WORK, NRI) = range(25)
 # R_STORE: which id store holds the request's items and candidates (IDSI/IDSC[R_STORE]): 0 the
-# chunk's own arrays, 1 the ids of requests queued across a chunk boundary (engine_loop.rebase)
+# chunk's own arrays, 1 the ids of requests queued across a chunk boundary (engine_loop.rebase);
+# R_TENANT its tenant (0 without a class table), R_GROUP its prefix's KV group, R_WORK its uncached
+# work when queued under a class table (engine_queue.py)
 R_T, R_START, R_END, R_FETCH, R_RECOMP, R_READY, R_LAUNCH, NRF = range(8)
 # completion log columns
-(C_RID, C_NODE, C_BURST, C_PREFIX, C_KV, C_IDS, C_MISSES, C_UNF, NCLI) = range(9)
+(C_RID, C_NODE, C_BURST, C_PREFIX, C_KV, C_IDS, C_MISSES, C_UNF, C_TENANT, NCLI) = range(10)
 (C_T, C_START, C_END, C_FETCH, C_RECOMP, C_LAUNCH, NCLF) = range(7)
 INFLIGHT = 4                               # batches a node can have in service at once (pipelined: 2)
 

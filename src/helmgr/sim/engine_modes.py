@@ -17,8 +17,6 @@ def unsupported(cluster) -> str | None:
         return "node faults"
     if cfg.central_queue:
         return "a central queue"
-    if cfg.tenancy != "blind":
-        return f"class-aware serving (--tenancy {cfg.tenancy})"
     if cfg.bypass_caches:
         return "bypassed caches"
     if cfg.host_kv_gib > 0:

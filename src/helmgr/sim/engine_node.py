@@ -203,7 +203,7 @@ def _account(n, s, busy_s, fetch_s, flops_per_s, F, I, RI, CI, KVM, KVT, KVL):
     if not kvmod.kv_room(meta, tab, log, gm, gt):
         tab, log, gt = kvmod.kv_reserve(meta, tab, log, gm, gt)
         KVT[n], KVL[n], KVT[nodes + n] = tab, log, gt
-    kvmod.kv_insert(meta, tab, log, user, prefix + RI[s, R_NITEMS], gm, gt)
+    kvmod.kv_insert(meta, tab, log, user, prefix + RI[s, R_NITEMS], gm, gt, RI[s, R_GROUP])
     F[n, WAIT_S] += fetch_s
     ids, tokens = RI[s, R_IDS], RI[s, R_TOKENS]
     I[n, REQS] += 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from helmgr.core.records import Request
 from helmgr.routing.base import Router
 from helmgr.routing.pools import Pools
 from helmgr.sim.config import SimConfig
@@ -70,10 +69,11 @@ class Shedding:
         t = cfg.classes
         return cls([t.classes[k].slo_ms * 1e-3 if t.classes[k].sheddable else float("inf") for k in t.tenant_class])
 
-    def late(self, router, n: int, req: Request, now: float) -> bool:
-        """Whether `req`, just routed to `n`, is predicted to finish there past its limit: the
-        node's predicted free time in the router's books, then the request's predicted service."""
-        limit = self.limits[req.tenant]
+    def late(self, router, n: int, tenant: int, now: float) -> bool:
+        """Whether a request of `tenant` arriving `now`, just routed to `n`, is predicted to finish
+        there past its limit: the node's predicted free time in the router's books, then the
+        request's predicted service."""
+        limit = self.limits[tenant]
         if limit == float("inf"):
             return False
-        return max(router.expected_free(n), now) + router.last_decision.service_s - req.t > limit
+        return max(router.expected_free(n), now) + router.last_decision.service_s - now > limit
