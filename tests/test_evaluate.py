@@ -10,8 +10,10 @@ from helmgr.cli import main
 from helmgr.cli.evaluate_cmd import assemble
 from helmgr.experiments import report
 from helmgr.experiments import evaluate as ev_mod
+from helmgr.experiments.capacity import Bracket, Probe
 from helmgr.experiments.evaluate import EvalConfig, RunStore, evaluate, first_units
 from helmgr.sim import SimConfig
+from helmgr.sim.config import TENANCIES
 
 TINY = EvalConfig(cluster=SimConfig(nodes=2, engine="pipelined", max_batch=8, slo_ms=20.0),
                   regimes=("steady",), seeds=(1,), policies=("helm",), routers=("least-loaded", "helm"),
@@ -287,13 +289,42 @@ def test_the_tenancy_table_by_hand():
     assert report.tenancy_table(ev, results)[0]["unaccounted"] == 2
 
 
+def test_the_class_capacity_table_by_hand():
+    ev = replace(TINY, seeds=(1, 2), routers=("helm",), classes="surfaces")
+    units = [u for u in ev_mod.capacity_units(ev, {}) if u.kind == "class-capacity"]
+    assert [(u.seed, u.payload.cfg.tenancy) for u in units[:5]] == [(1, t) for t in TENANCIES] and len(units) == 10
+    assert units[0].name == "steady seed 1: capacity per class, helm, tenancy blind @ helm"
+    assert units[0].payload.cfg.classes.class_names == ["feed", "interactive", "refresh"]
+
+    def bracket(cap, fails, sat, worst):
+        return Bracket(cap, fails, (Probe(cap or 1.0, cap is not None, 0.97, worst_class="refresh"),
+                                    Probe(fails, False, sat, worst_class=worst), Probe(fails * 2, False, 0.1,
+                                                                                      worst_class="refresh")))
+    results = {units[0]: bracket(3000.0, 3200.0, 0.90, "feed"), units[5]: bracket(2800.0, 3000.0, 0.80, "interactive"),
+               units[4]: bracket(3300.0, 3500.0, 0.93, "feed"), units[9]: bracket(3500.0, 3700.0, 0.94, "feed"),
+               units[3]: bracket(None, 1500.0, 0.5, "refresh")}
+    blind, pools, helm = report.class_capacity_table(ev, results)
+    assert blind == {"regime": "steady", "tenancy": "blind", "capacity_rps": 2800.0,
+                     "per_seed": {"1": 3000.0, "2": 2800.0}, "binding_class": "interactive", "vs_blind": 1.0}
+    assert helm["capacity_rps"] == 3300.0 and helm["binding_class"] == "feed" and helm["vs_blind"] == 3300.0 / 2800.0
+    assert pools["capacity_rps"] is None and pools["vs_blind"] is None and pools["binding_class"] == "refresh"
+
+
 def test_evaluate_with_a_class_table_runs_every_tenancy_and_reproduces_one(tmp_path, capsys):
-    ev = replace(TINY, cluster=replace(TINY.cluster, nodes=3), routers=("helm",), capacity=False, oracle_routers=(),
+    ev = replace(TINY, cluster=replace(TINY.cluster, nodes=3), routers=("helm",), oracle_routers=(),
                  check_router="helm", classes="surfaces")
     out = evaluate(ev, tmp_path)
     result = assemble(ev, out["results"], "whole")
     assert [r["tenancy"] for r in result["tenancy"]] == ["blind", "strict", "quota", "pools", "helm"]
     assert all(r["unaccounted"] == 0 and r["seeds"] == 1 for r in result["tenancy"])
+    assert [r["tenancy"] for r in result["class_capacity"]] == ["blind", "strict", "quota", "pools", "helm"]
+    unit = next(u for u in out["results"] if u.kind == "class-capacity" and u.payload.cfg.tenancy == "helm")
+    cmd = result["commands"][unit.name]
+    assert cmd == ("helmgr capacity --workload steady --duration 4 --seeds 1 --nodes 3 --policy helm --router helm "
+                   f"--classes surfaces --tenancy helm --rps {unit.payload.start:g} --tol 0.25 --json")
+    assert main(cmd.split()[1:]) == 0
+    assert json.loads(capsys.readouterr().out)["capacity_rps"] == out["results"][unit].capacity == \
+        result["class_capacity"][-1]["capacity_rps"]
     unit = next(u for u in out["results"] if u.kind == "tenancy" and u.payload[1].tenancy == "pools")
     cmd = result["commands"][unit.name]
     assert cmd == ("helmgr simulate --workload steady --duration 5 --rps 1300 --seed 1 --nodes 3 --policy helm "

@@ -59,7 +59,8 @@ DEFAULT_OUT = Path("results/evaluate")
 @click.option("--capacity-tol", type=Finite(0, 1, min_open=True, max_open=True), default=None,
               help=f"Capacity bisection tolerance [default: {FULL['capacity_tol']:g}; --quick {QUICK['capacity_tol']:g}].")
 @click.option("--classes", "class_table", default=None, metavar="NAME|FILE",
-              help="A class table (docs/tenancy.md): adds full HELM under every --tenancy at each --class-loads.")
+              help="A class table (docs/tenancy.md): adds full HELM under every --tenancy at each --class-loads, "
+                   "and its capacity at SLO per class.")
 @click.option("--class-loads", default="1", show_default=True, metavar="F,...",
               help="With --classes: the rates of its runs, as multiples of each regime's base rate.")
 @click.option("--s5", type=click.Choice(S5_MEASURES), default="whole", show_default=True, help="The check's S5 measure.")
@@ -149,7 +150,7 @@ def assemble(ev: EvalConfig, results: dict, s5: str) -> dict:
            "capacity": report.capacity_table(ev, results),
            "scenario_check": report.check_table(ev, results, s5), "routers": report.router_table(ev, results),
            "oracle_blocks": report.oracle_table(ev, results), "rows": table,
-           "tenancy": report.tenancy_table(ev, results)}
+           "tenancy": report.tenancy_table(ev, results), "class_capacity": report.class_capacity_table(ev, results)}
     out["commands"] = _commands(ev, results)
     return out
 
@@ -201,6 +202,7 @@ HEAD = ("regime", "config", "baseline", "p99_ms", "baseline_p99_ms", "p99_reduct
         "utilization", "baseline_utilization")
 CTRL = HEAD[:7] + ("window_slo", "regret", "band_distance", "band_distance_in_phase", "oracle_distance")
 CAP = ("regime", "config", "capacity_rps", "vs_static_best_prefix_aware", "static_ratio")
+CLASS_CAP = ("regime", "tenancy", "capacity_rps", "vs_blind", "binding_class")
 BLOCKS = ("regime", "seed", "router", "kind", "blocks", "r_star_min", "r_star_max", "spread", "common_lo", "common_hi",
           "static_best", "static_best_in_band")
 ROWS = ("regime", "seed", "policy", "router", "ratio", "p99_ms", "tail_wait_ms", "tail_service_ms", "tail_cold_share",
@@ -283,6 +285,10 @@ def markdown(result: dict, pngs: list[str]) -> str:
                   "the noisy one in the windows of the bursts; `unaccounted`: requests neither completed nor "
                   "shed, over the runs, classes and tenants.", ""]
         lines += _md_table(result["tenancy"], list(result["tenancy"][0]))
+    if result.get("class_capacity"):
+        lines += ["Capacity at SLO per class (req/s, the lowest seed's): the highest base rate at which every class "
+                  "keeps window SLO satisfaction >= 95 %; `binding_class`: the class that failed first above it.", ""]
+        lines += _md_table(result["class_capacity"], CLASS_CAP)
     lines += ["## Scenario check (S1-S3 gated, S4-S5 reported)", "", "| regime | property | " + " | ".join(
         f"seed {s}" for s in c["seeds"]) + " | threshold | pass | gated |",
         "|---|---|" + "---:|" * len(c["seeds"]) + "---:|---|---|"]
@@ -329,7 +335,8 @@ def _print(result: dict) -> None:
                                HEAD),
                               ("controller vs static-best, HELM router", result["controller"], CTRL),
                               ("capacity at SLO (req/s)", result["capacity"], CAP),
-                              ("tenants and SLO classes", result["tenancy"], list(result["tenancy"][0]) if result["tenancy"] else ())):
+                              ("tenants and SLO classes", result["tenancy"], list(result["tenancy"][0]) if result["tenancy"] else ()),
+                              ("capacity at SLO per class (req/s)", result["class_capacity"], CLASS_CAP)):
         if not rows:
             continue
         t = Table(title=title)

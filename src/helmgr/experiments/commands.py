@@ -59,8 +59,10 @@ def unit_command(ev: EvalConfig, unit: Unit) -> str:
     task = unit.payload
     policy = "static" if unit.policy == "static-best" else unit.policy
     ratio = f" --ratio {unit.ratio:g}" if unit.ratio is not None else ""
+    classes = f" --classes {ev.classes} --tenancy {task.cfg.tenancy}" if unit.kind == "class-capacity" else ""
     return (f"helmgr capacity {workload_flags(ev, unit.regime, ev.capacity_duration_s, rate=False)} --seeds {unit.seed}"
-            f"{cluster} --policy {policy}{ratio} --router {unit.router} --rps {task.start:g} --tol {task.tol:g} --json")
+            f"{cluster} --policy {policy}{ratio} --router {unit.router}{classes} --rps {task.start:g} "
+            f"--tol {task.tol:g} --json")
 
 
 def static_best_command(ev: EvalConfig, regime: str, seed: int, router: str) -> str:

@@ -14,7 +14,9 @@ helmgr's version), so a changed option is a new unit. The units, per regime and 
 - `oracle`: the phase oracle under each oracle router (its blocks run in order; each block's
   replays are spread over the workers);
 - `tenancy` (with a class table): full HELM under each `--tenancy`, the regime's base rate times
-  each of `class_loads` (the multi-tenant section).
+  each of `class_loads` (the multi-tenant section);
+- `class-capacity` (with a class table and capacity): a bisection for full HELM under each
+  `--tenancy`, to the highest rate at which every class keeps its own window SLO.
 
 They run in three stages: runs, points and tenancy runs (one batch over `jobs` processes or Ray), then the
 capacity bisections (they need static-best's ratio), then the oracles. `report.assemble` turns
@@ -107,7 +109,7 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class Unit:
-    kind: str                  # run | point | capacity | oracle | tenancy
+    kind: str                  # run | point | capacity | oracle | tenancy | class-capacity
     regime: str
     seed: int
     policy: str
@@ -120,6 +122,8 @@ class Unit:
     def name(self) -> str:
         if self.kind == "tenancy":
             return f"{self.regime} seed {self.seed}: helm, tenancy {self.payload[1].tenancy} at {self.load:g}x @ helm"
+        if self.kind == "class-capacity":
+            return f"{self.regime} seed {self.seed}: capacity per class, helm, tenancy {self.payload.cfg.tenancy} @ helm"
         what = f"static {self.ratio:g}" if self.kind == "point" else {
             "run": self.policy, "oracle": "oracle", "capacity": f"capacity {self.policy}"}[self.kind]
         return f"{self.regime} seed {self.seed}: {what} @ {self.router}"
@@ -229,7 +233,7 @@ def static_best_ratio(points: dict, regime: str, seed: int, router: str, grid) -
 
 def capacity_units(ev: EvalConfig, points: dict) -> list[Unit]:
     """Stage 2: one bisection per capacity pair, regime and seed (a pair whose router or policy
-    the evaluation does not run is left out)."""
+    the evaluation does not run is left out); with a class table, one per tenancy too."""
     out = []
     for regime in ev.regimes if ev.capacity_regimes is None else ev.capacity_regimes:
         for seed in ev.seeds:
@@ -242,6 +246,12 @@ def capacity_units(ev: EvalConfig, points: dict) -> list[Unit]:
                 cfg = ev.cfg("static" if policy == "static-best" else policy, router, seed, ratio)
                 out.append(Unit("capacity", regime, seed, policy, router, ratio,
                                 CapacityTask(spec, cfg, start, ev.capacity_tol)))
+            if ev.classes is not None and "helm" in ev.routers and "helm" in ev.policies:
+                table = load_table(ev.classes)
+                out += [Unit("class-capacity", regime, seed, "helm", "helm", None,
+                             CapacityTask(spec, replace(ev.cfg("helm", "helm", seed), classes=table, tenancy=t), start,
+                                          ev.capacity_tol))
+                        for t in TENANCIES]
     return out
 
 

@@ -242,6 +242,30 @@ def tenancy_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
     return out
 
 
+def class_capacity_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
+    """Capacity at SLO per class: per regime and tenancy, the lowest seed's capacity (the highest
+    rate at which every class kept its window SLO), each seed's, the class that failed first
+    above it (at the lowest failing rate, the worst seed's), and the ratio to `blind`'s."""
+    caps: dict[tuple, dict] = {}
+    for u, b in results.items():
+        if u.kind == "class-capacity":
+            caps.setdefault((u.regime, u.payload.cfg.tenancy), {})[u.seed] = b
+    out = []
+    for (regime, tenancy), per_seed in sorted(caps.items(), key=lambda kv: (ev.regimes.index(kv[0][0]),
+                                                                           TENANCIES.index(kv[0][1]))):
+        values = [b.capacity for b in per_seed.values()]
+        fails = [p for b in per_seed.values() for p in b.probes if not p.passed and p.rate == b.fails_at]
+        out.append({"regime": regime, "tenancy": tenancy, "capacity_rps": None if None in values else min(values),
+                    "per_seed": {str(s): b.capacity for s, b in sorted(per_seed.items())},
+                    "binding_class": min(fails, key=lambda p: p.satisfaction if p.satisfaction is not None else -1.0
+                                         ).worst_class if fails else None})
+    for row in out:
+        ref = next((r for r in out if r["regime"] == row["regime"] and r["tenancy"] == "blind"), None)
+        ok = ref is not None and ref["capacity_rps"] and row["capacity_rps"] is not None
+        row["vs_blind"] = row["capacity_rps"] / ref["capacity_rps"] if ok else None
+    return out
+
+
 def _worst(values) -> float | None:
     v = [x for x in values if x is not None and np.isfinite(x)]
     return float(min(v)) if v else None

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from helmgr.memory import kv_table as kvmod
+from helmgr.routing.pools import Pools
 from helmgr.routing.residency import KVBatch
 from helmgr.sim.engine_layout import (
     C_BURST, C_END, C_FETCH, C_IDS, C_KV, C_LAUNCH, C_MISSES, C_NODE, C_PREFIX, C_RECOMP, C_RID, C_START, C_T, C_UNF,
     C_TENANT, EXTERNAL, NCOMP, NDL, NSHED, POS, R_TENANT, RCUR, SHED, at)
-from helmgr.routing.pools import Pools
 
 
 class Handoffs:
