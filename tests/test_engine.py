@@ -134,6 +134,8 @@ def test_compiled_path_equals_python_path_under_a_class_table(tenancy, router):
     s = py.summary
     assert s["max_queue"] > 50 and s["completed"] + s["shed"] == s["requests"]
     assert (s["shed"] > 0) == (tenancy == "helm" and router.startswith("helm"))
+    shares = [c.get("band_share_backlogged") for c in s["classes"].values()]      # (in the summaries compared)
+    assert all(0 < x <= 1 for x in shares) if tenancy in ("strict", "helm") else shares == [None] * 3
     assert_same(py, co)
     assert np.asarray(py.cluster.rec.shed).tolist() == np.asarray(co.cluster.rec.shed).tolist()
 

@@ -39,6 +39,16 @@ def test_strict_serves_bands_in_order_and_fcfs_within_one():
         q[0]
 
 
+def test_the_queue_counts_each_bands_service_while_it_waits():
+    # f (band 0, 500) is served while every band waits, a (band 1, 2000) while bands 1 and 2 do,
+    # z (band 2, 1000) alone: band 2 got 1000 of the 3500 served while it waited
+    q = ClassQueue(TABLE, SimpleNamespace(now=0.0), fair=False)
+    for rid, (tenant, work) in enumerate([(Z, 1000.0), (A, 2000.0), (F, 500.0)]):
+        q.append(req(rid, tenant), work)
+    assert drain(q) == [2, 1, 0]
+    assert q.own == {0: 500.0, 1: 2000.0, 2: 1000.0} and q.during == {0: 500.0, 1: 2500.0, 2: 3500.0}
+
+
 def test_drr_charges_uncached_work():
     # a's requests cost 3000 tokens, b's 1000; quantum 4096 each round:
     # a: +4096 -> one (1096 left, 3000 next) -> b: +4096 -> four (b empties) -> a: 1096 + 4096 -> one

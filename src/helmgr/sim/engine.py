@@ -31,7 +31,7 @@ from helmgr.sim.engine_layout import at, length, put, typed_list
 from helmgr.sim.engine_loop import rebase, step
 from helmgr.sim.engine_modes import _plain, _typed, ghost_mode, router_mode
 from helmgr.sim.engine_node import build_bits, history_index
-from helmgr.sim.engine_queue import class_queues
+from helmgr.sim.engine_queue import DUR, OWN, class_queues
 from helmgr.sim.events import REFRESH, WINDOW
 from helmgr.sim.tenancy import Shedding
 
@@ -194,6 +194,10 @@ class CompiledRun(Handoffs):
             self.sync_out(i)
         self.drain()
         books_out(c, self.mode, self.H, self.G, self.I)
+        if self.G[NLINES]:                    # the class queues' service counters, for the summary
+            for i, s in enumerate(c.slots):
+                s.queue.own = dict(zip(s.queue.bands, self.CQ[OWN][i].tolist()))
+                s.queue.during = dict(zip(s.queue.bands, self.CQ[DUR][i].tolist()))
         c.next_rid = int(self.G[RID])
         c.rec.requests = c.next_rid
 

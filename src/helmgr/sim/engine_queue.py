@@ -13,7 +13,9 @@ I[n, QT] count the node's takes and puts (their difference is its length). The r
   backlogged tenants in round-robin order (a ring of capacity T); CTURN[n, b]: the head tenant
   has had this round's quantum;
 - NEXT[n] = (band, line) chosen by the last look at the head (-1: none; a put or a take clears it);
-- BAND[t], QUANT[t]: each tenant's band (its index among the table's bands) and quantum; MINSH[b].
+- BAND[t], QUANT[t]: each tenant's band (its index among the table's bands) and quantum; MINSH[b];
+- OWN[n, b], DUR[n, b]: the work node n served to band b, and to any band while b was backlogged
+  (`ClassQueue.own` and `during`).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from helmgr.sim.engine_layout import FAIR, NBANDS, NLINES, QH, QT, R_NCANDS, R_N
 from helmgr.sim.engine_layout import _ring_put, _ring_take
 from helmgr.sim.node_queue import QUANTUM_TOKENS, SHARE_TAU_S
 
-LQ, SERV, SAT, DEF, ACT, AQ, CTURN, NEXT, BAND, QUANT, MINSH = range(11)
+LQ, SERV, SAT, DEF, ACT, AQ, CTURN, NEXT, BAND, QUANT, MINSH, OWN, DUR = range(13)
 
 
 def class_queues(table, fair: bool, nodes: int) -> tuple[int, int, tuple]:
@@ -35,7 +37,7 @@ def class_queues(table, fair: bool, nodes: int) -> tuple[int, int, tuple]:
     if table is None:
         z, zi = np.zeros((1, 1)), np.zeros((1, 2), np.int64)
         return 0, 0, (zi, z, np.zeros(1), z, zi, zi, zi, np.full((1, 2), -1, np.int64), np.zeros(1, np.int64),
-                      np.zeros(1), np.zeros(1))
+                      np.zeros(1), np.zeros(1), z, z)
     band_of = [table.classes[c].band for c in table.tenant_class]
     bands = sorted(set(band_of))
     t, b = len(band_of), len(bands)
@@ -44,7 +46,8 @@ def class_queues(table, fair: bool, nodes: int) -> tuple[int, int, tuple]:
     cq = (np.zeros((nodes * lines, 2), np.int64), np.zeros((nodes, b)), np.zeros(nodes), np.zeros((nodes, t)),
           np.zeros((nodes * b, t), np.int64), np.zeros((nodes * b, 2), np.int64), np.zeros((nodes, b), np.int64),
           np.full((nodes, 2), -1, np.int64), np.array([bands.index(x) for x in band_of], np.int64),
-          np.array([QUANTUM_TOKENS * table.classes[c].weight for c in table.tenant_class]), np.array(minsh))
+          np.array([QUANTUM_TOKENS * table.classes[c].weight for c in table.tenant_class]), np.array(minsh),
+          np.zeros((nodes, b)), np.zeros((nodes, b)))
     return lines, b, cq
 
 
@@ -156,8 +159,14 @@ def cq_head(n, now, G, Q, RI, CQ):
 def cq_take(n, now, G, I, Q, RI, CQ):
     """ClassQueue.popleft: the slot node n serves next, taken off its line and charged."""
     b, line = _choose(n, now, G, Q, RI, CQ)
-    lq, serv, deficit, aq, turn = CQ[LQ], CQ[SERV], CQ[DEF], CQ[AQ], CQ[CTURN]
+    lq, serv, deficit, aq, turn, own, dur = CQ[LQ], CQ[SERV], CQ[DEF], CQ[AQ], CQ[CTURN], CQ[OWN], CQ[DUR]
     r = n * G[NLINES] + line
+    q = Q[r]
+    head = RI[q[lq[r, 0] % q.shape[0]], R_WORK]
+    for x in range(G[NBANDS]):
+        if _backlogged(n, x, G, lq, aq):
+            dur[n, x] += head
+    own[n, b] += head
     s = _ring_take(Q, r, lq, 0)
     I[n, QH] += 1
     CQ[NEXT][n, 0] = -1

@@ -44,6 +44,8 @@ class ClassQueue:
         self.turn = {b: False for b in bands}               # the head tenant has had this round's quantum
         self.served = {b: 0.0 for b in bands}               # recent service, decayed with SHARE_TAU_S
         self.served_at = 0.0
+        self.own = {b: 0.0 for b in bands}                  # work served to band b (over the run)
+        self.during = {b: 0.0 for b in bands}               # work served to any band while b was backlogged
         self.length, self.seq = 0, 0
         self._next: tuple[int, int] | None = None           # (band, line) chosen by the last peek
 
@@ -80,6 +82,11 @@ class ClassQueue:
 
     def popleft(self) -> Request:
         band, line = self._choose()
+        work = self.lines[line][0][3]
+        for b in self.bands:
+            if self._backlogged(b):
+                self.during[b] += work
+        self.own[band] += work
         _, _, req, work = heappop(self.lines[line])
         self.length -= 1
         self._next = None

@@ -10,6 +10,7 @@ from helmgr.sim.class_metrics import class_figures
 from helmgr.sim.cluster import Cluster
 from helmgr.sim.config import SimConfig
 from helmgr.sim.metrics import Series, summarize
+from helmgr.sim.tenancy import band_shares
 from helmgr.policy.base import MemoryPolicy
 from helmgr.policy.policies import make_policy
 from helmgr.routing.routers import Router, make_router
@@ -60,6 +61,11 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
     if cfg.classes is not None:
         summary |= class_figures(cluster.rec, cfg.classes, workload.duration_s, cfg.window_s, warmup_s,
                                  workload.bursts)
+        for name, share in (band_shares(cluster) or {}).items():
+            group = summary["classes"][name]
+            group["band_share_backlogged"] = share
+            if share != share:
+                group["nulls"] = group.get("nulls", {}) | {"band_share_backlogged": "its band never waited"}
         if cfg.tenancy == "pools":
             summary["pools"] = dict(zip(cfg.classes.class_names, cfg.classes.pool_sizes(cfg.nodes)))
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": cfg.policy if policy is None else policy.name,

@@ -77,3 +77,18 @@ class Shedding:
         if limit == float("inf"):
             return False
         return max(router.expected_free(n), now) + router.last_decision.service_s - now > limit
+
+
+def band_shares(cluster) -> dict[str, float] | None:
+    """Under a class queue (`strict`, `helm`), per class, its band's share of the work the nodes
+    served while the band was backlogged, over the whole run (the run's measure of its
+    `min_share` under `helm`); None under every other tenancy."""
+    queues = [s.queue for s in cluster.slots if type(s.queue) is ClassQueue]
+    if not queues:
+        return None
+    t = cluster.cfg.classes
+    out = {}
+    for c in t.classes:
+        during = sum(q.during[c.band] for q in queues)
+        out[c.name] = sum(q.own[c.band] for q in queues) / during if during else float("nan")
+    return out
