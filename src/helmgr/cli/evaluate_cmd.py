@@ -60,7 +60,7 @@ DEFAULT_OUT = Path("results/evaluate")
               help=f"Capacity bisection tolerance [default: {FULL['capacity_tol']:g}; --quick {QUICK['capacity_tol']:g}].")
 @click.option("--classes", "class_table", default=None, metavar="NAME|FILE",
               help="A class table (docs/tenancy.md): adds full HELM under every --tenancy at each --class-loads, "
-                   "and its capacity at SLO per class.")
+                   "and (unless --no-capacity) its capacity at SLO per class.")
 @click.option("--class-loads", default="1", show_default=True, metavar="F,...",
               help="With --classes: the rates of its runs, as multiples of each regime's base rate.")
 @click.option("--s5", type=click.Choice(S5_MEASURES), default="whole", show_default=True, help="The check's S5 measure.")

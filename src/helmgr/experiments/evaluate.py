@@ -101,6 +101,11 @@ class EvalConfig:
         return replace(self.cluster, policy=policy, router=router, seed=seed,
                        ratio=self.cluster.ratio if ratio is None else float(ratio))
 
+    def tenancy_cfgs(self, seed: int) -> list[SimConfig]:
+        """Full HELM with the class table under each tenancy (the multi-tenant section's runs)."""
+        table = load_table(self.classes)
+        return [replace(self.cfg("helm", "helm", seed), classes=table, tenancy=t) for t in TENANCIES]
+
     @property
     def point_routers(self) -> tuple[str, ...]:
         """Routers with a static sweep: every router, and the check's."""
@@ -218,11 +223,8 @@ def tenancy_units(ev: EvalConfig) -> list[Unit]:
     """With a class table: full HELM under every tenancy, at each of the class loads."""
     if ev.classes is None:
         return []
-    table = load_table(ev.classes)
-    return [Unit("tenancy", regime, seed, "helm", "helm", None,
-                 (ev.spec(regime, seed, load=load), replace(ev.cfg("helm", "helm", seed), classes=table, tenancy=t)),
-                 load)
-            for regime in ev.regimes for load in ev.class_loads for seed in ev.seeds for t in TENANCIES]
+    return [Unit("tenancy", regime, seed, "helm", "helm", None, (ev.spec(regime, seed, load=load), cfg), load)
+            for regime in ev.regimes for load in ev.class_loads for seed in ev.seeds for cfg in ev.tenancy_cfgs(seed)]
 
 
 def static_best_ratio(points: dict, regime: str, seed: int, router: str, grid) -> float:
@@ -246,12 +248,9 @@ def capacity_units(ev: EvalConfig, points: dict) -> list[Unit]:
                 cfg = ev.cfg("static" if policy == "static-best" else policy, router, seed, ratio)
                 out.append(Unit("capacity", regime, seed, policy, router, ratio,
                                 CapacityTask(spec, cfg, start, ev.capacity_tol)))
-            if ev.classes is not None and "helm" in ev.routers and "helm" in ev.policies:
-                table = load_table(ev.classes)
+            if ev.classes is not None:
                 out += [Unit("class-capacity", regime, seed, "helm", "helm", None,
-                             CapacityTask(spec, replace(ev.cfg("helm", "helm", seed), classes=table, tenancy=t), start,
-                                          ev.capacity_tol))
-                        for t in TENANCIES]
+                             CapacityTask(spec, cfg, start, ev.capacity_tol)) for cfg in ev.tenancy_cfgs(seed)]
     return out
 
 

@@ -14,7 +14,8 @@ _NO_REQUEST = "no request of it completed after the warm-up"
 GROUP_NULLS = {"p50_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "slo_attainment": _NO_REQUEST,
                "window_slo_satisfaction": "no window after the warm-up had a completed request of it",
                "burst_window_slo_satisfaction": "no window of a burst after the warm-up had a completed request of it",
-               "kv_hit_rate": "no request of it with a history prefix completed after the warm-up"}
+               "kv_hit_rate": "no request of it with a history prefix completed after the warm-up",
+               "band_share_backlogged": "its band never waited"}
 
 
 def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_ms: float, duration: float,
@@ -64,10 +65,11 @@ def jain(x: np.ndarray) -> float:
 
 
 def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: float, warmup_s: float,
-                  bursts=()) -> dict:
+                  bursts=(), band_share: dict[str, float] | None = None) -> dict:
     """`classes` and `tenants` (name -> figures) and `fairness`: Jain's index over the tenants'
     SLO attainment (the share of each one's requests answered within its class's target). With
-    the workload's `bursts`, each group's figures also hold its window SLO satisfaction in them."""
+    the workload's `bursts`, each group's figures also hold its window SLO satisfaction in them;
+    with the queues' `band_share` (sim/tenancy.py `band_shares`), each class its band's."""
     tenant_all = np.asarray(rec.tenant, np.int64)
     tenant, arrival, latency = completed(rec)
     cls_of = table.tenant_class
@@ -80,6 +82,11 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
                              warmup_s, int(shed[of].sum()), prefix[mask], kv[mask], bursts)
 
     classes = {c.name: figures(cls_of[tenant] == k, cls_of == k, c.slo_ms) for k, c in enumerate(table.classes)}
+    for name, share in (band_share or {}).items():
+        group = classes[name]
+        group["band_share_backlogged"] = share
+        if not np.isfinite(share):
+            group["nulls"] = group.get("nulls", {}) | {"band_share_backlogged": GROUP_NULLS["band_share_backlogged"]}
     tenants = {t.name: {"class": t.slo_class} | figures(tenant == j, np.arange(len(cls_of)) == j,
                                                         table.classes[cls_of[j]].slo_ms)
                for j, t in enumerate(table.tenants)}

@@ -33,7 +33,6 @@ from helmgr.sim.engine_modes import _plain, _typed, ghost_mode, router_mode
 from helmgr.sim.engine_node import build_bits, history_index
 from helmgr.sim.engine_queue import DUR, OWN, class_queues
 from helmgr.sim.events import REFRESH, WINDOW
-from helmgr.sim.tenancy import Shedding
 
 
 class CompiledRun(Handoffs):
@@ -58,7 +57,7 @@ class CompiledRun(Handoffs):
                                              cfg.tenancy == "helm", n)
         G[NLINES], G[NBANDS], G[FAIR] = lines, bands, cfg.tenancy == "helm"
         self.Q = typed_list([np.zeros(64 if lines == 0 else 16, np.int64) for _ in range(n * max(lines, 1))])
-        shed = Shedding.of(cfg, c.router) if self.mode == HELM else None
+        shed = c.shedding if self.mode == HELM else None         # (another mode refuses from Python)
         tenants = len(cfg.classes.tenants) if cfg.classes is not None else 1
         self.LIM = np.array(shed.limits if shed is not None else [np.inf] * tenants)    # per tenant
         self.SHL = typed_list([np.zeros(64, np.int64)])

@@ -162,16 +162,15 @@ def cq_take(n, now, G, I, Q, RI, CQ):
     lq, serv, deficit, aq, turn, own, dur = CQ[LQ], CQ[SERV], CQ[DEF], CQ[AQ], CQ[CTURN], CQ[OWN], CQ[DUR]
     r = n * G[NLINES] + line
     q = Q[r]
-    head = RI[q[lq[r, 0] % q.shape[0]], R_WORK]
-    for x in range(G[NBANDS]):
+    work = RI[q[lq[r, 0] % q.shape[0]], R_WORK]
+    for x in range(G[NBANDS]):                   # (before the take may end the band's backlog)
         if _backlogged(n, x, G, lq, aq):
-            dur[n, x] += head
-    own[n, b] += head
+            dur[n, x] += work
+    own[n, b] += work
     s = _ring_take(Q, r, lq, 0)
     I[n, QH] += 1
     CQ[NEXT][n, 0] = -1
     _decay(n, now, serv, CQ[SAT])
-    work = RI[s, R_WORK]
     serv[n, b] += work
     if G[FAIR]:
         deficit[n, line] -= work

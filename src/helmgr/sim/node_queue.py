@@ -82,12 +82,11 @@ class ClassQueue:
 
     def popleft(self) -> Request:
         band, line = self._choose()
-        work = self.lines[line][0][3]
-        for b in self.bands:
-            if self._backlogged(b):
-                self.during[b] += work
-        self.own[band] += work
+        waiting = [b for b in self.bands if self._backlogged(b)]      # (before the take may end one)
         _, _, req, work = heappop(self.lines[line])
+        for b in waiting:
+            self.during[b] += work
+        self.own[band] += work
         self.length -= 1
         self._next = None
         self._decay()

@@ -60,12 +60,7 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
                                 cfg.window_s, workload.bursts, wall, cluster.rerouted, warmup_s)
     if cfg.classes is not None:
         summary |= class_figures(cluster.rec, cfg.classes, workload.duration_s, cfg.window_s, warmup_s,
-                                 workload.bursts)
-        for name, share in (band_shares(cluster) or {}).items():
-            group = summary["classes"][name]
-            group["band_share_backlogged"] = share
-            if share != share:
-                group["nulls"] = group.get("nulls", {}) | {"band_share_backlogged": "its band never waited"}
+                                 workload.bursts, band_shares(cluster))
         if cfg.tenancy == "pools":
             summary["pools"] = dict(zip(cfg.classes.class_names, cfg.classes.pool_sizes(cfg.nodes)))
     head = {"workload": workload.name, "nodes": cfg.nodes, "policy": cfg.policy if policy is None else policy.name,
