@@ -6,7 +6,9 @@ import pytest
 
 from helmgr.core.classes import parse_table
 from helmgr.core.records import Request
+from helmgr.sim import SimConfig
 from helmgr.sim.node_queue import QUANTUM_TOKENS, ClassQueue
+from helmgr.sim.tenancy import node_queue
 
 TABLE = parse_table({
     "classes": {"top": {"slo_ms": 10.0}, "mid": {"slo_ms": 30.0, "band": 1, "min_share": 0.2},
@@ -47,6 +49,21 @@ def test_the_queue_counts_each_bands_service_while_it_waits():
         q.append(req(rid, tenant), work)
     assert drain(q) == [2, 1, 0]
     assert q.own == {0: 500.0, 1: 2000.0, 2: 1000.0} and q.during == {0: 500.0, 1: 2500.0, 2: 3500.0}
+
+
+def test_the_counts_start_at_count_from_and_carry_to_a_failed_nodes_new_queue():
+    cfg = SimConfig(nodes=2, classes=TABLE, tenancy="strict", warmup_s=5.0)
+    clock = SimpleNamespace(now=0.0, workload=SimpleNamespace(duration_s=8.0))
+    q = node_queue(cfg, clock)
+    assert q.count_from == 4.0                      # the warm-up the metrics skip: 5 s, at most half the run
+    for rid, (tenant, work) in enumerate([(Z, 1000.0), (A, 2000.0), (F, 500.0)]):
+        q.append(req(rid, tenant), work)
+    assert q.popleft().rid == 2                     # f at t=0: before the warm-up ends, not counted
+    clock.now = 4.0
+    assert drain(q) == [1, 0]
+    assert q.own == {0: 0.0, 1: 2000.0, 2: 1000.0} and q.during == {0: 0.0, 1: 2000.0, 2: 3000.0}
+    after = node_queue(cfg, clock, replaces=q)
+    assert after is not q and not after and after.own == q.own and after.during == q.during
 
 
 def test_drr_charges_uncached_work():

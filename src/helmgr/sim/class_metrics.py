@@ -15,7 +15,7 @@ GROUP_NULLS = {"p50_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "slo_attainment": _
                "window_slo_satisfaction": "no window after the warm-up had a completed request of it",
                "burst_window_slo_satisfaction": "no window of a burst after the warm-up had a completed request of it",
                "kv_hit_rate": "no request of it with a history prefix completed after the warm-up",
-               "band_share_backlogged": "its band never waited"}
+               "band_share_backlogged": "its band never waited after the warm-up"}
 
 
 def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_ms: float, duration: float,

@@ -54,7 +54,7 @@ class CompiledRun(Handoffs):
         elif self.mode in (LEAST_LOADED, PREFIX_AWARE):
             G[TURN] = c.router._turn
         lines, bands, self.CQ = class_queues(cfg.classes if cfg.tenancy in ("strict", "helm") else None,
-                                             cfg.tenancy == "helm", n)
+                                             cfg.tenancy == "helm", n, cfg.metrics_warmup_s(c.workload.duration_s))
         G[NLINES], G[NBANDS], G[FAIR] = lines, bands, cfg.tenancy == "helm"
         self.Q = typed_list([np.zeros(64 if lines == 0 else 16, np.int64) for _ in range(n * max(lines, 1))])
         shed = c.shedding if self.mode == HELM else None         # (another mode refuses from Python)

@@ -14,8 +14,8 @@ I[n, QT] count the node's takes and puts (their difference is its length). The r
   has had this round's quantum;
 - NEXT[n] = (band, line) chosen by the last look at the head (-1: none; a put or a take clears it);
 - BAND[t], QUANT[t]: each tenant's band (its index among the table's bands) and quantum; MINSH[b];
-- OWN[n, b], DUR[n, b]: the work node n served to band b, and to any band while b was backlogged
-  (`ClassQueue.own` and `during`).
+- OWN[n, b], DUR[n, b]: the work node n served to band b, and to any band while b was backlogged,
+  from the time FROM[0] on (`ClassQueue.own`, `during` and `count_from`).
 """
 from __future__ import annotations
 
@@ -29,15 +29,16 @@ from helmgr.sim.engine_layout import FAIR, NBANDS, NLINES, QH, QT, R_NCANDS, R_N
 from helmgr.sim.engine_layout import _ring_put, _ring_take
 from helmgr.sim.node_queue import QUANTUM_TOKENS, SHARE_TAU_S
 
-LQ, SERV, SAT, DEF, ACT, AQ, CTURN, NEXT, BAND, QUANT, MINSH, OWN, DUR = range(13)
+LQ, SERV, SAT, DEF, ACT, AQ, CTURN, NEXT, BAND, QUANT, MINSH, OWN, DUR, FROM = range(14)
 
 
-def class_queues(table, fair: bool, nodes: int) -> tuple[int, int, tuple]:
-    """(lines a node, bands, CQ) for `table` (None: (0, 0, placeholders) for FCFS rings)."""
+def class_queues(table, fair: bool, nodes: int, count_from: float = 0.0) -> tuple[int, int, tuple]:
+    """(lines a node, bands, CQ) for `table` (None: (0, 0, placeholders) for FCFS rings), counting
+    each band's service from `count_from` on."""
     if table is None:
         z, zi = np.zeros((1, 1)), np.zeros((1, 2), np.int64)
         return 0, 0, (zi, z, np.zeros(1), z, zi, zi, zi, np.full((1, 2), -1, np.int64), np.zeros(1, np.int64),
-                      np.zeros(1), np.zeros(1), z, z)
+                      np.zeros(1), np.zeros(1), z, z, np.zeros(1))
     band_of = [table.classes[c].band for c in table.tenant_class]
     bands = sorted(set(band_of))
     t, b = len(band_of), len(bands)
@@ -47,7 +48,7 @@ def class_queues(table, fair: bool, nodes: int) -> tuple[int, int, tuple]:
           np.zeros((nodes * b, t), np.int64), np.zeros((nodes * b, 2), np.int64), np.zeros((nodes, b), np.int64),
           np.full((nodes, 2), -1, np.int64), np.array([bands.index(x) for x in band_of], np.int64),
           np.array([QUANTUM_TOKENS * table.classes[c].weight for c in table.tenant_class]), np.array(minsh),
-          np.zeros((nodes, b)), np.zeros((nodes, b)))
+          np.zeros((nodes, b)), np.zeros((nodes, b)), np.array([count_from]))
     return lines, b, cq
 
 
@@ -163,10 +164,11 @@ def cq_take(n, now, G, I, Q, RI, CQ):
     r = n * G[NLINES] + line
     q = Q[r]
     work = RI[q[lq[r, 0] % q.shape[0]], R_WORK]
-    for x in range(G[NBANDS]):                   # (before the take may end the band's backlog)
-        if _backlogged(n, x, G, lq, aq):
-            dur[n, x] += work
-    own[n, b] += work
+    if now >= CQ[FROM][0]:
+        for x in range(G[NBANDS]):               # (before the take may end the band's backlog)
+            if _backlogged(n, x, G, lq, aq):
+                dur[n, x] += work
+        own[n, b] += work
     s = _ring_take(Q, r, lq, 0)
     I[n, QH] += 1
     CQ[NEXT][n, 0] = -1

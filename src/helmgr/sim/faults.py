@@ -20,7 +20,8 @@ class Faults:
         self.up[n] = False
         stranded = [req for served, _ in slot.inflight for req, _ in served] + list(slot.queue)
         slot.gen += 1
-        slot.inflight, slot.queue, slot.busy, slot.refill_at = deque(), node_queue(self.cfg, self), False, None
+        slot.queue = node_queue(self.cfg, self, slot.queue)
+        slot.inflight, slot.busy, slot.refill_at = deque(), False, None
         slot.compute_free = 0.0
         self.router.node_down(n)
         self.rec.ratio_change(self.now, n, None)

@@ -29,8 +29,9 @@ SHARE_TAU_S = 1.0            # the time constant of a band's recent service (min
 
 
 class ClassQueue:
-    def __init__(self, table: ClassTable, clock, fair: bool = True):
-        """`clock`: whatever holds the simulated time as `.now` (the cluster; a fork's copy reads its own)."""
+    def __init__(self, table: ClassTable, clock, fair: bool = True, count_from: float = 0.0):
+        """`clock`: whatever holds the simulated time as `.now` (the cluster; a fork's copy reads its own).
+        `count_from`: the time from which `own` and `during` count (the run's warm-up)."""
         k = table.tenant_class
         self.band_of = [table.classes[c].band for c in k]
         self.quantum = [QUANTUM_TOKENS * table.classes[c].weight for c in k]
@@ -44,8 +45,9 @@ class ClassQueue:
         self.turn = {b: False for b in bands}               # the head tenant has had this round's quantum
         self.served = {b: 0.0 for b in bands}               # recent service, decayed with SHARE_TAU_S
         self.served_at = 0.0
-        self.own = {b: 0.0 for b in bands}                  # work served to band b (over the run)
+        self.own = {b: 0.0 for b in bands}                  # work served to band b (from count_from)
         self.during = {b: 0.0 for b in bands}               # work served to any band while b was backlogged
+        self.count_from = count_from
         self.length, self.seq = 0, 0
         self._next: tuple[int, int] | None = None           # (band, line) chosen by the last peek
 
@@ -84,9 +86,10 @@ class ClassQueue:
         band, line = self._choose()
         waiting = [b for b in self.bands if self._backlogged(b)]      # (before the take may end one)
         _, _, req, work = heappop(self.lines[line])
-        for b in waiting:
-            self.during[b] += work
-        self.own[band] += work
+        if self.clock.now >= self.count_from:
+            for b in waiting:
+                self.during[b] += work
+            self.own[band] += work
         self.length -= 1
         self._next = None
         self._decay()

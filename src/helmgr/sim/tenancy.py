@@ -11,11 +11,17 @@ from helmgr.sim.node import Node
 from helmgr.sim.node_queue import ClassQueue
 
 
-def node_queue(cfg: SimConfig, clock) -> deque | ClassQueue:
-    """A node's queue: FCFS, or under a class-aware tenancy a `ClassQueue` reading `clock.now`."""
+def node_queue(cfg: SimConfig, clock, replaces: deque | ClassQueue | None = None) -> deque | ClassQueue:
+    """A node's queue: FCFS, or under a class-aware tenancy a `ClassQueue` reading `clock.now` (the
+    cluster's), counting each band's service after the run's warm-up. `replaces`: the queue of a
+    node that failed, whose counts the new one carries on."""
     if cfg.tenancy in ("blind", "quota", "pools"):
         return deque()
-    return ClassQueue(cfg.classes, clock, fair=cfg.tenancy == "helm")
+    q = ClassQueue(cfg.classes, clock, fair=cfg.tenancy == "helm",
+                   count_from=cfg.metrics_warmup_s(clock.workload.duration_s))
+    if replaces is not None:
+        q.own, q.during = replaces.own, replaces.during
+    return q
 
 
 def class_memory(cfg: SimConfig, node: Node) -> None:
@@ -81,8 +87,8 @@ class Shedding:
 
 def band_shares(cluster) -> dict[str, float] | None:
     """Under a class queue (`strict`, `helm`), per class, its band's share of the work the nodes
-    served while the band was backlogged, over the whole run (the run's measure of its
-    `min_share` under `helm`); None under every other tenancy."""
+    served while the band was backlogged after the warm-up (the run's measure of its `min_share`
+    under `helm`); None under every other tenancy."""
     queues = [s.queue for s in cluster.slots if type(s.queue) is ClassQueue]
     if not queues:
         return None
