@@ -11,7 +11,7 @@ from helmgr.core.errors import HelmInputError
 from helmgr.policy.base import MemoryPolicy
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.config import parse_fault
-from helmgr.sim.class_metrics import group_figures, jain
+from helmgr.sim.class_metrics import group_figures, jain, max_service_gap
 from helmgr.workload.arrivals import Burst
 from tests.test_sim import short_burst, small
 
@@ -181,7 +181,7 @@ def test_cli_classes(capsys, tmp_path):
                  "surfaces", "--json", "--out", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / "p99_windows_by_class.png").stat().st_size > 0
     s = json.loads(capsys.readouterr().out)
-    assert set(s["classes"]) == {"feed", "interactive", "refresh"} and set(s["fairness"]) == {"jain"}
+    assert set(s["classes"]) == {"feed", "interactive", "refresh"} and set(s["fairness"]) == {"jain", "max_gap_s"}
     assert s["classes"]["feed"]["slo_ms"] == 15.0
     assert sum(t["requests"] for t in s["tenants"].values()) == s["requests"]
 
@@ -347,3 +347,22 @@ def test_a_pool_reroutes_within_itself_and_a_pool_with_every_node_down_is_named(
         simulate(SimConfig(nodes=4, seed=1, warmup_s=2.0, classes=t, tenancy="pools", faults=(parse_fault("3@3", 4),)),
                  small("steady", seed=1, rps=800.0, duration_s=10.0))
     assert str(e.value).startswith("every node of class 'refresh''s pool is down at t=3.")
+
+
+def test_the_service_gap_is_the_longest_a_tenant_waits_after_its_band_mate_is_served():
+    # tenants a, b share band 0, c is alone in band 1. Node 0: b queued from 0.1, a served at 0.5
+    # (b overtaken), b served at 1.0: a gap of 0.5; c is never overtaken by a or b (another band).
+    # Node 1: a and b queued at 0, a served at 0.1 and 0.3, b at 0.9: 0.8. Both served at one
+    # instant (one batch): no gap.
+    a, b, c = 0, 1, 2
+    rows = [(0, a, 0.0, 0.0), (0, b, 0.1, 1.0), (0, a, 0.2, 0.5), (0, c, 0.3, 2.0),
+            (1, a, 0.0, 0.1), (1, b, 0.0, 0.9), (1, a, 0.2, 0.3), (2, a, 0.0, 0.5), (2, b, 0.0, 0.5)]
+    node, tenant, arrival, start = (np.array(col) for col in zip(*rows))
+    band = np.array([0, 0, 1])
+    gap = lambda from_s: max_service_gap(arrival, start, node, tenant, band, 3, from_s)
+    assert gap(0.0) == pytest.approx(0.8)
+    assert gap(0.4) == pytest.approx(0.5)            # counted from the warm-up: 0.9 - 0.4, 1.0 - 0.5
+    assert gap(1.0) == 0.0
+    assert max_service_gap(arrival, start, node, tenant, np.array([0, 1, 2]), 3, 0.0) == 0.0   # no band mates
+    keep = node == 2
+    assert max_service_gap(arrival[keep], start[keep], node[keep], tenant[keep], band, 3, 0.0) == 0.0

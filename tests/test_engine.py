@@ -136,6 +136,7 @@ def test_compiled_path_equals_python_path_under_a_class_table(tenancy, router):
     assert (s["shed"] > 0) == (tenancy == "helm" and router.startswith("helm"))
     shares = [c.get("band_share_backlogged") for c in s["classes"].values()]      # (in the summaries compared)
     assert all(0 < x <= 1 for x in shares) if tenancy in ("strict", "helm") else shares == [None] * 3
+    assert s["fairness"]["max_gap_s"] > 0                                         # (compared too)
     assert_same(py, co)
     assert np.asarray(py.cluster.rec.shed).tolist() == np.asarray(co.cluster.rec.shed).tolist()
 

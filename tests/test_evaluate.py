@@ -274,17 +274,17 @@ def test_the_tenancy_table_by_hand():
                                                                                             "refresh"]
     tenants = ["home", "search", "notifications", "trending", "refresh"]
 
-    def summary(feed, burst, shed=0):
-        return {"requests": 30, "completed": 30 - shed, "shed": shed, "fairness": {"jain": 0.9},
+    def summary(feed, burst, shed=0, gap=0.05):
+        return {"requests": 30, "completed": 30 - shed, "shed": shed, "fairness": {"jain": 0.9, "max_gap_s": gap},
                 "classes": {"feed": _group(feed, 0.5, goodput=100.0), "interactive": _group(10.0, 1.0, goodput=50.0),
                             "refresh": _group(20.0, 1.0, requests=10, completed=10 - shed, shed=shed, goodput=5.0)},
                 "tenants": {t: _group(1.0, 1.0, burst=burst if t != "search" else 0.25 + burst) for t in tenants}}
-    results = {units[0]: {"summary": summary(12.0, 0.75)}, units[5]: {"summary": summary(16.0, 0.5, shed=2)}}
+    results = {units[0]: {"summary": summary(12.0, 0.75)}, units[5]: {"summary": summary(16.0, 0.5, shed=2, gap=0.12)}}
     row, = report.tenancy_table(ev, results)
     assert row == {"regime": "burst", "load": 1.0, "rps": 1300.0, "tenancy": "blind", "seeds": 2,
                    "feed_p99_ms": 14.0, "feed_window_slo": 0.5, "interactive_p99_ms": 10.0, "interactive_window_slo": 1.0,
                    "refresh_p99_ms": 20.0, "refresh_window_slo": 1.0, "goodput_rps": 155.0, "shed": 1.0, "jain": 0.9,
-                   "others_burst_window_slo": 0.5, "unaccounted": 0}
+                   "max_gap_s": 0.12, "others_burst_window_slo": 0.5, "unaccounted": 0}
     results[units[5]]["summary"]["tenants"]["home"]["completed"] = 8          # two requests lost: counted
     assert report.tenancy_table(ev, results)[0]["unaccounted"] == 2
 

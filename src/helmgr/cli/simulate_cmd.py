@@ -92,7 +92,7 @@ def class_options(f):
                           "share), pools (separate nodes per class, sized by the classes' traffic shares; FCFS), "
                           "helm (bands with minimum shares; tenants by deficit round robin on uncached work; KV "
                           "evicted lowest band first down to kv_floor; with the HELM router, a sheddable class's "
-                          "request predicted late is refused). All but blind run on the Python path.")(f)
+                          "request predicted late is refused).")(f)
     return click.option("--classes", "class_table", default=None, metavar="NAME|FILE", callback=classes_checked,
                         help=f"SLO classes and tenants ({', '.join(available('classes'))}, or a TOML file): "
                              "figures per class and tenant, each against its class's target.")(f)
@@ -154,7 +154,8 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
                 windows = class_window_p99(result.cluster.rec, class_table, w.duration_s, cfg.window_s)
                 pngs += plot_class_windows(windows, result.series.bursts, f"{title}: per class", scratch)
             (scratch / "summary.json").write_text(json_text(summary))
-            groups = "" if class_table is None else "\n" + markdown_table(group_rows(summary), GROUP_SHOWN)
+            groups = "" if class_table is None else ("\n" + markdown_table(group_rows(summary), GROUP_SHOWN)
+                                                     + f"\n{fairness_line(summary['fairness'])}\n")
             (scratch / "summary.md").write_text(f"# {title}\n\n" + markdown_table({k: summary[k] for k in SHOWN})
                                                 + groups + "".join(f"\n![{p}]({p})\n" for p in pngs))
     if as_json:
@@ -163,14 +164,23 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
         stdout.print(table(f"{w.name}: {nodes} nodes, {summary['policy']} r={ratio:g}, {summary['router']}",
                            {k: summary[k] for k in SHOWN}))
         if class_table is not None:
-            stdout.print(table(f"per class and tenant (Jain's index over tenants' SLO attainment: "
-                               f"{summary['fairness']['jain']:.3f})", group_rows(summary), GROUP_SHOWN))
+            stdout.print(table(f"per class and tenant ({fairness_line(summary['fairness'])})", group_rows(summary),
+                               GROUP_SHOWN))
         if out_dir is not None:
             stderr.print(f"wrote {out_dir}/summary.json, summary.md and plots")
 
 
 GROUP_SHOWN = ("slo_ms", "requests", "shed", "p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps",
                "kv_hit_rate")
+
+
+def fairness_line(fairness: dict) -> str:
+    """The run's fairness figures in words (a figure with nothing to measure: its reason)."""
+    def shown(key: str, fmt: str) -> str:
+        v = fairness.get(key)
+        return fairness.get("nulls", {}).get(key, "none") if v is None or v != v else fmt.format(v)
+    return (f"Jain's index over tenants' SLO attainment: {shown('jain', '{:.3f}')}; longest service gap "
+            f"within a band: {shown('max_gap_s', '{:.3f} s')}")
 
 
 def group_rows(summary: dict) -> dict:

@@ -215,7 +215,7 @@ def _mean(values) -> float | None:
 def tenancy_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
     """The multi-tenant section: per regime, load and tenancy, over the seeds, each class's P99
     (mean) and window SLO satisfaction (the worst seed's), the total goodput, shed and Jain's
-    index (means); on a regime with bursts, the worst window SLO satisfaction in the bursts' windows
+    index (means), the largest service gap between tenants of a band (the worst seed's); on a regime with bursts, the worst window SLO satisfaction in the bursts' windows
     of any tenant but the noisy ones; and `unaccounted`, requests neither completed nor shed (0)."""
     runs: dict[tuple, list[dict]] = {}
     quiet: list[str] = []
@@ -234,6 +234,7 @@ def tenancy_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
         row["goodput_rps"] = _mean(sum(c["goodput_rps"] for c in s["classes"].values()) for s in found)
         row["shed"] = _mean(s["shed"] for s in found)
         row["jain"] = _mean(s["fairness"]["jain"] for s in found)
+        row["max_gap_s"] = _most(s["fairness"].get("max_gap_s") for s in found)
         row["others_burst_window_slo"] = _worst(s["tenants"][t].get("burst_window_slo_satisfaction")
                                                 for s in found for t in quiet)
         row["unaccounted"] = sum(g["requests"] - g["completed"] - g["shed"] for s in found
@@ -269,3 +270,8 @@ def class_capacity_table(ev: EvalConfig, results: dict[Unit, object]) -> list[di
 def _worst(values) -> float | None:
     v = [x for x in values if x is not None and np.isfinite(x)]
     return float(min(v)) if v else None
+
+
+def _most(values) -> float | None:
+    v = [x for x in values if x is not None and np.isfinite(x)]
+    return float(max(v)) if v else None

@@ -5,6 +5,7 @@ seed sees the same tenants."""
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from helmgr.core.classes import ClassTable
 from helmgr.sim.bursts import burst_windows
@@ -64,10 +65,46 @@ def jain(x: np.ndarray) -> float:
     return float(x.sum() ** 2 / (len(x) * (x * x).sum())) if len(x) and (x * x).sum() > 0 else NAN
 
 
+def max_service_gap(arrival: np.ndarray, start: np.ndarray, node: np.ndarray, tenant: np.ndarray,
+                    band: np.ndarray, n_nodes: int, from_s: float) -> float:
+    """The largest service gap between backlogged tenants of one band: the longest a tenant, with
+    a request queued at a node, went unserved there after another tenant of its band was served
+    (from that service to its own next one; seconds after `from_s`). A tenant is backlogged at a
+    node from a request's arrival to its start (taken from the queue) while it has any queued. 0
+    where no tenant was ever overtaken in its band; what deficit round robin bounds and FCFS does not.
+    (A request routed again after a node fault counts as queued from its first arrival.)"""
+    t = np.concatenate([arrival, start])
+    kind = np.repeat(np.array([0, 1], np.int64), len(arrival))      # at one instant, arrivals first
+    order = np.lexsort((kind, t))
+    return _gap(t[order], kind[order], np.tile(node, 2)[order], np.tile(tenant, 2)[order], band, n_nodes, from_s)
+
+
+@njit(cache=True, nogil=True)
+def _gap(t, kind, node, tenant, band, n_nodes, from_s):
+    n_t = band.shape[0]
+    queued = np.zeros((n_nodes, n_t), np.int64)
+    overtaken = np.full((n_nodes, n_t), np.inf)      # when another of its band was first served since its last
+    gap = 0.0
+    for e in range(t.shape[0]):
+        n, j, x = node[e], tenant[e], t[e]
+        if kind[e] == 0:
+            queued[n, j] += 1
+            continue
+        if x > from_s and overtaken[n, j] < x:
+            gap = max(gap, x - max(overtaken[n, j], from_s))
+        queued[n, j] -= 1
+        overtaken[n, j] = np.inf
+        for g in range(n_t):
+            if g != j and band[g] == band[j] and queued[n, g] > 0 and overtaken[n, g] == np.inf:
+                overtaken[n, g] = x
+    return gap
+
+
 def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: float, warmup_s: float,
                   bursts=(), band_share: dict[str, float] | None = None) -> dict:
     """`classes` and `tenants` (name -> figures) and `fairness`: Jain's index over the tenants'
-    SLO attainment (the share of each one's requests answered within its class's target). With
+    SLO attainment (the share of each one's requests answered within its class's target) and the
+    largest service gap between backlogged tenants of one band (`max_service_gap`). With
     the workload's `bursts`, each group's figures also hold its window SLO satisfaction in them;
     with the queues' `band_share` (sim/tenancy.py `band_shares`), each class its band's."""
     tenant_all = np.asarray(rec.tenant, np.int64)
@@ -91,9 +128,17 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
                                                         table.classes[cls_of[j]].slo_ms)
                for j, t in enumerate(table.tenants)}
     attained = np.array([f["slo_attainment"] for f in tenants.values()])
-    fairness = {"jain": jain(attained[np.isfinite(attained)])}
+    fairness, nulls = {"jain": jain(attained[np.isfinite(attained)])}, {}
     if not np.isfinite(fairness["jain"]):
-        fairness["nulls"] = {"jain": "no tenant had a request completed after the warm-up"}
+        nulls["jain"] = "no tenant had a request completed after the warm-up"
+    band = table.tenant_band
+    if len(set(band.tolist())) < len(band):
+        fairness["max_gap_s"] = max_service_gap(arrival, np.asarray(rec.start), np.asarray(rec.node, np.int64),
+                                                tenant, band, rec.n_nodes, warmup_s)
+    else:
+        fairness["max_gap_s"], nulls["max_gap_s"] = NAN, "no band has two tenants"
+    if nulls:
+        fairness["nulls"] = nulls
     return {"shed": len(rec.shed), "classes": classes, "tenants": tenants, "fairness": fairness}
 
 
