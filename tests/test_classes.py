@@ -11,7 +11,7 @@ from helmgr.core.errors import HelmInputError
 from helmgr.policy.base import MemoryPolicy
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.config import parse_fault
-from helmgr.sim.class_metrics import group_figures, jain, max_service_gap
+from helmgr.sim.class_metrics import client_figures, group_figures, jain, max_service_gap
 from helmgr.workload.arrivals import Burst
 from tests.test_sim import short_burst, small
 
@@ -44,6 +44,11 @@ def test_the_shipped_table_loads():
     assert t.tenant_class.tolist() == [0, 1, 1, 1, 2]
 
 
+def test_shares_above_1_within_the_tolerance_are_scaled_to_sum_to_1():
+    t = parse_table(with_("tenants.a.share", 0.7000005), "t")
+    assert sum(x.share for x in t.tenants) == pytest.approx(1.0, abs=1e-15) and t.tenants[1].share < 0.2
+
+
 def test_parse_keeps_every_field():
     t = parse_table(TWO, "t")
     assert t.classes[1] == SloClass("loose", 100.0, band=1, weight=1.0, sheddable=True, min_share=0.1)
@@ -56,6 +61,10 @@ def test_parse_keeps_every_field():
     (with_("tenants.a.class", None), "tenant 'a' needs class"),
     (with_("classes.tight.band", -1), "band"),
     (with_("classes.tight.band", 1.5), "band"),
+    (with_("classes.tight.band", 16), "band must be in [0, 15], got 16"),
+    (with_("classes.loose.weight", 0.001), "weight must be in [0.01, 100], got 0.001"),
+    (with_("classes.tight.min_share", 0.9), "the bands' min_share (each band's largest) sum to 1, which must stay"),
+    (with_("tenants.a.class", 3), "tenant 'a': class must be a non-empty string, got 3"),
     (with_("classes.tight.slo_ms", 0.0), "slo_ms"),
     (with_("classes.loose.min_share", 1.0), "min_share"),
     (with_("classes.loose.kv_floor", 1.0), "kv_floor"),
@@ -152,7 +161,9 @@ def test_one_class_figures_are_the_runs_own(path):
     s = simulate(SimConfig(nodes=2, seed=2, warmup_s=2.0, path=path, classes=ONE), small("burst", seed=2)).summary
     for k in ("wall_s",):
         plain.pop(k), s.pop(k)
-    assert {k: v for k, v in s.items() if k not in ("shed", "classes", "tenants", "fairness")} == plain
+    assert (s["class_table"], s["tenancy"]) == ("<table>", "blind")
+    assert {k: v for k, v in s.items() if k not in ("shed", "classes", "tenants", "fairness", "class_table",
+                                                   "tenancy")} == plain
     c = s["classes"]["all"]
     assert s["tenants"]["everyone"] == {"class": "all"} | c
     for k in ("p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps", "completed"):
@@ -298,7 +309,8 @@ def test_one_pool_routes_as_its_router_alone():
         s = simulate(SimConfig(nodes=3, seed=2, warmup_s=2.0, classes=ONE, tenancy=tenancy, router="helm"),
                      small("burst", seed=2)).summary
         assert s["sim_path"] == "compiled"
-        runs.append({k: v for k, v in s.items() if k not in ("wall_s", "pools")})
+        assert s["tenancy"] == tenancy
+        runs.append({k: v for k, v in s.items() if k not in ("wall_s", "pools", "tenancy")})
     assert runs[0] == runs[1]
 
 
@@ -346,7 +358,7 @@ def test_a_pool_reroutes_within_itself_and_a_pool_with_every_node_down_is_named(
     with pytest.raises(HelmInputError) as e:                 # the refresh pool's one node
         simulate(SimConfig(nodes=4, seed=1, warmup_s=2.0, classes=t, tenancy="pools", faults=(parse_fault("3@3", 4),)),
                  small("steady", seed=1, rps=800.0, duration_s=10.0))
-    assert str(e.value).startswith("every node of class 'refresh''s pool is down at t=3.")
+    assert str(e.value).startswith("every node of the pool of class 'refresh' is down at t=3.")
 
 
 def test_the_service_gap_is_the_longest_a_tenant_waits_after_its_band_mate_is_served():
@@ -366,3 +378,34 @@ def test_the_service_gap_is_the_longest_a_tenant_waits_after_its_band_mate_is_se
     assert max_service_gap(arrival, start, node, tenant, np.array([0, 1, 2]), 3, 0.0) == 0.0   # no band mates
     keep = node == 2
     assert max_service_gap(arrival[keep], start[keep], node[keep], tenant[keep], band, 3, 0.0) == 0.0
+
+
+def test_a_clients_figures_count_answers_refusals_and_failures_by_tenant():
+    # tenant a (tight, 10 ms): answered in 5 and 20 ms, one refused (429); b (loose): one answered
+    # in 50 ms, one lost (status 0: neither completed nor shed)
+    t = parse_table(TWO, "t")
+    a, b = t.tenant_names.index("a"), t.tenant_names.index("b")
+    tenant = np.array([a, a, a, b, b])
+    status = np.array([200, 429, 200, 200, 0])
+    arrival, latency = np.array([0.1, 0.2, 0.3, 0.4, 0.5]), np.array([0.005, 0.0, 0.020, 0.050, 1.0])
+    f = client_figures(t, tenant, status, arrival, latency, np.full(5, 100), np.array([50, 0, 0, 100, 0]), 1.0)
+    ta, tb = f["tenants"]["a"], f["tenants"]["b"]
+    assert (ta["requests"], ta["completed"], ta["shed"], tb["requests"], tb["completed"], tb["shed"]) == (3, 2, 1, 2, 1, 0)
+    assert ta["slo_attainment"] == 0.5 and tb["slo_attainment"] == 1.0 and ta["kv_hit_rate"] == 0.25
+    assert f["fairness"]["jain"] == pytest.approx(1.5 ** 2 / (2 * 1.25))
+    assert math.isnan(f["fairness"]["max_gap_s"]) and "replicas' queues" in f["fairness"]["nulls"]["max_gap_s"]
+    late = client_figures(t, tenant, status, arrival, latency + 1.0, np.full(5, 100), np.zeros(5, np.int64), 1.0)
+    assert late["fairness"]["nulls"]["jain"] == "no tenant had a request answered within its target"
+
+
+@pytest.mark.parametrize("tenancy", ["strict", "helm"])
+def test_a_class_no_tenant_is_in_counts_nothing_and_binds_no_capacity(tenancy):
+    from helmgr.experiments.capacity import satisfaction
+    t = parse_table({"classes": {"a": {"slo_ms": 20.0}, "b": {"slo_ms": 30.0, "band": 1}},
+                     "tenants": {"x": {"class": "a", "share": 1.0}}}, "t")
+    s = simulate(SimConfig(nodes=2, seed=1, warmup_s=1.0, classes=t, tenancy=tenancy),
+                 small("steady", seed=1, rps=400.0, duration_s=4.0)).summary
+    b = s["classes"]["b"]
+    assert (b["requests"], b["completed"]) == (0, 0) and s["classes"]["a"]["requests"] == s["requests"]
+    assert math.isnan(b["band_share_backlogged"]) and "never waited" in b["nulls"]["band_share_backlogged"]
+    assert satisfaction(s) == (s["classes"]["a"]["window_slo_satisfaction"], "a")

@@ -154,7 +154,8 @@ def test_a_replays_scores_are_checked_against_the_model_from_scratch(tmp_path):
     of a user's requests in another order than sent; a changed score is a mismatch, another
     prefix is not checked."""
     from helmgr.history import HistoryStore, build
-    from helmgr.serve.loadgen import Answer, LoadConfig, trace_requests
+    from helmgr.serve.answers import Answer
+    from helmgr.serve.loadgen import LoadConfig, trace_requests
     from helmgr.serve.verify import check_scores
     from helmgr.workload.trace import read_trace
 

@@ -193,6 +193,12 @@ def test_loadgen_replays_the_workload(app):
     feed = sum(s.value for s in metrics(app[0])["helm_requests"] if s.name == "helm_requests_total"
                and s.labels["class"] == "feed")
     assert feed >= result["completed"]
+    by_class = {c: (g["requests"], g["completed"], g["shed"]) for c, g in result["classes"].items()}
+    assert by_class == {"feed": (result["requests"], result["completed"], 0), "bulk": (0, 0, 0)}
+    assert result["tenants"]["home"]["class"] == "feed" and result["tenants"]["home"]["requests"] == result["requests"]
+    home = result["tenants"]["home"]["slo_attainment"]             # one tenant: Jain 1, or none in time
+    assert (result["fairness"]["jain"] == 1.0) if home > 0 else "jain" in result["fairness"]["nulls"]
+    assert "max_gap_s" in result["fairness"]["nulls"]
     assert result["p50_ms"] > 0 and result["throughput_rps"] > 0 and 0 <= result["kv_hit_rate"] <= 1
     parts = result["split_ms"]["p50"]                     # every part measured, and each one's own
     assert all(v >= 0 for v in parts.values()) and parts["service_ms"] > 0

@@ -83,7 +83,8 @@ def test_the_ingress_takes_the_prefix_from_the_store(cfg):
 
 
 def test_a_logs_requests_are_replayed_in_its_time_order_at_the_rate(cfg, tmp_path):
-    from helmgr.serve.loadgen import Answer, LoadConfig, summarize, trace_requests
+    from helmgr.serve.answers import Answer, summarize
+    from helmgr.serve.loadgen import LoadConfig, trace_requests
     log = tmp_path / "log.inter"
     log.write_text("user_id:token\titem_id:token\ttimestamp:float\n"
                    "b\tx\t5\nA\ty\t1\nb\tz\t5\nA\tx\t7\nb\ty\t3\n")         # users A=0, b=1; items x=0, y=1, z=2
@@ -96,6 +97,12 @@ def test_a_logs_requests_are_replayed_in_its_time_order_at_the_rate(cfg, tmp_pat
     assert t == sorted(t) and 0 < t[-1] < 1.0                        # 4 arrivals at ~100/s, within the second
     assert [s.body for s in trace_requests(cfg, load)] == [s.body for s in sent]      # seeded
     assert len(list(trace_requests(cfg, LoadConfig(rps=100.0, duration_s=1.0, trace=str(log), max_requests=2)))) == 2
+    # with a class table each request names its user's tenant, drawn as the simulator draws it
+    from dataclasses import replace
+    from helmgr.core.classes import load_table
+    named = [s.body["tenant"] for s in trace_requests(replace(cfg, classes="surfaces"), load)]
+    table = load_table("surfaces")
+    assert named == [table.tenant_names[j] for j in table.assign(np.array([0, 1, 1, 0]), np.zeros(4, bool), cfg.seed)]
     ok = [Answer(0.0, 0.01, 200, 10, 10, 14, 1.0, "a", 0.3, 6.0, 4.0, 3.0, appended) for appended in (True, False)]
     assert summarize(ok, 50.0, 1.0)["appended"] == 1
     # the same replay for the simulator: the same arrivals, users and new items, each prefix starting
@@ -161,7 +168,7 @@ def test_a_replay_resumes_past_what_the_store_holds(cfg, tmp_path):
 
 
 def test_loadgen_counts_the_users_the_store_did_not_know():
-    from helmgr.serve.loadgen import Answer, summarize
+    from helmgr.serve.answers import Answer, summarize
     answers = [Answer(0.0, 0.01, 200, 0, 0, 5, 1.0, "a", 0.3, appended=True, new_user=new) for new in (True, False, True)]
     answers.append(Answer(0.0, 0.01, 503, 0, 0, 0, 0.0, "", 0.3, new_user=True))       # not answered: not counted
     assert summarize(answers, 50.0, 1.0)["new_users"] == 2

@@ -16,7 +16,8 @@ from helmgr.serve.body import MAX_ERRORS, BodyError, parse_body, read_body
 from helmgr.serve.config import ServeConfig
 from helmgr.serve.gate import Gate, Late
 from helmgr.serve.limits import RequestLimits
-from helmgr.serve.loadgen import Answer, LoadConfig, summarize
+from helmgr.serve.answers import Answer, summarize
+from helmgr.serve.loadgen import LoadConfig
 from helmgr.serve.warm import Warmup
 from helmgr.serve.worker import Worker
 

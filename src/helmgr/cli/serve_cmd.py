@@ -9,6 +9,7 @@ import click
 
 from helmgr.cli.output import (emit_json, json_option, json_text, markdown_table, out_option, progress, result_dir,
                                stderr, table)
+from helmgr.cli.simulate_cmd import GROUP_SHOWN, fairness_line, group_rows
 from helmgr.cli.types import NON_NEGATIVE, POSITIVE, SEED, Finite
 from helmgr.core.classes import load_table
 from helmgr.core.extras import require
@@ -171,7 +172,8 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     helmgr loadgen --trace ml-100k.inter --model model/ --sim     # ... --model model/: scores checked
     """
     require("serve", "aiohttp", what="helmgr loadgen")       # the HTTP client; --sim runs the simulator as well
-    from helmgr.serve.loadgen import PARTS, LoadConfig, loadgen, server_config, sim_base_policy, simulated
+    from helmgr.serve.answers import PARTS
+    from helmgr.serve.loadgen import LoadConfig, loadgen, server_config, sim_base_policy, simulated
     from helmgr.workload import parse_regime
 
     parse_regime(regime)
@@ -202,11 +204,16 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     with result_dir(out_dir) as scratch:
         if scratch is not None:
             (scratch / "loadgen.json").write_text(json_text(result))
-            (scratch / "loadgen.md").write_text(f"# {title} against {url}\n\n" + markdown_table(shown, headers))
+            groups = ("" if "classes" not in result else "\n" + markdown_table(group_rows(result), GROUP_SHOWN)
+                      + f"\n{fairness_line(result['fairness'])}\n")
+            (scratch / "loadgen.md").write_text(f"# {title} against {url}\n\n" + markdown_table(shown, headers) + groups)
     if as_json:
         emit_json(result)
     else:
         stderr.print(table(title, shown, headers))
+        if "classes" in result:
+            stderr.print(table(f"per class and tenant ({fairness_line(result['fairness'])})", group_rows(result),
+                               GROUP_SHOWN))
         stderr.print(f"requests per node: {result['requests_per_node']}")
         if result["split_ms"]:
             stderr.print("a request's time, ms (p50 / p99 of each part): " + ", ".join(

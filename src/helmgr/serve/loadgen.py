@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import urllib.request
 from dataclasses import dataclass, replace
@@ -22,6 +21,7 @@ import numpy as np
 
 from helmgr.core.errors import HelmInputError
 from helmgr.core.validate import check_numbers
+from helmgr.serve.answers import Answer, by_class, summarize
 from helmgr.serve.config import ServeConfig
 from helmgr.workload import synthetic_workload
 from helmgr.workload.replay import log_replay, store_replay_workload
@@ -55,40 +55,6 @@ class Sent(NamedTuple):
     body: dict
 
 
-class Answer(NamedTuple):
-    t: float
-    latency_s: float            # from arrival to answer
-    status: int                 # HTTP status; 0 = no answer (connection error, timeout)
-    prefix_len: int
-    kv_tokens: int
-    ids: int                    # rows looked up: recomputed prefix + new items + candidates
-    emb_hit_rate: float
-    node: str
-    ratio: float
-    ingress_ms: float = math.nan    # in the ingress's handler: body, routing, the hop to the replica and back
-    replica_ms: float = math.nan    # at the replica: its queue (the gate) and the service
-    service_ms: float = math.nan    # the real path's service
-    appended: bool = False          # its new items were added to the app's history store
-    scores: tuple = ()              # one per candidate
-    new_user: bool = False          # the app's store held nothing for the user: served cold (and created)
-
-
-# A request's time, split: the client and HTTP (the wait for a slot, sending, the answer back, and
-# Serve's proxy hop to the ingress on a cluster that keeps one), the ingress (body, prefix, routing,
-# the handle's hop to a replica and back), the replica's queue, and the service. Each part's p50
-# and p99 over the answered requests.
-PARTS = ("http_ms", "ingress_ms", "queue_ms", "service_ms")
-
-
-def split(answers: list) -> dict | None:
-    """{"p50": {part: ms}, "p99": {...}} over `answers` (answered ones), None if there are none."""
-    if not answers:
-        return None
-    a = np.array([(x.latency_s * 1e3 - x.ingress_ms, x.ingress_ms - x.replica_ms, x.replica_ms - x.service_ms,
-                   x.service_ms) for x in answers])
-    return {f"p{q}": dict(zip(PARTS, map(float, np.percentile(a, q, axis=0)))) for q in (50, 99)}
-
-
 def server_config(url: str, timeout_s: float = 10.0) -> ServeConfig:
     if not url.startswith(("http://", "https://")):
         raise HelmInputError(f"--url must start with http:// or https://, got {url!r}")
@@ -111,9 +77,20 @@ def trace_requests(cfg: ServeConfig, load: LoadConfig, log=None) -> Iterator[Sen
     log = trace_log(cfg, load) if log is None else log
     sent = log_replay(log, load.rps, load.duration_s, load.max_requests, stream_seed(cfg, load))
     rng = np.random.default_rng([stream_seed(cfg, load), 12])
+    tenants = tenant_names(cfg.class_table(), sent.user, np.zeros(len(sent), bool), stream_seed(cfg, load))
     for k in range(len(sent)):
-        yield Sent(float(sent.t[k]), {"user_id": int(sent.user[k]), "new_items": sent.new_items(k).tolist(),
-                                      "candidates": rng.integers(0, cfg.n_items, cfg.candidates).tolist()})
+        body = {"user_id": int(sent.user[k]), "new_items": sent.new_items(k).tolist(),
+                "candidates": rng.integers(0, cfg.n_items, cfg.candidates).tolist()}
+        yield Sent(float(sent.t[k]), body if tenants is None else body | {"tenant": tenants[k]})
+
+
+def tenant_names(table, user: np.ndarray, burst: np.ndarray, seed: int) -> list[str] | None:
+    """With the app's class table, each request's tenant, drawn as the simulator draws it (a log's
+    users mapped to tenants by their shares); None without one."""
+    if table is None:
+        return None
+    names = table.tenant_names
+    return [names[j] for j in table.assign(user, burst, seed)]
 
 
 def trace_log(cfg: ServeConfig, load: LoadConfig):
@@ -133,11 +110,9 @@ def requests(cfg: ServeConfig, load: LoadConfig) -> Iterator[Sent]:
     the app's class table, each names its tenant, drawn as the simulator draws it."""
     seed = stream_seed(cfg, load)
     w = synthetic_workload(replace(cfg.workload_config(load.rps, load.duration_s), regime=load.workload), seed)
-    table = cfg.class_table()
-    names = None if table is None else table.tenant_names
-    n = 0
+    table, n = cfg.class_table(), 0
     for chunk in w.chunks():
-        tenants = None if table is None else [names[j] for j in table.assign(chunk.user, chunk.burst, seed)]
+        tenants = tenant_names(table, chunk.user, chunk.burst, seed)
         for i in range(len(chunk)):
             if n == load.max_requests:
                 return
@@ -184,40 +159,6 @@ async def replay(load: LoadConfig, reqs: list[Sent], on_answer: Callable[[], Non
             task.add_done_callback(lambda _: on_answer())
             tasks.append(task)
         return list(await asyncio.gather(*tasks))
-
-
-def summarize(answers: list[Answer], slo_ms: float, wall_s: float) -> dict:
-    """The fields of a run's summary (docs/simulator.md#metrics) that a client can measure, plus
-    errors, requests shed (429), answers by HTTP status and per-node counts. Strict JSON: what cannot be measured (no
-    request completed) is `null`, with the reason in `nulls`."""
-    ok = [a for a in answers if a.status == 200]
-    lat = np.array([a.latency_s for a in ok]) * 1e3
-    pct = [float(x) for x in np.percentile(lat, [50, 95, 99, 99.9])] if len(lat) else [None] * 4
-    span = max((max(a.t + a.latency_s for a in answers) - min(a.t for a in answers)) if answers else 0.0, 1e-9)
-    good = int((lat <= slo_ms).sum())
-    prefix = sum(a.prefix_len for a in ok)
-    ids = sum(a.ids for a in ok)
-    nodes: dict[str, int] = {}
-    for a in ok:
-        nodes[a.node] = nodes.get(a.node, 0) + 1
-    statuses: dict[str, int] = {}
-    for a in answers:
-        statuses[str(a.status)] = statuses.get(str(a.status), 0) + 1
-    shed = statuses.get("429", 0)                     # a sheddable class's request refused: not an error
-    out = {"requests": len(answers), "completed": len(ok), "shed": shed, "errors": len(answers) - len(ok) - shed,
-           "p50_ms": pct[0], "p95_ms": pct[1], "p99_ms": pct[2], "p999_ms": pct[3],
-           "slo_ms": slo_ms, "slo_attainment": good / len(answers) if answers else 0.0,
-           "throughput_rps": len(ok) / span, "goodput_rps": good / span,
-           "emb_hit_rate": sum(a.emb_hit_rate * a.ids for a in ok) / ids if ids else 0.0,
-           "kv_hit_rate": sum(a.kv_tokens for a in ok) / prefix if prefix else 0.0,
-           "mean_ratio": float(np.mean([a.ratio for a in ok])) if ok else None,
-           "status_counts": dict(sorted(statuses.items())),
-           "requests_per_node": dict(sorted(nodes.items())), "split_ms": split(ok),
-           "appended": sum(a.appended for a in ok), "new_users": sum(a.new_user for a in ok), "wall_s": wall_s}
-    if not ok:
-        why = "no request was sent" if not answers else "no request completed"
-        out["nulls"] = {k: why for k in ("p50_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ratio", "split_ms")}
-    return out
 
 
 def simulated(cfg: ServeConfig, load: LoadConfig) -> dict:
@@ -292,6 +233,9 @@ def loadgen(load: LoadConfig, on_start: Callable[[int], None] = lambda n: None,
     out = {"url": load.url, "workload": load.workload, "rps": load.rps, "duration_s": load.duration_s,
            "concurrency": load.concurrency, "replicas": cfg.replicas} | summarize(answers, load.slo_ms,
                                                                                   time.perf_counter() - t)
+    table = cfg.class_table()
+    if table is not None:
+        out |= by_class(table, reqs, answers, cfg.window_s)
     if load.resume:
         out["resumed_after"] = skipped
     if checkpoint is not None:

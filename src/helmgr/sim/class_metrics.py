@@ -104,42 +104,73 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
                   bursts=(), band_share: dict[str, float] | None = None) -> dict:
     """`classes` and `tenants` (name -> figures) and `fairness`: Jain's index over the tenants'
     SLO attainment (the share of each one's requests answered within its class's target) and the
-    largest service gap between backlogged tenants of one band (`max_service_gap`). With
-    the workload's `bursts`, each group's figures also hold its window SLO satisfaction in them;
-    with the queues' `band_share` (sim/tenancy.py `band_shares`), each class its band's."""
+    largest service gap between backlogged tenants of one band (`max_service_gap`). With the
+    workload's `bursts`, each group's figures also hold its window SLO satisfaction in them; with
+    the queues' `band_share` (sim/tenancy.py `band_shares`), each class its band's."""
     tenant_all = np.asarray(rec.tenant, np.int64)
     tenant, arrival, latency = completed(rec)
-    cls_of = table.tenant_class
-    prefix, kv = np.asarray(rec.prefix, np.int64), np.asarray(rec.kv_tokens, np.int64)
     per_tenant = np.bincount(tenant_all, minlength=len(table.tenants))
     shed = np.bincount(tenant_all[np.asarray(rec.shed)], minlength=len(table.tenants))
-
-    def figures(mask: np.ndarray, of: np.ndarray, slo_ms: float) -> dict:
-        return group_figures(int(per_tenant[of].sum()), arrival[mask], latency[mask], slo_ms, duration, window_s,
-                             warmup_s, int(shed[of].sum()), prefix[mask], kv[mask], bursts)
-
-    classes = {c.name: figures(cls_of[tenant] == k, cls_of == k, c.slo_ms) for k, c in enumerate(table.classes)}
+    out = groups(table, tenant, arrival, latency, per_tenant, shed, duration, window_s, warmup_s,
+                 np.asarray(rec.prefix, np.int64), np.asarray(rec.kv_tokens, np.int64), bursts)
     for name, share in (band_share or {}).items():
-        group = classes[name]
+        group = out["classes"][name]
         group["band_share_backlogged"] = share
         if not np.isfinite(share):
             group["nulls"] = group.get("nulls", {}) | {"band_share_backlogged": GROUP_NULLS["band_share_backlogged"]}
+    band = table.tenant_band
+    if len(set(band.tolist())) < len(band):
+        gap = max_service_gap(arrival, np.asarray(rec.start), np.asarray(rec.node, np.int64), tenant, band,
+                              rec.n_nodes, warmup_s)
+    else:
+        gap = NAN
+    return {"shed": len(rec.shed)} | out | {"fairness": fairness(out["tenants"], gap, "no band has two tenants")}
+
+
+def groups(table: ClassTable, tenant: np.ndarray, arrival: np.ndarray, latency: np.ndarray, requests: np.ndarray,
+           shed: np.ndarray, duration: float, window_s: float, warmup_s: float, prefix: np.ndarray,
+           kv: np.ndarray, bursts=()) -> dict:
+    """`classes` and `tenants`, each group's figures (`group_figures`) from the completed
+    requests (their tenants, arrivals, latencies, prefix and cached tokens) and each tenant's
+    count of requests and of refusals."""
+    cls_of = table.tenant_class
+
+    def figures(mask: np.ndarray, of: np.ndarray, slo_ms: float) -> dict:
+        return group_figures(int(requests[of].sum()), arrival[mask], latency[mask], slo_ms, duration, window_s,
+                             warmup_s, int(shed[of].sum()), prefix[mask], kv[mask], bursts)
+
+    classes = {c.name: figures(cls_of[tenant] == k, cls_of == k, c.slo_ms) for k, c in enumerate(table.classes)}
     tenants = {t.name: {"class": t.slo_class} | figures(tenant == j, np.arange(len(cls_of)) == j,
                                                         table.classes[cls_of[j]].slo_ms)
                for j, t in enumerate(table.tenants)}
+    return {"classes": classes, "tenants": tenants}
+
+
+def fairness(tenants: dict, max_gap_s: float, no_gap: str) -> dict:
+    """`fairness`: Jain's index over the tenants' SLO attainment, and the largest service gap
+    (NaN: `no_gap` says why)."""
     attained = np.array([f["slo_attainment"] for f in tenants.values()])
-    fairness, nulls = {"jain": jain(attained[np.isfinite(attained)])}, {}
-    if not np.isfinite(fairness["jain"]):
-        nulls["jain"] = "no tenant had a request completed after the warm-up"
-    band = table.tenant_band
-    if len(set(band.tolist())) < len(band):
-        fairness["max_gap_s"] = max_service_gap(arrival, np.asarray(rec.start), np.asarray(rec.node, np.int64),
-                                                tenant, band, rec.n_nodes, warmup_s)
-    else:
-        fairness["max_gap_s"], nulls["max_gap_s"] = NAN, "no band has two tenants"
-    if nulls:
-        fairness["nulls"] = nulls
-    return {"shed": len(rec.shed), "classes": classes, "tenants": tenants, "fairness": fairness}
+    attained = attained[np.isfinite(attained)]
+    out, nulls = {"jain": jain(attained), "max_gap_s": max_gap_s}, {}
+    if not np.isfinite(out["jain"]):
+        nulls["jain"] = ("no tenant had a request answered within its target" if len(attained) else
+                         "no tenant had a request completed after the warm-up")
+    if not np.isfinite(max_gap_s):
+        nulls["max_gap_s"] = no_gap
+    return out | ({"nulls": nulls} if nulls else {})
+
+
+def client_figures(table: ClassTable, tenant: np.ndarray, status: np.ndarray, arrival: np.ndarray,
+                   latency: np.ndarray, prefix: np.ndarray, kv: np.ndarray, window_s: float) -> dict:
+    """`classes`, `tenants` and `fairness` as a client measures them (serving's load generator):
+    per request sent, its tenant, HTTP status (200 answered, 429 refused), arrival and latency (s),
+    prefix and cached tokens; every request counted (no warm-up). A client does not see the
+    replicas' queues, so the service gap is null."""
+    ok = status == 200
+    out = groups(table, tenant[ok], arrival[ok], latency[ok], np.bincount(tenant, minlength=len(table.tenants)),
+                 np.bincount(tenant[status == 429], minlength=len(table.tenants)),
+                 float((arrival + latency).max()) if len(arrival) else 0.0, window_s, 0.0, prefix[ok], kv[ok])
+    return out | {"fairness": fairness(out["tenants"], NAN, "a client does not see the replicas' queues")}
 
 
 def class_window_p99(rec: Recorder, table: ClassTable, duration: float, window_s: float) -> dict:
