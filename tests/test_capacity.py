@@ -151,11 +151,13 @@ def test_with_classes_every_class_must_keep_its_target():
     from helmgr.core.classes import ClassTable, SloClass, Tenant
     from helmgr.experiments.capacity import satisfaction
     nan = float("nan")
-    s = {"window_slo_satisfaction": 0.99, "classes": {"a": {"window_slo_satisfaction": 0.97},
-                                                      "b": {"window_slo_satisfaction": 0.90}}}
+    s = {"window_slo_satisfaction": 0.99, "classes": {"a": {"window_slo_satisfaction": 0.97, "requests": 5},
+                                                      "b": {"window_slo_satisfaction": 0.90, "requests": 5}}}
     assert satisfaction(s) == (0.90, "b")
     s["classes"]["a"]["window_slo_satisfaction"] = nan               # a class with no window: it fails
     assert satisfaction(s)[1] == "a"
+    s["classes"]["a"]["requests"] = 0                                # ... unless it had no request at all
+    assert satisfaction(s) == (0.90, "b")
     assert satisfaction({"window_slo_satisfaction": 0.5}) == (0.5, None)
     # one class whose target is the run's SLO: the same bisection as without a table
     spec = WorkloadSpec("steady", duration_s=4.0, rps=300.0)

@@ -191,6 +191,10 @@ def test_the_command_of_a_run_reproduces_it(done, capsys):
     (["evaluate", "--classes", "gold"], "unknown class table 'gold'"),
     (["evaluate", "--classes", "surfaces", "--class-loads", "1,-2"], "--class-loads '1,-2'"),
     (["evaluate", "--classes", "surfaces", "--nodes", "2"], "--tenancy pools needs a node per class: 2 nodes"),
+    (["evaluate", "--class-loads", "2"], "--class-loads '2' sets the rates of the multi-tenant runs: give --classes"),
+    (["evaluate", "--workloads", "steady", "--classes", "surfaces", "--class-loads", "1,1e6"],
+     "steady: 1300 req/s x --rate-scale 1 x --class-loads 1e+06 x 360 s asks for ~4.68e+11 requests"),
+    (["evaluate", "--workloads", "steady", "--rate-scale", "1e5"], "asks for ~4.68e+10 requests (limit 20,000,000)"),
     (["capacity", "--seeds", ""], "--seeds ''"),
     (["capacity", "--tol", "1.5"], "'--tol': 1.5"),
 ])

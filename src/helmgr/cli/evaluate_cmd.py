@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, progress, result_dir, stderr, stdout
@@ -22,8 +23,9 @@ from helmgr.experiments.phase_oracle import LOOKAHEAD_S
 from helmgr.experiments.scenario import S5_MEASURES
 from helmgr.policy import POLICIES
 from helmgr.core.classes import load_table
+from helmgr.core.validate import LIMITS, Cost, check_costs
 from helmgr.routing import ROUTERS
-from helmgr.workload import REGIMES
+from helmgr.workload import REGIMES, default_config
 
 # what --quick changes (an option given on the command line wins)
 FULL = {"seeds": "1,2,3", "ratios": ",".join(f"{r:g}" for r in DEFAULT_GRID), "time_compression": None,
@@ -72,10 +74,13 @@ DEFAULT_OUT = Path("results/evaluate")
 @json_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
               show_default=True, help="Results folder: the report, and runs/ (what a rerun resumes from).")
+@click.option("--allow-large", is_flag=True, help=f"Run even when one run would simulate more than "
+                                                  f"{LIMITS.requests:,.0f} requests.")
 @cluster_defaults
 def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers, ratios, rate_scale, nodes, policy, ratio, router,
                  hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, no_oracle,
-                 oracle_lookahead, no_capacity, capacity_workloads, capacity_duration, capacity_tol, class_table, class_loads, s5, quick, fresh, jobs, ray_address, as_json, out_dir):
+                 oracle_lookahead, no_capacity, capacity_workloads, capacity_duration, capacity_tol, class_table, class_loads, s5, quick, fresh, jobs, ray_address, as_json, out_dir,
+                 allow_large):
     """Regimes x seeds x policies x routers, static-best per router, the phase oracle, capacity at
     SLO and the scenario check; reported both ways (the controller against static-best under the
     HELM router; full HELM against static-best with least-loaded and with prefix-aware routing),
@@ -112,10 +117,17 @@ def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers
                     class_loads=tuple(positive_list(class_loads, "class-loads")))
     if class_table is not None:                      # the table, and a node per class (--tenancy pools)
         load_table(class_table).pool_sizes(nodes)
+    elif click.get_current_context().get_parameter_source("class_loads") is ParameterSource.COMMANDLINE:
+        raise click.UsageError(f"--class-loads {class_loads!r} sets the rates of the multi-tenant runs: give --classes")
     if len(ev.grid) < 2:
         raise click.UsageError(f"--ratios {pick['ratios']!r}: the evaluation needs at least two ratios")
     durations = {regime: ev.spec(regime, ev.seeds[0]).build().duration_s  # validates the workload options
                  for regime in ev.regimes}
+    top = max((1.0,) + (ev.class_loads if class_table is not None else ()))
+    check_costs([Cost("requests", ev.class_rps(g, top) * durations[g], LIMITS.requests,
+                      f"{g}: {default_config(g).rps:g} req/s x --rate-scale {rate_scale:g}"
+                      + (f" x --class-loads {top:g}" if top != 1.0 else "") + f" x {durations[g]:g} s")
+                 for g in ev.regimes], allow_large)
     if out_dir == DEFAULT_OUT:
         DEFAULT_OUT.parent.mkdir(exist_ok=True)
     check_out(out_dir)

@@ -14,16 +14,17 @@ every request the regime's bursts add (docs/tenancy.md).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from helmgr.core.errors import HelmInputError
 from helmgr.core.hashing import hash_uniform
 from helmgr.core.profiles import read_toml
-from helmgr.core.validate import NON_NEGATIVE, POSITIVE, Range, check_record
+from helmgr.core.validate import POSITIVE, Range, check_record
 
-SHARE_TOLERANCE = 1e-6          # tenants' shares must sum to 1 within this
+SHARE_TOLERANCE = 1e-6          # tenants' shares must sum to 1 within this (a sum above 1 is scaled to 1)
+MAX_BAND = 15                   # bands 0 (served first) to 15
 _SALT = 0x7E7A                  # the tenant draw's salt (mixed with the run's seed)
 
 
@@ -46,7 +47,7 @@ class Tenant:
     bursts: bool = False         # also takes every request of the regime's bursts
 
 
-_CLASS_RANGES = {"slo_ms": POSITIVE, "band": NON_NEGATIVE, "weight": POSITIVE,
+_CLASS_RANGES = {"slo_ms": POSITIVE, "band": Range(0, MAX_BAND), "weight": Range(0.01, 100.0),
                  "min_share": Range(0.0, 1.0, high_open=True), "kv_floor": Range(0.0, 1.0, high_open=True)}
 _TENANT_RANGES = {"share": Range(0.0, 1.0, low_open=True)}
 
@@ -144,10 +145,15 @@ def parse_table(data: dict, where: str) -> ClassTable:
     tenants = []
     for name, body in raw_tenants.items():
         body = dict(body)
-        if "slo_class" in body or "class" not in body:
+        if "slo_class" in body:
+            raise HelmInputError(f"{where}: tenant {name!r}: unknown ['slo_class'] (its SLO class is class = \"NAME\")")
+        if "class" not in body:
             raise HelmInputError(f"{where}: tenant {name!r} needs class = \"NAME\" (its SLO class)")
         body["slo_class"] = body.pop("class")
-        tenant = _record(Tenant, name, body, _TENANT_RANGES, f"{where}: tenant {name!r}")
+        try:
+            tenant = _record(Tenant, name, body, _TENANT_RANGES, f"{where}: tenant {name!r}")
+        except HelmInputError as e:                  # the file's name for the field
+            raise HelmInputError(str(e).replace("slo_class", "class")) from None
         if tenant.slo_class not in raw_classes:
             raise HelmInputError(f"{where}: tenant {name!r} names unknown class {tenant.slo_class!r} "
                                  f"(known: {', '.join(raw_classes)})")
@@ -155,9 +161,15 @@ def parse_table(data: dict, where: str) -> ClassTable:
     floors = sum(c.kv_floor for c in classes)
     if floors >= 1:
         raise HelmInputError(f"{where}: classes' kv_floor sum to {floors:g}, which must stay below 1")
+    shares = sum(max(c.min_share for c in classes if c.band == b) for b in {c.band for c in classes})
+    if shares >= 1:
+        raise HelmInputError(f"{where}: the bands' min_share (each band's largest) sum to {shares:g}, which must "
+                             f"stay below 1")
     total = sum(t.share for t in tenants)
     if abs(total - 1.0) > SHARE_TOLERANCE:
         raise HelmInputError(f"{where}: tenants' shares sum to {total:g}, not 1")
+    if total > 1.0:                                  # (static KV quotas must fit in the cache)
+        tenants = [replace(t, share=t.share / total) for t in tenants]
     return ClassTable(classes, tuple(tenants), where)
 
 

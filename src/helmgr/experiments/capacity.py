@@ -105,10 +105,12 @@ def run_probe(spec: WorkloadSpec, cfg: SimConfig, rate: float, target: float = T
 
 def satisfaction(summary: dict) -> tuple[float, str | None]:
     """A run's window SLO satisfaction, and with a class table the lowest class's (and its name):
-    capacity at SLO with classes is the rate at which every class keeps its own target."""
-    if "classes" not in summary:
+    capacity at SLO with classes is the rate at which every class keeps its own target (a class
+    no request was of, one no tenant is in, cannot fail; one whose requests left no window does)."""
+    sent = {name: c for name, c in summary.get("classes", {}).items() if c["requests"]}
+    if not sent:
         return summary["window_slo_satisfaction"], None
-    name, c = min(summary["classes"].items(),
+    name, c = min(sent.items(),
                   key=lambda kv: kv[1]["window_slo_satisfaction"] if math.isfinite(kv[1]["window_slo_satisfaction"])
                   else -1.0)
     return c["window_slo_satisfaction"], name

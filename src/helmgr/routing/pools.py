@@ -50,7 +50,7 @@ class Pools(Router):
         put it (as a cluster with every node down: `HelmInputError`)."""
         p = self.tenant_pool[tenant]
         if not any(self.up_of[p]):
-            raise HelmInputError(f"every node of class {self.names[p]!r}'s pool is down at t={now:.3f} s; "
+            raise HelmInputError(f"every node of the pool of class {self.names[p]!r} is down at t={now:.3f} s; "
                                  f"nothing can serve it (--tenancy pools)")
         return self.first[p] + self.pools[p].route_request(now, user, prefix_len, new_ids, cand_ids, segment)
 

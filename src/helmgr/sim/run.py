@@ -67,5 +67,6 @@ def simulate(cfg: SimConfig, workload: Workload, policy: MemoryPolicy | None = N
             "router": cfg.router if router is None else router.name, "ratio": cfg.ratio, "seed": cfg.seed,
             "hardware": cfg.hardware, "model": model, "duration_s": workload.duration_s,
             "sim_path": cluster.path} | ({"sim_path_reason": cluster.path_reason} if cluster.path_reason else {}) | (
+                {"class_table": cfg.classes.source, "tenancy": cfg.tenancy} if cfg.classes is not None else {}) | (
                 {"emb_sample": cfg.emb_sample} if cfg.emb_sample > 1 else {})     # hit rates and P99 estimated
     return SimResult(head | summary | cluster.policy.report(), series, cluster)

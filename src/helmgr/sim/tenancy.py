@@ -95,6 +95,9 @@ def band_shares(cluster) -> dict[str, float] | None:
     t = cluster.cfg.classes
     out = {}
     for c in t.classes:
+        if c.band not in queues[0].during:           # a band no tenant is in never waits
+            out[c.name] = float("nan")
+            continue
         during = sum(q.during[c.band] for q in queues)
         out[c.name] = sum(q.own[c.band] for q in queues) / during if during else float("nan")
     return out
