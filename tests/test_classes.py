@@ -409,3 +409,14 @@ def test_a_class_no_tenant_is_in_counts_nothing_and_binds_no_capacity(tenancy):
     assert (b["requests"], b["completed"]) == (0, 0) and s["classes"]["a"]["requests"] == s["requests"]
     assert math.isnan(b["band_share_backlogged"]) and "never waited" in b["nulls"]["band_share_backlogged"]
     assert satisfaction(s) == (s["classes"]["a"]["window_slo_satisfaction"], "a")
+
+
+def test_loadgens_class_figures_count_the_requests_that_named_a_tenant():
+    from helmgr.serve.answers import Answer, by_class
+    from helmgr.serve.loadgen import Sent
+    t = parse_table(TWO, "t")
+    sent = [Sent(0.1, {"tenant": "a"}), Sent(0.2, {"tenant": "b"}), Sent(0.3, {}), Sent(0.4, {"tenant": "a"})]
+    answers = [Answer(s.t, 0.005, status, 10, 5, 14, 1.0, "n", 0.5) for s, status in zip(sent, (200, 200, 200, 429))]
+    f = by_class(t, sent, answers, 1.0)
+    assert [(g["requests"], g["completed"], g["shed"]) for g in f["tenants"].values()] == [(2, 1, 1), (1, 1, 0), (0, 0, 0)]
+    assert f["classes"]["tight"]["kv_hit_rate"] == 0.5

@@ -84,7 +84,8 @@ def by_class(table, sent: list, answers: list[Answer], window_s: float) -> dict:
     the load generator sends to an app with a class table)."""
     index = {name: j for j, name in enumerate(table.tenant_names)}
     named = [(index[s.body["tenant"]], a) for s, a in zip(sent, answers) if s.body.get("tenant") in index]
-    col = lambda f, dtype=float: np.array([f(j, a) for j, a in named], dtype)
-    return client_figures(table, col(lambda j, a: j, np.int64), col(lambda j, a: a.status, np.int64),
-                          col(lambda j, a: a.t), col(lambda j, a: a.latency_s),
-                          col(lambda j, a: a.prefix_len, np.int64), col(lambda j, a: a.kv_tokens, np.int64), window_s)
+    tenant = np.array([j for j, _ in named], np.int64)
+    got = [a for _, a in named]
+    return client_figures(table, tenant, np.array([a.status for a in got], np.int64), np.array([a.t for a in got]),
+                          np.array([a.latency_s for a in got]), np.array([a.prefix_len for a in got], np.int64),
+                          np.array([a.kv_tokens for a in got], np.int64), window_s)
