@@ -133,6 +133,9 @@ def test_group_figures_by_hand():
     prefix, kv = np.array([10, 10, 0, 20, 10, 0]), np.array([10, 5, 0, 5, 0, 0])
     f = group_figures(7, arrival, latency, 10.0, 4.0, 1.0, 1.0, prefix=prefix, kv=kv)
     assert f["kv_hit_rate"] == pytest.approx(10 / 40)              # the warm-up's 10 of 10 dropped
+    ids, misses = np.array([9, 10, 10, 20, 0, 10]), np.array([9, 1, 4, 5, 0, 0])
+    f = group_figures(7, arrival, latency, 10.0, 4.0, 1.0, 1.0, ids=ids, misses=misses)
+    assert f["emb_hit_rate"] == pytest.approx(1 - 10 / 50)         # the warm-up's 9 of 9 missed dropped
     assert "burst_window_slo_satisfaction" not in f                  # no bursts: not reported
     f = group_figures(7, arrival, latency, 10.0, 4.0, 1.0, 1.0, bursts=[Burst(1.5, 2.2, 3.0, 0)])
     assert f["burst_window_slo_satisfaction"] == pytest.approx(1 / 2)   # windows 1 (missed) and 2 (met)
@@ -166,7 +169,8 @@ def test_one_class_figures_are_the_runs_own(path):
                                                    "tenancy")} == plain
     c = s["classes"]["all"]
     assert s["tenants"]["everyone"] == {"class": "all"} | c
-    for k in ("p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps", "completed"):
+    for k in ("p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps", "completed",
+              "kv_hit_rate", "emb_hit_rate"):
         assert c[k] == pytest.approx(plain[k]), k
     assert c["requests"] == plain["requests"] and s["fairness"]["jain"] == pytest.approx(1.0)
 
@@ -419,4 +423,4 @@ def test_loadgens_class_figures_count_the_requests_that_named_a_tenant():
     answers = [Answer(s.t, 0.005, status, 10, 5, 14, 1.0, "n", 0.5) for s, status in zip(sent, (200, 200, 200, 429))]
     f = by_class(t, sent, answers, 1.0)
     assert [(g["requests"], g["completed"], g["shed"]) for g in f["tenants"].values()] == [(2, 1, 1), (1, 1, 0), (0, 0, 0)]
-    assert f["classes"]["tight"]["kv_hit_rate"] == 0.5
+    assert f["classes"]["tight"]["kv_hit_rate"] == 0.5 and f["classes"]["tight"]["emb_hit_rate"] == pytest.approx(1.0)

@@ -171,7 +171,7 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
 
 
 GROUP_SHOWN = ("slo_ms", "requests", "shed", "p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps",
-               "kv_hit_rate")
+               "kv_hit_rate", "emb_hit_rate")
 
 
 def fairness_line(fairness: dict) -> str:

@@ -88,4 +88,5 @@ def by_class(table, sent: list, answers: list[Answer], window_s: float) -> dict:
     got = [a for _, a in named]
     return client_figures(table, tenant, np.array([a.status for a in got], np.int64), np.array([a.t for a in got]),
                           np.array([a.latency_s for a in got]), np.array([a.prefix_len for a in got], np.int64),
-                          np.array([a.kv_tokens for a in got], np.int64), window_s)
+                          np.array([a.kv_tokens for a in got], np.int64), window_s,
+                          np.array([a.ids for a in got], np.int64), np.array([a.emb_hit_rate for a in got]))

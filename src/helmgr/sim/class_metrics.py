@@ -16,15 +16,18 @@ GROUP_NULLS = {"p50_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "slo_attainment": _
                "window_slo_satisfaction": "no window after the warm-up had a completed request of it",
                "burst_window_slo_satisfaction": "no window of a burst after the warm-up had a completed request of it",
                "kv_hit_rate": "no request of it with a history prefix completed after the warm-up",
+               "emb_hit_rate": "no EMB lookup of it after the warm-up",
                "band_share_backlogged": "its band never waited after the warm-up"}
 
 
 def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_ms: float, duration: float,
                   window_s: float, warmup_s: float, shed: int = 0, prefix: np.ndarray | None = None,
-                  kv: np.ndarray | None = None, bursts=()) -> dict:
+                  kv: np.ndarray | None = None, bursts=(), ids: np.ndarray | None = None,
+                  misses: np.ndarray | None = None) -> dict:
     """One class's or tenant's figures from its completed requests, against its target `slo_ms`;
     like the run's own, latency figures cover the arrivals after `warmup_s`. With the requests'
-    `prefix` and cached `kv` tokens, also its KV hit rate (cached / prefix tokens); with the
+    `prefix` and cached `kv` tokens, also its KV hit rate (cached / prefix tokens); with their
+    EMB rows looked up (`ids`) and `misses`, its EMB hit rate (1 - misses / ids); with the
     workload's `bursts`, also its window SLO satisfaction over the windows a burst overlaps."""
     keep = arrival >= warmup_s
     lat, slo_s = latency[keep], slo_ms * 1e-3
@@ -48,6 +51,9 @@ def group_figures(requests: int, arrival: np.ndarray, latency: np.ndarray, slo_m
     if prefix is not None:
         p = prefix[keep].sum()
         out["kv_hit_rate"] = float(kv[keep].sum() / p) if p else NAN
+    if ids is not None:
+        n = ids[keep].sum()
+        out["emb_hit_rate"] = float(1.0 - misses[keep].sum() / n) if n else NAN
     nulls = {k: why for k, why in GROUP_NULLS.items() if k in out and not np.isfinite(out[k])}
     return out | ({"nulls": nulls} if nulls else {})
 
@@ -112,7 +118,8 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
     per_tenant = np.bincount(tenant_all, minlength=len(table.tenants))
     shed = np.bincount(tenant_all[np.asarray(rec.shed)], minlength=len(table.tenants))
     out = groups(table, tenant, arrival, latency, per_tenant, shed, duration, window_s, warmup_s,
-                 np.asarray(rec.prefix, np.int64), np.asarray(rec.kv_tokens, np.int64), bursts)
+                 np.asarray(rec.prefix, np.int64), np.asarray(rec.kv_tokens, np.int64), bursts,
+                 np.asarray(rec.ids, float), np.asarray(rec.misses, float))
     for name, share in (band_share or {}).items():
         group = out["classes"][name]
         group["band_share_backlogged"] = share
@@ -129,15 +136,17 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
 
 def groups(table: ClassTable, tenant: np.ndarray, arrival: np.ndarray, latency: np.ndarray, requests: np.ndarray,
            shed: np.ndarray, duration: float, window_s: float, warmup_s: float, prefix: np.ndarray,
-           kv: np.ndarray, bursts=()) -> dict:
+           kv: np.ndarray, bursts=(), ids: np.ndarray | None = None, misses: np.ndarray | None = None) -> dict:
     """`classes` and `tenants`, each group's figures (`group_figures`) from the completed
-    requests (their tenants, arrivals, latencies, prefix and cached tokens) and each tenant's
+    requests (their tenants, arrivals, latencies, prefix and cached tokens, EMB rows looked up
+    and missed) and each tenant's
     count of requests and of refusals."""
     cls_of = table.tenant_class
 
     def figures(mask: np.ndarray, of: np.ndarray, slo_ms: float) -> dict:
         return group_figures(int(requests[of].sum()), arrival[mask], latency[mask], slo_ms, duration, window_s,
-                             warmup_s, int(shed[of].sum()), prefix[mask], kv[mask], bursts)
+                             warmup_s, int(shed[of].sum()), prefix[mask], kv[mask], bursts,
+                             None if ids is None else ids[mask], None if misses is None else misses[mask])
 
     classes = {c.name: figures(cls_of[tenant] == k, cls_of == k, c.slo_ms) for k, c in enumerate(table.classes)}
     tenants = {t.name: {"class": t.slo_class} | figures(tenant == j, np.arange(len(cls_of)) == j,
@@ -161,15 +170,19 @@ def fairness(tenants: dict, max_gap_s: float, no_gap: str) -> dict:
 
 
 def client_figures(table: ClassTable, tenant: np.ndarray, status: np.ndarray, arrival: np.ndarray,
-                   latency: np.ndarray, prefix: np.ndarray, kv: np.ndarray, window_s: float) -> dict:
+                   latency: np.ndarray, prefix: np.ndarray, kv: np.ndarray, window_s: float,
+                   ids: np.ndarray | None = None, emb_hit: np.ndarray | None = None) -> dict:
     """`classes`, `tenants` and `fairness` as a client measures them (serving's load generator):
     per request sent, its tenant, HTTP status (200 answered, 429 refused), arrival and latency (s),
-    prefix and cached tokens; every request counted (no warm-up). A client does not see the
+    prefix and cached tokens, with the EMB rows it looked up (`ids`) and its replica's EMB hit
+    rate (`emb_hit`); every request counted (no warm-up). A client does not see the
     replicas' queues, so the service gap is null."""
     ok = status == 200
     out = groups(table, tenant[ok], arrival[ok], latency[ok], np.bincount(tenant, minlength=len(table.tenants)),
                  np.bincount(tenant[status == 429], minlength=len(table.tenants)),
-                 float((arrival + latency).max()) if len(arrival) else 0.0, window_s, 0.0, prefix[ok], kv[ok])
+                 float((arrival + latency).max()) if len(arrival) else 0.0, window_s, 0.0, prefix[ok], kv[ok],
+                 ids=None if ids is None else ids[ok].astype(float),
+                 misses=None if ids is None else (ids * (1.0 - emb_hit))[ok])
     return out | {"fairness": fairness(out["tenants"], NAN, "a client does not see the replicas' queues")}
 
 
