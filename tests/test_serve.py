@@ -204,6 +204,15 @@ def test_loadgen_replays_the_workload(app):
     assert all(v >= 0 for v in parts.values()) and parts["service_ms"] > 0
 
 
+def test_the_loadgen_command_prints_and_writes_the_class_figures(app, tmp_path, capsys):
+    from helmgr.cli import main
+    assert main(["loadgen", "--url", app[0], "--duration", "2", "--rps", "8", "--out", str(tmp_path / "lg")]) == 0
+    err = capsys.readouterr().err
+    assert "per class and tenant" in err and "longest service gap within a band: a client does not see" in err
+    md = (tmp_path / "lg" / "loadgen.md").read_text()
+    assert "class feed" in md and "tenant home (feed)" in md and "Jain's index over tenants' SLO attainment" in md
+
+
 def test_a_replica_killed_under_load_loses_no_request(app):
     url, history = app
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "#Backend#" in a["name"]]
