@@ -63,7 +63,8 @@ def test_parse_keeps_every_field():
     (with_("classes.tight.band", 1.5), "band"),
     (with_("classes.tight.band", 16), "band must be in [0, 15], got 16"),
     (with_("classes.loose.weight", 0.001), "weight must be in [0.01, 100], got 0.001"),
-    (with_("classes.tight.min_share", 0.9), "the bands' min_share (each band's largest) sum to 1, which must stay"),
+    ({**TWO, "classes": TWO["classes"] | {"third": {"slo_ms": 200.0, "band": 2, "min_share": 0.95}}},
+     "the lower bands' min_share (each band's largest) sum to 1.05, which must stay below 1"),
     (with_("tenants.a.class", 3), "tenant 'a': class must be a non-empty string, got 3"),
     (with_("classes.tight.slo_ms", 0.0), "slo_ms"),
     (with_("classes.loose.min_share", 1.0), "min_share"),
@@ -379,9 +380,19 @@ def test_the_service_gap_is_the_longest_a_tenant_waits_after_its_band_mate_is_se
     assert gap(0.0) == pytest.approx(0.8)
     assert gap(0.4) == pytest.approx(0.5)            # counted from the warm-up: 0.9 - 0.4, 1.0 - 0.5
     assert gap(1.0) == 0.0
+    assert math.isnan(gap(2.0))                       # nothing started after it: nothing measured
     assert max_service_gap(arrival, start, node, tenant, np.array([0, 1, 2]), 3, 0.0) == 0.0   # no band mates
     keep = node == 2
     assert max_service_gap(arrival[keep], start[keep], node[keep], tenant[keep], band, 3, 0.0) == 0.0
+    # a batch of a's and b's first requests at 1, b's second at 5: nobody overtaken, in either
+    # recording order; b's request arriving at the instant a is served is not overtaken either
+    for order in ([0, 1, 2], [1, 0, 2]):
+        rows = np.array([(a, 0.0, 1.0), (b, 0.0, 1.0), (b, 0.0, 5.0)])[order]
+        assert max_service_gap(rows[:, 1], rows[:, 2], np.zeros(3, np.int64), rows[:, 0].astype(np.int64), band, 1,
+                               0.0) == 0.0
+    same = max_service_gap(np.array([0.5, 1.0]), np.array([1.0, 3.0]), np.zeros(2, np.int64), np.array([a, b]), band,
+                           1, 0.0)
+    assert same == 0.0
 
 
 def test_a_clients_figures_count_answers_refusals_and_failures_by_tenant():

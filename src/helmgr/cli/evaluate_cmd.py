@@ -5,6 +5,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -13,8 +14,8 @@ from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, progress, result_dir, stderr, stdout
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.types import (NON_NEGATIVE, POSITIVE, Finite, names, parallel_options, positive_list, ratio_grid,
-                              seed_list)
+from helmgr.cli.types import (NON_NEGATIVE, POSITIVE, Finite, names, option_costs, parallel_options, positive_list,
+                              ratio_grid, seed_list)
 from helmgr.cli.workload_cmd import cluster_defaults
 from helmgr.experiments import commands, report
 from helmgr.experiments.eval_markdown import CAP, CLASS_CAP, CTRL, HEAD, first_look, fmt, markdown
@@ -123,11 +124,7 @@ def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers
         raise click.UsageError(f"--ratios {pick['ratios']!r}: the evaluation needs at least two ratios")
     durations = {regime: ev.spec(regime, ev.seeds[0]).build().duration_s  # validates the workload options
                  for regime in ev.regimes}
-    top = max((1.0,) + (ev.class_loads if class_table is not None else ()))
-    check_costs([Cost("requests", ev.class_rps(g, top) * durations[g], LIMITS.requests,
-                      f"{g}: {default_config(g).rps:g} req/s x --rate-scale {rate_scale:g}"
-                      + (f" x --class-loads {top:g}" if top != 1.0 else "") + f" x {durations[g]:g} s")
-                 for g in ev.regimes], allow_large)
+    check_costs(_run_costs(ev, durations), allow_large)
     if out_dir == DEFAULT_OUT:
         DEFAULT_OUT.parent.mkdir(exist_ok=True)
     check_out(out_dir)
@@ -152,6 +149,23 @@ def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers
         _print(result)
         stderr.print(f"wrote {out_dir}/evaluate.md, evaluate.json and plots ({result['ran']} units run, "
                      f"{result['kept']} kept from before)")
+
+
+def _run_costs(ev: EvalConfig, durations: dict) -> list[Cost]:
+    """What each regime's largest run asks for (requests, memory, controller ticks, EMB re-ranks),
+    checked as `simulate` checks one run."""
+    top = max((1.0,) + ev.class_loads if ev.classes is not None else (1.0,))
+    costs = []
+    for g in ev.regimes:
+        rps = ev.class_rps(g, top)
+        o = {"rps": rps, "duration": durations[g], "nodes": ev.cluster.nodes, "tick_ms": ev.cluster.tick_s * 1e3,
+             "refresh_s": ev.cluster.refresh_s}
+        rate = (f"{default_config(g).rps:g} req/s x --rate-scale {ev.rate_scale:g}"
+                + (f" x --class-loads {top:g}" if top != 1.0 else ""))
+        costs += [replace(c, because=f"{g}: " + (f"{rate} x {durations[g]:g} s" if c.quantity == "requests"
+                                                  else c.because.replace(f"--rps {rps:g}", rate)))
+                  for c in option_costs(o)]
+    return costs
 
 
 def assemble(ev: EvalConfig, results: dict, s5: str) -> dict:

@@ -161,10 +161,11 @@ def parse_table(data: dict, where: str) -> ClassTable:
     floors = sum(c.kv_floor for c in classes)
     if floors >= 1:
         raise HelmInputError(f"{where}: classes' kv_floor sum to {floors:g}, which must stay below 1")
-    shares = sum(max(c.min_share for c in classes if c.band == b) for b in {c.band for c in classes})
+    lower = {c.band for c in classes} - {min(c.band for c in classes)}       # the top band's has no use
+    shares = sum(max(c.min_share for c in classes if c.band == b) for b in lower)
     if shares >= 1:
-        raise HelmInputError(f"{where}: the bands' min_share (each band's largest) sum to {shares:g}, which must "
-                             f"stay below 1")
+        raise HelmInputError(f"{where}: the lower bands' min_share (each band's largest) sum to {shares:g}, which "
+                             f"must stay below 1")
     total = sum(t.share for t in tenants)
     if abs(total - 1.0) > SHARE_TOLERANCE:
         raise HelmInputError(f"{where}: tenants' shares sum to {total:g}, not 1")

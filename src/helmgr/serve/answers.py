@@ -83,7 +83,7 @@ def by_class(table, sent: list, answers: list[Answer], window_s: float) -> dict:
     """`classes`, `tenants` and `fairness` over the requests that named a tenant (every request
     the load generator sends to an app with a class table)."""
     index = {name: j for j, name in enumerate(table.tenant_names)}
-    named = [(index[s.body["tenant"]], a) for s, a in zip(sent, answers) if s.body.get("tenant") in index]
+    named = [(index[s.body["tenant"]], a) for s, a in zip(sent, answers, strict=True) if s.body.get("tenant") in index]
     tenant = np.array([j for j, _ in named], np.int64)
     got = [a for _, a in named]
     return client_figures(table, tenant, np.array([a.status for a in got], np.int64), np.array([a.t for a in got]),

@@ -76,34 +76,56 @@ def max_service_gap(arrival: np.ndarray, start: np.ndarray, node: np.ndarray, te
     """The largest service gap between backlogged tenants of one band: the longest a tenant, with
     a request queued at a node, went unserved there after another tenant of its band was served
     (from that service to its own next one; seconds after `from_s`). A tenant is backlogged at a
-    node from a request's arrival to its start (taken from the queue) while it has any queued. 0
-    where no tenant was ever overtaken in its band; what deficit round robin bounds and FCFS does not.
-    (A request routed again after a node fault counts as queued from its first arrival.)"""
+    node from a request's arrival to its start (taken from the queue) while it has any queued.
+    Requests started at one instant (one batch) overtake none of each other, nor a request that
+    arrived at that instant. 0 where no tenant was ever overtaken in its band; NaN where no
+    request started after `from_s`. What deficit round robin bounds and FCFS does not. (A
+    request routed again after a node fault counts as queued from its first arrival.)"""
     t = np.concatenate([arrival, start])
-    kind = np.repeat(np.array([0, 1], np.int64), len(arrival))      # at one instant, arrivals first
-    order = np.lexsort((kind, t))
+    kind = np.repeat(np.array([0, 1], np.int64), len(arrival))
+    order = np.argsort(t, kind="stable")
     return _gap(t[order], kind[order], np.tile(node, 2)[order], np.tile(tenant, 2)[order], band, n_nodes, from_s)
 
 
 @njit(cache=True, nogil=True)
 def _gap(t, kind, node, tenant, band, n_nodes, from_s):
+    """Events (kind 0: an arrival, 1: a start) in time order, one instant at a time: the starts'
+    gaps, then the band mates queued before the instant and not served at it are overtaken, then
+    the queues move."""
     n_t = band.shape[0]
     queued = np.zeros((n_nodes, n_t), np.int64)
+    started = np.zeros((n_nodes, n_t), np.int64)      # starts at the current instant
     overtaken = np.full((n_nodes, n_t), np.inf)      # when another of its band was first served since its last
-    gap = 0.0
-    for e in range(t.shape[0]):
-        n, j, x = node[e], tenant[e], t[e]
-        if kind[e] == 0:
-            queued[n, j] += 1
-            continue
-        if x > from_s and overtaken[n, j] < x:
-            gap = max(gap, x - max(overtaken[n, j], from_s))
-        queued[n, j] -= 1
-        overtaken[n, j] = np.inf
-        for g in range(n_t):
-            if g != j and band[g] == band[j] and queued[n, g] > 0 and overtaken[n, g] == np.inf:
-                overtaken[n, g] = x
-    return gap
+    gap, measured = 0.0, False
+    e, m = 0, t.shape[0]
+    while e < m:
+        x, f = t[e], e
+        while f < m and t[f] == x:
+            f += 1
+        for k in range(e, f):
+            if kind[k] == 1:
+                n, j = node[k], tenant[k]
+                if x > from_s:
+                    measured = True
+                    if overtaken[n, j] < x:
+                        gap = max(gap, x - max(overtaken[n, j], from_s))
+                started[n, j] += 1
+        for k in range(e, f):
+            if kind[k] == 1:
+                n, j = node[k], tenant[k]
+                for g in range(n_t):
+                    if started[n, g] == 0 and band[g] == band[j] and queued[n, g] > 0 and overtaken[n, g] == np.inf:
+                        overtaken[n, g] = x
+        for k in range(e, f):
+            n, j = node[k], tenant[k]
+            if kind[k] == 0:
+                queued[n, j] += 1
+            else:
+                queued[n, j] -= 1
+                overtaken[n, j] = np.inf
+                started[n, j] = 0
+        e = f
+    return gap if measured else np.nan
 
 
 def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: float, warmup_s: float,
@@ -126,12 +148,11 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
         if not np.isfinite(share):
             group["nulls"] = group.get("nulls", {}) | {"band_share_backlogged": GROUP_NULLS["band_share_backlogged"]}
     band = table.tenant_band
+    gap, why = NAN, "no band has two tenants"
     if len(set(band.tolist())) < len(band):
-        gap = max_service_gap(arrival, np.asarray(rec.start), np.asarray(rec.node, np.int64), tenant, band,
-                              rec.n_nodes, warmup_s)
-    else:
-        gap = NAN
-    return {"shed": len(rec.shed)} | out | {"fairness": fairness(out["tenants"], gap, "no band has two tenants")}
+        gap, why = max_service_gap(arrival, np.asarray(rec.start), np.asarray(rec.node, np.int64), tenant, band,
+                                   rec.n_nodes, warmup_s), "no request started after the warm-up"
+    return {"shed": len(rec.shed)} | out | {"fairness": fairness(out["tenants"], gap, why, after_warmup=True)}
 
 
 def groups(table: ClassTable, tenant: np.ndarray, arrival: np.ndarray, latency: np.ndarray, requests: np.ndarray,
@@ -155,7 +176,7 @@ def groups(table: ClassTable, tenant: np.ndarray, arrival: np.ndarray, latency: 
     return {"classes": classes, "tenants": tenants}
 
 
-def fairness(tenants: dict, max_gap_s: float, no_gap: str) -> dict:
+def fairness(tenants: dict, max_gap_s: float, no_gap: str, after_warmup: bool) -> dict:
     """`fairness`: Jain's index over the tenants' SLO attainment, and the largest service gap
     (NaN: `no_gap` says why)."""
     attained = np.array([f["slo_attainment"] for f in tenants.values()])
@@ -163,7 +184,7 @@ def fairness(tenants: dict, max_gap_s: float, no_gap: str) -> dict:
     out, nulls = {"jain": jain(attained), "max_gap_s": max_gap_s}, {}
     if not np.isfinite(out["jain"]):
         nulls["jain"] = ("no tenant had a request answered within its target" if len(attained) else
-                         "no tenant had a request completed after the warm-up")
+                         "no tenant had a request completed" + (" after the warm-up" if after_warmup else ""))
     if not np.isfinite(max_gap_s):
         nulls["max_gap_s"] = no_gap
     return out | ({"nulls": nulls} if nulls else {})
@@ -183,7 +204,8 @@ def client_figures(table: ClassTable, tenant: np.ndarray, status: np.ndarray, ar
                  float((arrival + latency).max()) if len(arrival) else 0.0, window_s, 0.0, prefix[ok], kv[ok],
                  ids=None if ids is None else ids[ok].astype(float),
                  misses=None if ids is None else (ids * (1.0 - emb_hit))[ok])
-    return out | {"fairness": fairness(out["tenants"], NAN, "a client does not see the replicas' queues")}
+    return out | {"fairness": fairness(out["tenants"], NAN, "a client does not see the replicas' queues",
+                                       after_warmup=False)}
 
 
 def class_window_p99(rec: Recorder, table: ClassTable, duration: float, window_s: float) -> dict:
