@@ -1,6 +1,7 @@
 """`helmgr evaluate`: the published table in one command (docs/evaluation.md), resumable."""
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
@@ -14,8 +15,8 @@ from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, progress, result_dir, stderr, stdout
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.types import (NON_NEGATIVE, POSITIVE, Finite, names, option_costs, parallel_options, positive_list,
-                              ratio_grid, seed_list)
+from helmgr.cli.types import (NON_NEGATIVE, POSITIVE, Finite, allow_large_option, names, option_costs,
+                              parallel_options, positive_list, ratio_grid, seed_list)
 from helmgr.cli.workload_cmd import cluster_defaults
 from helmgr.experiments import commands, report
 from helmgr.experiments.eval_markdown import CAP, CLASS_CAP, CTRL, HEAD, first_look, fmt, markdown
@@ -24,7 +25,7 @@ from helmgr.experiments.phase_oracle import LOOKAHEAD_S
 from helmgr.experiments.scenario import S5_MEASURES
 from helmgr.policy import POLICIES
 from helmgr.core.classes import load_table
-from helmgr.core.validate import LIMITS, Cost, check_costs
+from helmgr.core.validate import Cost, check_costs
 from helmgr.routing import ROUTERS
 from helmgr.workload import REGIMES, default_config
 
@@ -75,8 +76,7 @@ DEFAULT_OUT = Path("results/evaluate")
 @json_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
               show_default=True, help="Results folder: the report, and runs/ (what a rerun resumes from).")
-@click.option("--allow-large", is_flag=True, help=f"Run even when one run would simulate more than "
-                                                  f"{LIMITS.requests:,.0f} requests.")
+@functools.partial(allow_large_option, runs=False)
 @cluster_defaults
 def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers, ratios, rate_scale, nodes, policy, ratio, router,
                  hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, no_oracle,
@@ -157,14 +157,12 @@ def _run_costs(ev: EvalConfig, durations: dict) -> list[Cost]:
     top = max((1.0,) + ev.class_loads if ev.classes is not None else (1.0,))
     costs = []
     for g in ev.regimes:
-        rps = ev.class_rps(g, top)
-        o = {"rps": rps, "duration": durations[g], "nodes": ev.cluster.nodes, "tick_ms": ev.cluster.tick_s * 1e3,
+        o = {"rps": ev.class_rps(g, top), "duration": durations[g], "nodes": ev.cluster.nodes, "tick_ms": ev.cluster.tick_s * 1e3,
              "refresh_s": ev.cluster.refresh_s}
         rate = (f"{default_config(g).rps:g} req/s x --rate-scale {ev.rate_scale:g}"
                 + (f" x --class-loads {top:g}" if top != 1.0 else ""))
         costs += [replace(c, because=f"{g}: " + (f"{rate} x {durations[g]:g} s" if c.quantity == "requests"
-                                                  else c.because.replace(f"--rps {rps:g}", rate)))
-                  for c in option_costs(o)]
+                                                  else c.because)) for c in option_costs(o)]
     return costs
 
 

@@ -206,7 +206,13 @@ def checked(f):
     def command(*args, allow_large: bool = False, **options):
         check_options(options, allow_large)
         return f(*args, **options)
+    return allow_large_option(command)
+
+
+def allow_large_option(f, runs: bool = True):
+    """--allow-large: run past the limits `check_costs` holds a command to (`runs`: the command's
+    count of runs among them)."""
     return click.option("--allow-large", is_flag=True, help=(
         f"Run even past the limits checked before a run: {LIMITS.requests:,.0f} requests, "
         f"{LIMITS.events:,.0f} controller ticks, {LIMITS.refresh_rows:.0e} EMB rows re-ranked and "
-        f"{LIMITS.memory_gib:g} GiB per run, {LIMITS.runs:,} runs per command."))(command)
+        f"{LIMITS.memory_gib:g} GiB per run" + (f", {LIMITS.runs:,} runs per command." if runs else ".")))(f)

@@ -160,8 +160,7 @@ def groups(table: ClassTable, tenant: np.ndarray, arrival: np.ndarray, latency: 
            kv: np.ndarray, bursts=(), ids: np.ndarray | None = None, misses: np.ndarray | None = None) -> dict:
     """`classes` and `tenants`, each group's figures (`group_figures`) from the completed
     requests (their tenants, arrivals, latencies, prefix and cached tokens, EMB rows looked up
-    and missed) and each tenant's
-    count of requests and of refusals."""
+    and missed) and each tenant's count of requests and of refusals."""
     cls_of = table.tenant_class
 
     def figures(mask: np.ndarray, of: np.ndarray, slo_ms: float) -> dict:
