@@ -74,6 +74,22 @@ def test_bisection_limits():
         bisect_rate(lambda r: Probe(r, True), start=0.0)
 
 
+def test_a_search_probes_no_higher_than_the_limits_allow(monkeypatch):
+    """A cluster that passes every rate: the doubling stops at the highest rate whose run stays
+    within the request and memory limits (by hand below), or at CEILING with --allow-large."""
+    from helmgr.core.validate import max_rate
+    from helmgr.experiments import capacity as cap
+    # 20e6 requests / 10 s; memory: (16 GiB - 2,000 nodes x 8 MiB) / 400 B a request / 10 s
+    assert max_rate(10.0, 2) == 2e6
+    assert max_rate(10.0, 2000) == pytest.approx((16 * 2**30 - 2000 * 2**23) / 400 / 10)
+    monkeypatch.setattr(cap, "run_probe", lambda spec, cfg, rate, target: Probe(rate, True))
+    task = cap.CapacityTask(WorkloadSpec("steady", 10.0), SimConfig(nodes=2), 1300.0)
+    b = cap.bisect_task(task)
+    assert b.capacity == 2e6 and b.fails_at is None and max(p.rate for p in b.probes) == 2e6
+    lifted = cap.bisect_task(replace(task, ceiling=cap.CEILING))
+    assert lifted.capacity == cap.CEILING == 1e7
+
+
 def test_capacity_is_the_lowest_seed():
     a = Bracket(500.0, 510.0, ())
     b = Bracket(480.0, 489.0, ())

@@ -244,6 +244,21 @@ def test_a_scaled_rate_reaches_every_unit_and_its_command():
     assert "--duration 5 --rps 8800 " in commands.check_command(ev, "trend")
 
 
+def test_allow_large_reaches_the_capacity_searches_and_every_command():
+    """--allow-large lifts the capacity searches' ceiling to CEILING (none: the limits') and is
+    in every command quoted, so each reproduces past the same limits."""
+    from dataclasses import replace
+
+    from helmgr.experiments import commands
+    large = replace(TINY, allow_large=True)
+    for ev, ceiling in ((TINY, None), (large, ev_mod.CEILING)):
+        assert {u.payload.ceiling for u in ev_mod.capacity_units(replace(ev, routers=("helm",)), {})} == {ceiling}
+        quoted = [commands.unit_command(ev, u) for u in first_units(ev)] + [commands.check_command(ev, "steady"),
+                                                                            commands.static_best_command(ev, "steady", 1, "helm")]
+        assert all(("--allow-large" in q) == (ceiling is not None) for q in quoted)
+    assert "allow_large" not in ev_mod.config_dict(TINY) and ev_mod.config_dict(large)["allow_large"] is True
+
+
 def test_burst_violations_are_judged_on_the_bursts_static_best_under_helm_provisions():
     """Two bursts; static-best under the HELM router peaks at 0.80 and 0.90 in them (the second
     beyond the provisioned 0.85), under prefix-aware at 0.70 and 0.80 (not the reference). A run

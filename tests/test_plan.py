@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -40,3 +41,18 @@ def test_no_candidate_no_plan():
                     duration_s=4.0, tol=0.5, candidates=(("static", "least-loaded"),), quick=True)
     out = plan(pc)
     assert out["plan"] is None and "no candidate" in out["reason"]
+
+
+def test_a_check_past_the_memory_limit_is_the_estimate_unsimulated(monkeypatch):
+    """Where simulating the planned size would pass the memory limit, the plan is the linear
+    estimate, not simulated, and says why; --allow-large simulates it."""
+    from helmgr.core.validate import Limits
+    monkeypatch.setattr("helmgr.experiments.plan.LIMITS", Limits(memory_gib=1e-3))
+    pc = PlanConfig(rps=900.0, cluster=PROBE, duration_s=4.0, tol=0.5, candidates=(("static", "least-loaded"),),
+                    quick=True)
+    out = plan(pc)
+    p, cand = out["plan"], out["candidates"][0]
+    assert p["met_slo"] is None and p["checks"] == [] and "--allow-large" in p["unchecked"]
+    assert p["nodes"] == cand["nodes"] and p["capacity_rps"] == p["nodes"] * cand["per_node_rps"]
+    assert p["headroom"] == pytest.approx(p["capacity_rps"] / 900.0 - 1)
+    assert plan(replace(pc, allow_large=True))["plan"]["checks"]

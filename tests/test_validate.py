@@ -102,6 +102,13 @@ def trace(tmp_path):
     (["simulate", "--duration", "1e7", "--rps", "1e-6"], ("--duration 1e+07", "controller ticks")),
     (["simulate", "--duration", "5", "--tick-ms", "1e-9"], ("--tick-ms 1e-09", "controller ticks")),
     (["simulate", "--duration", "5", "--nodes", "100000"], ("--nodes 100000", "GiB of memory")),
+    (["capacity", "--rps", "1e6", "--duration", "60"], ("--rps 1e+06 x --duration 60", "60,000,000 requests",
+                                                        "--allow-large")),
+    (["capacity", "--workload", "trend", "--nodes", "3000"], ("--nodes 3000", "GiB of memory")),
+    (["scenario", "--check", "--rps", "1e5"], ("--rps 100000 x --duration 360", "requests")),
+    (["scenario", "--check", "--ratios", "0:1:0.0001"], ("--seeds '1,2,3' x --ratios '0:1:0.0001'", "90,009 runs")),
+    (["plan", "--rps", "1e6"], ("--rps 1e+06 x --duration 60", "requests")),
+    (["evaluate", "--capacity-duration", "1e5"], ("steady: capacity probe, 1300 req/s", "130,000,000 requests")),
 ])
 def test_runs_past_a_limit_are_refused_before_they_start(capsys, argv, needles):
     refused(capsys, argv + ["--json"], *needles)
@@ -117,6 +124,12 @@ def test_allow_large_overrides_a_limit(capsys, monkeypatch):
     refused(capsys, ["workload", "--duration", "2", "--json"], "requests (limit 100)")
     assert main(["workload", "--duration", "2", "--json", "--allow-large"]) == 0
     assert json.loads(capsys.readouterr().out)["requests"] > 100
+
+
+def test_a_command_s_cost_reads_its_regime_s_rate():
+    from helmgr.cli.types import option_costs
+    requests = {r: option_costs({"regime": r, "duration": 10.0})[0].amount for r in ("steady", "trend")}
+    assert requests == {"steady": 13_000.0, "trend": 22_000.0}          # 1,300 and 2,200 req/s x 10 s
 
 
 def test_the_default_scenario_is_far_inside_the_limits():

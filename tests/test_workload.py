@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from helmgr.core.errors import HelmInputError
-from helmgr.workload import default_config, describe, parse_regime, synthetic_workload
+from helmgr.workload import WorkloadSpec, default_config, describe, parse_regime, synthetic_workload
 from helmgr.workload.chunk import ragged_positions
 from helmgr.workload.popularity import ItemSpace, zipf_pmf, zipf_ranks
 from helmgr.workload.users import PrefixTracker
@@ -253,3 +253,10 @@ def test_a_built_workload_is_kept_and_a_run_leaves_it_as_it_was():
     runs = [simulate(cfg, w).summary for _ in range(2)]
     keys = ("requests", "p50_ms", "p99_ms", "emb_hit_rate", "kv_hit_rate", "mean_ratio")
     assert [runs[0][k] for k in keys] == [runs[1][k] for k in keys] and runs[0]["requests"] > 0
+
+
+def test_a_spec_knows_its_seconds_before_it_is_built():
+    spec = WorkloadSpec("burst", None, 1, time_compression=36.0)
+    assert spec.seconds == spec.build().duration_s == 10.0                # 360 s / 36
+    assert WorkloadSpec().seconds == 360.0 and WorkloadSpec("trend", 7.0).seconds == 7.0
+    assert WorkloadSpec(trace="x.inter").seconds == 120.0                 # a log's replay, by default

@@ -1,6 +1,7 @@
 """`helmgr capacity`: capacity at SLO of one policy + router, one bisection per seed."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import replace
@@ -10,9 +11,9 @@ from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
 from helmgr.cli.simulate_cmd import build_config, class_options, sim_options
-from helmgr.cli.types import POSITIVE, Finite, parallel_options, seed_list
+from helmgr.cli.types import POSITIVE, Finite, allow_large_option, check_options, parallel_options, seed_list
 from helmgr.cli.workload_cmd import cluster_defaults
-from helmgr.experiments.capacity import TARGET, TOL, capacity
+from helmgr.experiments.capacity import CEILING, TARGET, TOL, capacity
 from helmgr.experiments.showcase import HELM, stack_revision
 from helmgr.workload import WorkloadSpec
 
@@ -33,19 +34,24 @@ from helmgr.workload import WorkloadSpec
 @parallel_options
 @json_option
 @out_option
+@functools.partial(allow_large_option, runs=False)
 @cluster_defaults
 def capacity_cmd(regime, duration, time_compression, seeds, rps, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
                  faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, class_table, tenancy, tol, target, jobs,
-                 ray_address, as_json, out_dir):
+                 ray_address, as_json, out_dir, allow_large):
     """The highest base request rate at which POLICY + ROUTER keeps window SLO satisfaction >=
     TARGET (and is not overloaded): bisection over the rate to within TOL, per seed; the
     capacity is the lowest seed's. With --classes, every class must keep it, each against its
-    own target.
+    own target. The first probe is held to the limits every run is; the search probes no rate
+    whose run would pass them (a capacity at that rate, with no failing rate, is at least it)
+    unless --allow-large.
 
     \b
     helmgr capacity --policy helm --router helm --seeds 1,2,3
     helmgr capacity --workload burst --ratio 0.7 --router prefix-aware --duration 120 --json
     """
+    check_options({"rps": rps, "regime": regime, "duration": duration, "nodes": nodes, "tick_ms": tick_ms,
+                   "refresh_s": refresh_s}, allow_large)
     check_out(out_dir)
     wall = time.perf_counter()
     seed_values = seed_list(seeds)
@@ -57,7 +63,7 @@ def capacity_cmd(regime, duration, time_compression, seeds, rps, nodes, policy, 
     with progress("bisecting", len(seed_values)) as bar:
         task = bar.add_task(f"capacity of {policy}@{router}: {len(seed_values)} seeds", total=len(seed_values))
         out = capacity(spec, cfg, seed_values, jobs or os.cpu_count() or 1, ray_address, tol, target, rps,
-                       lambda: bar.advance(task))
+                       lambda: bar.advance(task), CEILING if allow_large else None)
     result = {"workload": regime, "nodes": nodes, "policy": policy, "router": router,
               "ratio": ratio, "tol": tol, "target": target, "wall_s": time.perf_counter() - wall,
               "classes": None if class_table is None else class_table.source, "tenancy": tenancy,

@@ -115,7 +115,7 @@ def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers
                     capacity=not no_capacity, capacity_regimes=cap_regimes,
                     capacity_duration_s=pick["capacity_duration"], capacity_tol=pick["capacity_tol"],
                     rate_scale=rate_scale, classes=class_table,
-                    class_loads=tuple(positive_list(class_loads, "class-loads")))
+                    class_loads=tuple(positive_list(class_loads, "class-loads")), allow_large=allow_large)
     if class_table is not None:                      # the table, and a node per class (--tenancy pools)
         load_table(class_table).pool_sizes(nodes)
     elif click.get_current_context().get_parameter_source("class_loads") is ParameterSource.COMMANDLINE:
@@ -153,16 +153,21 @@ def evaluate_cmd(workloads, seeds, duration, time_compression, policies, routers
 
 def _run_costs(ev: EvalConfig, durations: dict) -> list[Cost]:
     """What each regime's largest run asks for (requests, memory, controller ticks, EMB re-ranks),
-    checked as `simulate` checks one run."""
+    checked as `simulate` checks one run, and each capacity search's first probe (its doubling
+    stops at the limits unless --allow-large)."""
     top = max((1.0,) + ev.class_loads if ev.classes is not None else (1.0,))
+    runs = [(g, top, durations[g], "") for g in ev.regimes]
+    if ev.capacity:
+        runs += [(g, 1.0, ev.spec(g, ev.seeds[0], ev.capacity_duration_s).seconds, "capacity probe, ")
+                 for g in (ev.regimes if ev.capacity_regimes is None else ev.capacity_regimes)]
     costs = []
-    for g in ev.regimes:
-        o = {"rps": ev.class_rps(g, top), "duration": durations[g], "nodes": ev.cluster.nodes, "tick_ms": ev.cluster.tick_s * 1e3,
-             "refresh_s": ev.cluster.refresh_s}
+    for g, load, seconds, what in runs:
+        o = {"rps": ev.class_rps(g, load), "duration": seconds, "nodes": ev.cluster.nodes,
+             "tick_ms": ev.cluster.tick_s * 1e3, "refresh_s": ev.cluster.refresh_s}
         rate = (f"{default_config(g).rps:g} req/s x --rate-scale {ev.rate_scale:g}"
-                + (f" x --class-loads {top:g}" if top != 1.0 else ""))
-        costs += [replace(c, because=f"{g}: " + (f"{rate} x {durations[g]:g} s" if c.quantity == "requests"
-                                                  else c.because)) for c in option_costs(o)]
+                + (f" x --class-loads {load:g}" if load != 1.0 else ""))
+        costs += [replace(c, because=f"{g}: {what}" + (f"{rate} x {seconds:g} s" if c.quantity == "requests"
+                                                        else c.because)) for c in option_costs(o)]
     return costs
 
 

@@ -1,6 +1,7 @@
 """`helmgr plan`: nodes, split policy and router for a target rate and SLO."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -9,7 +10,7 @@ from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.types import POSITIVE, Finite, parallel_options, seed_list
+from helmgr.cli.types import POSITIVE, Finite, allow_large_option, check_options, parallel_options, seed_list
 from helmgr.cli.workload_cmd import cluster_defaults
 from helmgr.core.errors import HelmInputError
 from helmgr.experiments.plan import CANDIDATES, PlanConfig, plan
@@ -48,10 +49,11 @@ def _pairs(text: str) -> tuple[tuple[str, str], ...]:
 @parallel_options
 @json_option
 @out_option
+@functools.partial(allow_large_option, runs=False)
 @cluster_defaults
 def plan_cmd(rps, traffic, seeds, duration, nodes, policy, ratio, router, hardware, model, slo_ms, refill,
              faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, candidates, tol, quick, jobs, ray_address,
-             as_json, out_dir):
+             as_json, out_dir, allow_large):
     """How many nodes serve RPS within the SLO, with which split policy and router, and the
     headroom left: capacity at SLO of each candidate on a probe cluster (--nodes), scaled to the
     target, the choice simulated back at the target rate.
@@ -62,14 +64,17 @@ def plan_cmd(rps, traffic, seeds, duration, nodes, policy, ratio, router, hardwa
     """
     if policy != "static":
         raise click.UsageError(f"--policy {policy!r}: plan weighs the POLICY@ROUTER pairs of --candidates")
+    preset = QUICK if quick else FULL
+    check_options({"rps": rps, "duration": duration or preset["duration"], "nodes": nodes, "tick_ms": tick_ms,
+                   "refresh_s": refresh_s}, allow_large)         # the check at the target rate
     check_out(out_dir)
     wall = time.perf_counter()
-    preset = QUICK if quick else FULL
     pc = PlanConfig(rps=rps, cluster=build_config(nodes, "static", ratio, router, hardware, model, slo_ms, refill,
                                                   faults, tick_ms, refresh_s, max_batch, 0, engine, sim_path, emb_sample),
                     regime=traffic, seeds=tuple(seed_list(seeds or preset["seeds"])),
                     duration_s=duration or preset["duration"], tol=tol or preset["tol"],
-                    candidates=_pairs(candidates or preset["candidates"]), quick=quick)
+                    candidates=_pairs(candidates or preset["candidates"]), quick=quick,
+                    allow_large=allow_large)
     pc.spec(pc.seeds[0]).build()                     # validates the workload options up front
     with progress("planning", None) as bar:
         task = bar.add_task(f"capacity of {len(pc.candidates)} candidates x {len(pc.seeds)} seeds", total=None)
@@ -94,6 +99,10 @@ def plan_cmd(rps, traffic, seeds, duration, nodes, policy, ratio, router, hardwa
     p = result["plan"]
     if p is None:
         stdout.print(f"no plan: {result['reason']}")
+        return
+    if p["met_slo"] is None:
+        stdout.print(f"plan: {p['nodes']} nodes, {p['policy']} split, {p['router']} routing, from capacity on "
+                     f"{pc.cluster.nodes} nodes scaled linearly, not simulated: {p['unchecked']}")
         return
     how = "measured" if p["capacity_measured"] else "estimated (linear, --quick)"
     sat = [c["window_slo_satisfaction"] for c in p["checks"] if c["window_slo_satisfaction"] is not None]

@@ -8,8 +8,9 @@ from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.types import POSITIVE, names, parallel_options, ratio_grid, seed_list
+from helmgr.cli.types import POSITIVE, allow_large_option, names, option_costs, parallel_options, ratio_grid, seed_list
 from helmgr.core.errors import HelmInputError
+from helmgr.core.validate import LIMITS, Cost, check_costs
 from helmgr.experiments.evaluate import DEFAULT_GRID
 from helmgr.experiments.scenario import S5_MEASURES, scenario_check
 from helmgr.cli.workload_cmd import cluster_defaults
@@ -36,10 +37,11 @@ PROPERTIES = ("S1", "S2", "S3", "S4", "S5")
 @parallel_options
 @json_option
 @out_option
+@allow_large_option
 @cluster_defaults
 def scenario_cmd(check, workloads, seeds, duration, rps, time_compression, nodes, policy, ratio, router, hardware, model,
                  slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine, sim_path, emb_sample, ratios, s5, jobs, ray_address,
-                 as_json, out_dir):
+                 as_json, out_dir, allow_large):
     """Does the scenario pose the question? S1-S5 (docs/concepts.md) per regime and seed, from static sweeps
     cut by the workload's phases; pass/fail, plots with --out.
 
@@ -56,6 +58,12 @@ def scenario_cmd(check, workloads, seeds, duration, rps, time_compression, nodes
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, 0, engine, sim_path, emb_sample)
     specs = [WorkloadSpec(r, duration, s, rps, time_compression=time_compression) for r in regimes for s in seed_values]
+    costs = [c for w in specs[::len(seed_values)]        # each regime's run
+             for c in option_costs({"rps": rps, "regime": w.regime, "duration": w.seconds, "nodes": nodes,
+                                    "tick_ms": tick_ms, "refresh_s": refresh_s})]
+    costs.append(Cost("runs", len(specs) * len(grid), LIMITS.runs,
+                      f"--workloads {workloads!r} x --seeds {seeds!r} x --ratios {ratios!r}"))
+    check_costs(costs, allow_large)
     first = specs[0].build()                           # validates the workload options up front
     with progress("checking", len(specs) * len(grid)) as bar:
         task = bar.add_task(f"scenario check: {len(specs)} workloads x {len(grid)} ratios",

@@ -17,7 +17,7 @@ from helmgr.core.errors import HelmInputError
 from helmgr.core.profiles import load_hardware, load_model
 from helmgr.core.validate import GIB, LIMITS, SEED_MAX, Cost, check_costs, count_lines, run_memory_bytes
 from helmgr.sim.config import check_faults, parse_fault
-from helmgr.workload.synthetic import SyntheticConfig
+from helmgr.workload.synthetic import SyntheticConfig, default_config
 
 
 class Finite(click.FloatRange):
@@ -171,7 +171,7 @@ def option_costs(o: dict) -> list[Cost]:
             costs.append(Cost("requests", requests, LIMITS.requests,
                               f"--trace {o['trace']!r} ({lines:,} lines) x --clone-users {o.get('clone_users', 1)}"))
     else:
-        rps = o.get("rps") or SyntheticConfig().rps
+        rps = o.get("rps") or (default_config(o["regime"]) if o.get("regime") else SyntheticConfig()).rps
         requests = rps * duration
         costs.append(Cost("requests", requests, LIMITS.requests, f"--rps {rps:g} x --duration {duration:g}"))
     if "tick_ms" in o:

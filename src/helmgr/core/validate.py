@@ -162,6 +162,13 @@ def run_memory_bytes(requests: float = 0.0, nodes: int = 0, trace_rows: float = 
     return requests * REQUEST_BYTES + nodes * NODE_BYTES + trace_rows * TRACE_ROW_BYTES
 
 
+def max_rate(duration_s: float, nodes: int) -> float:
+    """The highest base rate (requests/s) whose run of `duration_s` on `nodes` stays within the
+    request and memory limits (a capacity search probes no higher without --allow-large)."""
+    memory = (LIMITS.memory_gib * GIB - nodes * NODE_BYTES) / REQUEST_BYTES
+    return max(min(LIMITS.requests, memory), 0.0) / duration_s
+
+
 def count_lines(path: str) -> int | None:
     """Lines in a file (an upper bound on its rows), or None if it cannot be read; reading errors
     are left to the trace reader, which names them."""

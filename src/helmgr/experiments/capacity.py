@@ -6,7 +6,10 @@ pass) or halves (after a fail) until it holds a passing rate below a failing one
 the bracket until the failing rate is within `tol` (2 %) of the passing one. Capacity is the
 highest rate measured to pass, so it lies within `tol` below the threshold when passing falls
 monotonically with the rate. One seeded run's noise can break that (a rate passes, a lower one
-fails); every probe is kept, in order, so a reader can see it.
+fails); every probe is kept, in order, so a reader can see it. The doubling stops at a ceiling:
+by default the highest rate whose run stays within the request and memory limits every command
+holds a run to (`core.validate.max_rate`; `--allow-large` lifts it to `CEILING`), so a cluster
+that passes there reports that rate as its capacity with no failing rate above it.
 
 A simulated probe (`run_probe`) is one run of the workload with its base rate (`rps`, which
 scales the whole arrival curve, trend's diurnal swing included) set to the probed rate; it
@@ -22,6 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable, Sequence
 
 from helmgr.core.errors import HelmInputError
+from helmgr.core.validate import max_rate
 from helmgr.experiments.parallel import run_all
 from helmgr.sim import RunStopped, SimConfig, simulate
 from helmgr.workload import WorkloadSpec, default_config
@@ -29,6 +33,7 @@ from helmgr.workload import WorkloadSpec, default_config
 TARGET = 0.95          # window SLO satisfaction a rate must keep
 TOL = 0.02             # the bracket's width at the end: failing rate / passing rate - 1
 MAX_PROBES = 40
+CEILING = 1e7          # the highest rate a search probes with --allow-large
 BACKLOG_S = 1.0       # a probe stops once its queue holds this many seconds of arrivals, window after window
 
 
@@ -56,7 +61,7 @@ class Bracket:
 
 
 def bisect_rate(probe: Callable[[float], Probe], start: float, tol: float = TOL, floor: float = 1.0,
-                ceiling: float = 1e7, max_probes: int = MAX_PROBES) -> Bracket:
+                ceiling: float = CEILING, max_probes: int = MAX_PROBES) -> Bracket:
     """Bracket the rate at which `probe` turns from pass to fail, to within `tol`, from `start`.
     Stops at `floor` (nothing passes: capacity None) and `ceiling` (nothing fails: fails_at None)."""
     if not (start > 0 and tol > 0 and 0 < floor <= ceiling):
@@ -147,6 +152,7 @@ class CapacityTask:
     start: float
     tol: float = TOL
     target: float = TARGET
+    ceiling: float | None = None             # the highest rate probed (None: the limits' max_rate)
 
     @property
     def name(self) -> str:
@@ -155,12 +161,16 @@ class CapacityTask:
 
 
 def bisect_task(task: CapacityTask) -> Bracket:
-    return bisect_rate(lambda rate: run_probe(task.spec, task.cfg, rate, task.target), task.start, task.tol)
+    ceiling = max(max_rate(task.spec.seconds, task.cfg.nodes), 1.0) if task.ceiling is None else task.ceiling
+    return bisect_rate(lambda rate: run_probe(task.spec, task.cfg, rate, task.target), task.start, task.tol,
+                       ceiling=ceiling)
 
 
 def capacity_tasks(spec: WorkloadSpec, cfg: SimConfig, seeds: Sequence[int], tol: float = TOL,
-                   target: float = TARGET, start: float | None = None) -> list[CapacityTask]:
-    """One bisection per seed, each from `start` (None: the workload's own base rate)."""
+                   target: float = TARGET, start: float | None = None,
+                   ceiling: float | None = None) -> list[CapacityTask]:
+    """One bisection per seed, each from `start` (None: the workload's own base rate) up to
+    `ceiling` (None: the limits' `max_rate`)."""
     if spec.trace is not None:
         raise HelmInputError("capacity at SLO scales a synthetic workload's base rate (--rps); "
                              "a trace has none (use --time-compression to replay it faster)")
@@ -169,7 +179,7 @@ def capacity_tasks(spec: WorkloadSpec, cfg: SimConfig, seeds: Sequence[int], tol
     if not 0 < tol < 1:
         raise HelmInputError(f"capacity tolerance {tol!r} must be in (0, 1)")
     first = start if start is not None else base_rate(spec)
-    return [CapacityTask(replace(spec, seed=s), replace(cfg, seed=s), float(first), tol, target) for s in seeds]
+    return [CapacityTask(replace(spec, seed=s), replace(cfg, seed=s), float(first), tol, target, ceiling) for s in seeds]
 
 
 def base_rate(spec: WorkloadSpec) -> float:
@@ -186,9 +196,9 @@ def summarize_capacity(brackets: Sequence[Bracket], seeds: Sequence[int]) -> dic
 
 def capacity(spec: WorkloadSpec, cfg: SimConfig, seeds: Sequence[int], jobs: int = 1,
              ray_address: str | None = None, tol: float = TOL, target: float = TARGET,
-             start: float | None = None, on_done=None) -> dict:
+             start: float | None = None, on_done=None, ceiling: float | None = None) -> dict:
     """Capacity at SLO of `cfg` (its policy and router) on `spec`, one bisection per seed."""
-    tasks = capacity_tasks(spec, cfg, seeds, tol, target, start)
+    tasks = capacity_tasks(spec, cfg, seeds, tol, target, start, ceiling)
     brackets = run_all(bisect_task, tasks, jobs, ray_address, [t.name for t in tasks],
                        on_done and (lambda _: on_done()))
     return summarize_capacity(brackets, seeds)

@@ -27,6 +27,11 @@ def cluster_flags(cfg: SimConfig) -> str:
     return "".join(f" {f}" for f in flags)
 
 
+def run_flags(ev: EvalConfig) -> str:
+    """The cluster options, and --allow-large where the evaluation was given it."""
+    return cluster_flags(ev.cluster) + (" --allow-large" if ev.allow_large else "")
+
+
 def grid_flag(grid) -> str:
     return "--ratios " + ",".join(f"{r:g}" for r in grid)
 
@@ -41,7 +46,7 @@ def workload_flags(ev: EvalConfig, regime: str, duration: float | None, rate: bo
 
 def unit_command(ev: EvalConfig, unit: Unit) -> str:
     """The command whose JSON holds this unit's figures."""
-    cluster = cluster_flags(ev.cluster)
+    cluster = run_flags(ev)
     wl = workload_flags(ev, unit.regime, ev.duration_s)
     if unit.kind == "run":
         return f"helmgr simulate {wl} --seed {unit.seed}{cluster} --policy {unit.policy} --router {unit.router} --json"
@@ -66,7 +71,7 @@ def unit_command(ev: EvalConfig, unit: Unit) -> str:
 
 
 def static_best_command(ev: EvalConfig, regime: str, seed: int, router: str) -> str:
-    return (f"helmgr sweep {workload_flags(ev, regime, ev.duration_s)} --seed {seed}{cluster_flags(ev.cluster)} "
+    return (f"helmgr sweep {workload_flags(ev, regime, ev.duration_s)} --seed {seed}{run_flags(ev)} "
             f"--router {router} {grid_flag(ev.grid)} --json")
 
 
@@ -75,5 +80,5 @@ def check_command(ev: EvalConfig, regime: str) -> str:
     dur += f" --time-compression {ev.time_compression:g}" if ev.time_compression else ""
     dur += f" --rps {ev.rps(regime):g}" if ev.rps(regime) is not None else ""
     return (f"helmgr scenario --check --workloads {regime} "
-            f"--seeds {','.join(map(str, ev.seeds))}{dur}{cluster_flags(ev.cluster)} --router {ev.check_router} "
+            f"--seeds {','.join(map(str, ev.seeds))}{dur}{run_flags(ev)} --router {ev.check_router} "
             f"{grid_flag(ev.grid)} --json")

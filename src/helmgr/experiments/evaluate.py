@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from helmgr.core.classes import load_table
-from helmgr.experiments.capacity import CapacityTask, base_rate, bisect_task
+from helmgr.experiments.capacity import CEILING, CapacityTask, base_rate, bisect_task
 from helmgr.experiments.parallel import run_all
 from helmgr.experiments.phase_oracle import LOOKAHEAD_S, oracle_blocks, run_phase_oracle
 from helmgr.experiments.scenario import PhaseRun, phase_point
@@ -83,6 +83,8 @@ class EvalConfig:
                                                    # the 8-node scenario's load per node)
     classes: str | None = None                     # a class table (name or TOML path): the multi-tenant section
     class_loads: tuple[float, ...] = (1.0,)        # its runs' rates, as multiples of each regime's base rate
+    allow_large: bool = False                      # past the limits (--allow-large): capacity searches go to
+                                                   # capacity.CEILING, and the commands quoted carry it
 
     def rps(self, regime: str) -> float | None:
         """The base rate a run gets: None (the regime's default) unless the rate is scaled."""
@@ -236,7 +238,7 @@ def static_best_ratio(points: dict, regime: str, seed: int, router: str, grid) -
 def capacity_units(ev: EvalConfig, points: dict) -> list[Unit]:
     """Stage 2: one bisection per capacity pair, regime and seed (a pair whose router or policy
     the evaluation does not run is left out); with a class table, one per tenancy too."""
-    out = []
+    out, ceiling = [], CEILING if ev.allow_large else None
     for regime in ev.regimes if ev.capacity_regimes is None else ev.capacity_regimes:
         for seed in ev.seeds:
             spec = ev.spec(regime, seed, ev.capacity_duration_s)
@@ -247,10 +249,11 @@ def capacity_units(ev: EvalConfig, points: dict) -> list[Unit]:
                 ratio = static_best_ratio(points, regime, seed, router, ev.grid) if policy == "static-best" else None
                 cfg = ev.cfg("static" if policy == "static-best" else policy, router, seed, ratio)
                 out.append(Unit("capacity", regime, seed, policy, router, ratio,
-                                CapacityTask(spec, cfg, start, ev.capacity_tol)))
+                                CapacityTask(spec, cfg, start, ev.capacity_tol, ceiling=ceiling)))
             if ev.classes is not None:
                 out += [Unit("class-capacity", regime, seed, "helm", "helm", None,
-                             CapacityTask(spec, cfg, start, ev.capacity_tol)) for cfg in ev.tenancy_cfgs(seed)]
+                             CapacityTask(spec, cfg, start, ev.capacity_tol, ceiling=ceiling))
+                        for cfg in ev.tenancy_cfgs(seed)]
     return out
 
 
@@ -333,6 +336,8 @@ def config_dict(ev: EvalConfig) -> dict:
                     if k not in ("policy", "ratio", "router", "seed") and not (k in blind and v == blind[k])}
     if ev.classes is None:                          # no multi-tenant section: written as before it existed
         del d["classes"], d["class_loads"]
+    if not ev.allow_large:
+        del d["allow_large"]
     d["helm_revision"] = stack_revision()           # which HELM its `helm` rows are (base hash, tiers, router)
     return d
 

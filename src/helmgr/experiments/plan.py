@@ -8,6 +8,8 @@ which router, and the headroom left, from capacity runs.
 3. The candidate needing the fewest nodes (then: the highest capacity) is checked by simulating
    it back at that size and the target rate, every seed; if a seed misses the SLO (window SLO
    satisfaction < 95 % or overloaded) one node is added and it is checked again.
+   A check whose runs would pass the memory limit every run is held to is not simulated (unless
+   `allow_large`): the plan is then the linear estimate, with `met_slo` null and why in `unchecked`.
 4. Unless `quick`, the chosen size's own capacity is measured: the headroom is capacity / target - 1,
    and the plot of capacity against nodes gets its second point. With `quick` the headroom is
    the linear estimate, and says so.
@@ -17,7 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from helmgr.experiments.capacity import TARGET, CapacityTask, base_rate, bisect_task, run_probe, summarize_capacity
+from helmgr.experiments.capacity import CEILING, TARGET, CapacityTask, base_rate, bisect_task, run_probe, summarize_capacity
+from helmgr.core.validate import GIB, LIMITS, run_memory_bytes
 from helmgr.experiments.parallel import run_all
 from helmgr.sim import SimConfig
 from helmgr.workload import WorkloadSpec
@@ -36,6 +39,7 @@ class PlanConfig:
     tol: float = 0.02
     candidates: tuple[tuple[str, str], ...] = CANDIDATES
     quick: bool = False
+    allow_large: bool = False                    # past the limits: searches to CEILING, the check at any size
 
     def spec(self, seed: int, rps: float | None = None) -> WorkloadSpec:
         return WorkloadSpec(self.regime, self.duration_s, seed, rps)
@@ -45,7 +49,9 @@ class PlanConfig:
 
 
 def _tasks(pc: PlanConfig, pairs, nodes: int, start: float) -> list[CapacityTask]:
-    return [CapacityTask(pc.spec(s), pc.cfg(p, rt, nodes, s), start, pc.tol) for p, rt in pairs for s in pc.seeds]
+    ceiling = CEILING if pc.allow_large else None
+    return [CapacityTask(pc.spec(s), pc.cfg(p, rt, nodes, s), start, pc.tol, ceiling=ceiling)
+            for p, rt in pairs for s in pc.seeds]
 
 
 def _name(t: CapacityTask) -> str:
@@ -83,6 +89,14 @@ def plan(pc: PlanConfig, jobs: int = 1, ray_address: str | None = None, on_done=
                 "reason": "no candidate met the SLO at any rate on the probe cluster"}
     best = min(ok, key=lambda r: (r["nodes"], -r["capacity_rps"]))
     nodes, checks = best["nodes"], []
+    memory = run_memory_bytes(pc.rps * pc.spec(pc.seeds[0]).seconds, nodes + MAX_GROW) / GIB
+    if memory > LIMITS.memory_gib and not pc.allow_large:       # the linear estimate, not simulated
+        chosen = {"policy": best["policy"], "router": best["router"], "nodes": nodes, "met_slo": None, "checks": [],
+                  "unchecked": f"simulating {nodes} nodes at {pc.rps:g} req/s asks for ~{memory:.3g} GiB of memory "
+                               f"(limit {LIMITS.memory_gib:g}); pass --allow-large to check it",
+                  "capacity_rps": nodes * best["per_node_rps"], "capacity_measured": False}
+        chosen["headroom"] = chosen["capacity_rps"] / pc.rps - 1
+        return {"target_rps": pc.rps, "candidates": table, "plan": chosen, "target": TARGET}
     for _ in range(MAX_GROW + 1):
         tasks = [(pc, best["policy"], best["router"], max(1, nodes), s) for s in pc.seeds]
         checks = run_all(_check, tasks, jobs, ray_address, [f"check {nodes} nodes seed {s}" for s in pc.seeds])

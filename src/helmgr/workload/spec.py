@@ -31,6 +31,16 @@ class WorkloadSpec:
     clone_users: int = 1
     overlays: tuple[str, ...] = ()
 
+    @property
+    def seconds(self) -> float:
+        """The simulated seconds of the workload this spec builds."""
+        if self.duration_s is not None:
+            return self.duration_s
+        if self.trace is not None:
+            return TRACE_DURATION_S
+        cfg = default_config(self.regime)
+        return (cfg.compressed(self.time_compression) if self.time_compression is not None else cfg).duration_s
+
     def build(self) -> Workload:
         if self.trace is None and self in _BUILT:
             _BUILT.move_to_end(self)
