@@ -3,6 +3,9 @@ naming the value, never a traceback; a run past a resource limit is refused befo
 unless --allow-large."""
 import json
 import math
+import os
+import threading
+import time
 from importlib import resources
 
 import click
@@ -112,6 +115,29 @@ def trace(tmp_path):
 ])
 def test_runs_past_a_limit_are_refused_before_they_start(capsys, argv, needles):
     refused(capsys, argv + ["--json"], *needles)
+
+
+def a_pipe(path) -> str:
+    """A named pipe at `path`. Should a command read it, a writer opens and closes it at once, so
+    the read sees an empty file and the test fails rather than hangs."""
+    os.mkfifo(path)
+
+    def unblock():
+        for _ in range(100):
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                return
+            except OSError:                      # no reader (yet)
+                time.sleep(0.05)
+    threading.Thread(target=unblock, daemon=True).start()
+    return str(path)
+
+
+def test_a_pipe_is_refused_not_read(capsys, tmp_path):
+    refused(capsys, ["simulate", "--duration", "5", "--classes", a_pipe(tmp_path / "c.toml")],
+            "class table file", "is not a regular file")
+    refused(capsys, ["simulate", "--duration", "5", "--trace", a_pipe(tmp_path / "t.inter")],
+            "t.inter", "is not a regular file")
 
 
 def test_trace_clones_past_the_limit(capsys, trace):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
 
 from helmgr.core.errors import HelmInputError
 
@@ -170,8 +171,10 @@ def max_rate(duration_s: float, nodes: int) -> float:
 
 
 def count_lines(path: str) -> int | None:
-    """Lines in a file (an upper bound on its rows), or None if it cannot be read; reading errors
-    are left to the trace reader, which names them."""
+    """Lines in a file (an upper bound on its rows), or None if it cannot be read or is no regular
+    file (a pipe would block); reading errors are left to the trace reader, which names them."""
+    if not Path(path).is_file():
+        return None
     try:
         with open(path, "rb") as f:
             lines, last = 0, b"\n"

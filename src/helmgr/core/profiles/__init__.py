@@ -170,8 +170,11 @@ def read_preset(kind: str, name_or_path: str, what: str | None = None) -> tuple[
     what = what or f"{kind} profile"
     where = f"{what} {name_or_path!r}"
     if name_or_path.endswith(".toml"):
+        path = Path(name_or_path)
+        if path.exists() and not path.is_file():         # a folder; a pipe would block the read
+            raise HelmInputError(f"{what} file {name_or_path!r} is not a regular file")
         try:
-            return where, Path(name_or_path).read_bytes()
+            return where, path.read_bytes()
         except FileNotFoundError:
             raise HelmInputError(f"{what} file {name_or_path!r} does not exist") from None
         except OSError as exc:
