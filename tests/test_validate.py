@@ -401,6 +401,13 @@ def test_grid_size_without_building_the_grid(text, n):
     assert grid_size(text) == n
 
 
+@pytest.mark.parametrize("text,grid", [("0.1:0.6:0.3", [0.1, 0.4]), ("0:0.9:0.5", [0.0, 0.5]), ("0:1:2", [0.0]),
+                                       ("0.2:0.8:0.2", [0.2, 0.4, 0.6, 0.8]), ("0.3:0.3:0.1", [0.3])])
+def test_a_grid_stops_at_its_stop(text, grid):
+    """Whole steps from start, none past stop (0.1:0.6:0.3 ran 0.7 when the count was rounded)."""
+    assert ratio_grid(text) == grid and grid_size(text) == len(grid)
+
+
 @pytest.mark.parametrize("text", ["0:1:nan", "0:inf:0.1", "nan,0.5", "0:1:0", "1:0:0.1", "a,b"])
 def test_bad_grids(text):
     with pytest.raises(HelmInputError, match="--ratios"):

@@ -117,14 +117,15 @@ GRID_POINTS_MAX = 1_000_001          # a ratio grid finer than 1e-6 is below one
 
 
 def grid_size(text: str) -> float:
-    """Points of a `start:stop:step` (inclusive) or comma-list grid, without building it."""
+    """Points of a `start:stop:step` (inclusive: stop is the last point when whole steps reach it,
+    else the last point before it) or comma-list grid, without building it."""
     try:
         if ":" in text:
             start, stop, step = (float(x) for x in text.split(":"))
             if not all(map(math.isfinite, (start, stop, step))) or step <= 0 or stop < start:
                 raise ValueError
-            points = (stop - start) / step + 1
-            return int(round(points)) if math.isfinite(points) else math.inf
+            steps = (stop - start) / step          # whole steps that stay within stop (a hair of rounding kept)
+            return math.floor(steps + 1e-9) + 1 if math.isfinite(steps) else math.inf
         return len([float(x) for x in text.split(",")])
     except ValueError:
         raise HelmInputError(f"--ratios {text!r} is not start:stop:step or a comma list of numbers") from None
