@@ -140,6 +140,45 @@ def test_a_pipe_is_refused_not_read(capsys, tmp_path):
             "t.inter", "is not a regular file")
 
 
+NT = ["no-tuning", "--hardware", "a100-80g", "--models", "small", "--workloads", "steady", "--ratios", "0.4,0.5"]
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (NT + ["--time-compression", "1e-300"], ("3.6e+302 s (--time-compression 1e-300)", "requests")),
+    (NT[:-1] + ["0:1:0.000001"], ("--ratios '0:1:0.000001' + full HELM", "1,000,002 runs")),
+    (NT + ["--capacity-workloads", "steady", "--capacity-duration", "1e308"], ("capacity probe", "inf requests")),
+    (["train", "--episode-s", "1e9"], ("--episode-s 1e+09", "requests")),
+    (["train", "--envs", "256"], ("--envs 256", "128 GiB of memory")),
+    (["train", "--seeds", "1", "--validate-duration", "1e308"], ("validation", "--duration 1e+308")),
+])
+def test_studies_past_a_limit_are_refused_before_they_start(capsys, tmp_path, argv, needles):
+    if argv[0] == "train":
+        argv = argv + ["--out", str(tmp_path / "p.npz"), "--runs-dir", str(tmp_path / "runs")]
+    refused(capsys, argv, *needles)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_study_whose_runs_measure_nothing_is_refused(capsys):
+    refused(capsys, NT + ["--time-compression", "1e308", "--jobs", "1"], "a100-80g/small/steady", "no static-best")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--validate-duration", "5"], "give --seeds"),
+    (["--seeds", "1", "--seed", "5"], "--seed 5 and --seeds '1'"),
+    (["--seeds", "1", "--validate-seeds", ""], "--validate-seeds ''"),
+])
+def test_train_options_that_would_be_ignored_or_misnamed(capsys, tmp_path, argv, needle):
+    refused(capsys, ["train", "--out", str(tmp_path / "p.npz"), "--runs-dir", str(tmp_path / "runs")] + argv, needle)
+
+
+def test_a_replay_with_nothing_to_control_is_refused_before_training(capsys, tmp_path):
+    log = tmp_path / "t.inter"
+    log.write_text("user_id:token\titem_id:token\ttimestamp:float\n"
+                   + "".join(f"{k % 50}\t{k % 90}\t{k * 10.0}\n" for k in range(3000)))
+    refused(capsys, ["train", "--trace", str(log), "--time-compression", "1e-300", "--out", str(tmp_path / "p.npz"),
+                     "--runs-dir", str(tmp_path / "runs")], "hold 1 requests", "--time-compression 1e-300")
+
+
 def test_trace_clones_past_the_limit(capsys, trace):
     refused(capsys, ["simulate", "--duration", "5", "--trace", trace, "--clone-users", "100000000"],
             "--clone-users 100000000", "5 lines", "requests")

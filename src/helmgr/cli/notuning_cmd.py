@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import click
 from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
-from helmgr.cli.types import POSITIVE, Finite, names, parallel_options, ratio_grid
+from helmgr.cli.types import POSITIVE, Finite, allow_large_option, names, parallel_options, ratio_grid, spec_costs
 from helmgr.core.profiles import available
+from helmgr.core.validate import LIMITS, Cost, check_costs
 from helmgr.experiments.evaluate import DEFAULT_GRID
 from helmgr.experiments.notuning import grid_conditions, no_tuning
+from helmgr.sim import SimConfig
 from helmgr.workload import FORMATS, REGIMES, WorkloadSpec
 from helmgr.workload.trace import WIDEN
 
@@ -41,9 +44,10 @@ from helmgr.workload.trace import WIDEN
 @parallel_options
 @json_option
 @out_option
+@allow_large_option
 def notuning_cmd(hardware, models, workloads, traces, trace_format, clone_users, trace_time_compression, trace_duration,
                  seed, ratios, time_compression,
-                 capacity_workloads, capacity_duration, capacity_tol, jobs, ray_address, as_json, out_dir):
+                 capacity_workloads, capacity_duration, capacity_tol, jobs, ray_address, as_json, out_dir, allow_large):
     """Regret of full HELM, of every fixed split, of the minimax split and of the split tuned on the
     default condition (the first hardware, model and regime), over a grid of conditions, each
     against its own hindsight static-best under the HELM router: the controller needs no sweep.
@@ -63,6 +67,13 @@ def notuning_cmd(hardware, models, workloads, traces, trace_format, clone_users,
                               time_compression=trace_time_compression, clone_users=clone_users,
                               overlays=(WIDEN,) if clone_users > 1 else ()) for t in traces)
     conditions = grid_conditions(hw, ms, regimes, seed, time_compression, logs)
+    nodes = SimConfig().nodes
+    costs = [c for spec in dict.fromkeys(c.spec for c in conditions) for c in _costs(spec, nodes)]
+    costs += [c for r in cap for c in spec_costs(WorkloadSpec(r, capacity_duration, seed, time_compression=time_compression),
+                                                 nodes, f"{r}: capacity probe, ")]
+    costs.append(Cost("runs", len(conditions) * (len(grid) + 1), LIMITS.runs,
+                      f"{len(conditions)} conditions x (--ratios {ratios!r} + full HELM)"))
+    check_costs(costs, allow_large)
     for c in conditions:
         c.spec.build()                                 # a bad trace is refused before any run
     total = len(conditions) * (len(grid) + 1)
@@ -80,6 +91,14 @@ def notuning_cmd(hardware, models, workloads, traces, trace_format, clone_users,
         emit_json(result)
         return
     stdout.print(summary_table(result))
+
+
+def _costs(spec: WorkloadSpec, nodes: int) -> list[Cost]:
+    """A condition's run's costs, a log's named by its own options (--trace-duration, ...)."""
+    if spec.trace is None:
+        return spec_costs(spec, nodes, f"{spec.regime}: ")
+    return [replace(c, because=c.because.replace("--duration", "--trace-duration"))
+            for c in spec_costs(spec, nodes, f"--trace {spec.trace!r}: ")]
 
 
 def _rows(result: dict) -> list[tuple[str, str, str, str]]:

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.types import POSITIVE, allow_large_option, names, option_costs, parallel_options, ratio_grid, seed_list
+from helmgr.cli.types import POSITIVE, allow_large_option, names, parallel_options, ratio_grid, seed_list, spec_costs
 from helmgr.core.errors import HelmInputError
 from helmgr.core.validate import LIMITS, Cost, check_costs
 from helmgr.experiments.evaluate import DEFAULT_GRID
@@ -58,9 +58,7 @@ def scenario_cmd(check, workloads, seeds, duration, rps, time_compression, nodes
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, 0, engine, sim_path, emb_sample)
     specs = [WorkloadSpec(r, duration, s, rps, time_compression=time_compression) for r in regimes for s in seed_values]
-    costs = [c for w in specs[::len(seed_values)]        # each regime's run
-             for c in option_costs({"rps": rps, "regime": w.regime, "duration": w.seconds, "nodes": nodes,
-                                    "tick_ms": tick_ms, "refresh_s": refresh_s})]
+    costs = [c for w in specs[::len(seed_values)] for c in spec_costs(w, nodes)]       # each regime's run
     costs.append(Cost("runs", len(specs) * len(grid), LIMITS.runs,
                       f"--workloads {workloads!r} x --seeds {seeds!r} x --ratios {ratios!r}"))
     check_costs(costs, allow_large)

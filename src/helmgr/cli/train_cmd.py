@@ -4,17 +4,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from helmgr.cli.output import emit_json, json_option, progress, stdout, table
-from helmgr.cli.types import POSITIVE, SEED, Finite, names, seed_list
-from helmgr.core.profiles import available
+from helmgr.cli.types import POSITIVE, SEED, Finite, allow_large_option, names, seed_list, spec_costs
 from helmgr.core.errors import HelmInputError
+from helmgr.core.profiles import available
+from helmgr.core.validate import LIMITS, Cost, check_costs
 from helmgr.core.files import check_writable
 from helmgr.core.extras import require
 from helmgr.workload.synthetic import parse_regime
 from helmgr.workload.trace import FORMATS, OVERLAYS, WIDEN
 
 TRACE_TRAIN_S = 600.0       # a log's replay for training, by default: episodes of 15 + 120 s in its first 480 s
+ENV_GIB = 0.5               # one environment's worker process: interpreter, torch and its workload (~0.4 GB measured)
+VALIDATE_NODES = 8          # the validation runs' cluster (the default scenario's)
 
 
 @click.command("train")
@@ -74,10 +78,11 @@ TRACE_TRAIN_S = 600.0       # a log's replay for training, by default: episodes 
 @click.option("--holdout", type=Finite(0.05, 0.5), default=0.2, show_default=True,
               help="With --trace: the share of the replay, at its end, never trained on and validated on.")
 @json_option
+@allow_large_option
 def train_cmd(timesteps, seed, out_path, workloads, episode_s, hardware, model, runs_dir, nodes, n_envs,
               relative, init_path, checkpoint_every, target_kl, seeds, validate_seeds, validate_duration, jobs,
               trace, trace_format, duration, time_compression, clone_users, overlay, widen_catalogue, holdout,
-              as_json):
+              as_json, allow_large):
     """Train the base policy with PPO (Stable-Baselines3) and export it for the numpy controller.
 
     \b
@@ -99,18 +104,26 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, hardware, model, 
     if nodes > 1 and n_envs > 1:
         raise HelmInputError(f"--nodes {nodes} runs one cluster as {nodes} environments; --envs {n_envs} "
                              "cannot be used with it")
+    given = {p: click.get_current_context().get_parameter_source(p) is ParameterSource.COMMANDLINE
+             for p in ("seed", "validate_seeds", "validate_duration")}
+    if seeds is None and (given["validate_seeds"] or given["validate_duration"]):
+        raise HelmInputError("--validate-seeds and --validate-duration set the validation of --seeds: give --seeds")
+    if seeds is not None and given["seed"]:
+        raise HelmInputError(f"--seed {seed} and --seeds {seeds!r}: give one (--seeds trains one policy a seed)")
+    check_costs(_costs(regimes if trace is None else (), episode_s, nodes, n_envs, seeds is not None and regimes,
+                       validate_duration), allow_large)
     env = {"regimes": regimes, "episode_s": episode_s, "relative": relative, "nodes": nodes,
            "hardware": tuple(presets["hardware"]), "model": tuple(presets["model"])}
     if trace is not None:
         env = _traced(env, workloads, seeds, trace, trace_format, duration, time_compression, clone_users, overlay,
-                      widen_catalogue, holdout, seed)
+                      widen_catalogue, holdout, seed, allow_large)
     elif duration is not None or time_compression is not None or clone_users != 1 or overlay or widen_catalogue:
         raise HelmInputError("--duration, --time-compression, --clone-users, --overlay and --widen-catalogue "
                              "describe a log's replay: give --trace LOG")
     if init_path is not None:
         check_init(init_path)
     if seeds is not None:
-        return _select(timesteps, seed_list(seeds), seed_list(validate_seeds), validate_duration, env, n_envs,
+        return _select(timesteps, seed_list(seeds), seed_list(validate_seeds, "--validate-seeds"), validate_duration, env, n_envs,
                        out_path, runs_dir, jobs, as_json, init_path, checkpoint_every, target_kl)
     from helmgr.learn.train import train
     with progress("train", timesteps) as bar:
@@ -135,13 +148,27 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, hardware, model, 
                            ("P99 ms", "window SLO", "mean ratio")))
 
 
+def _costs(regimes, episode_s: float, nodes: int, n_envs: int, validated, validate_duration) -> list[Cost]:
+    """What training asks for: each regime's episode workload (its run, or warm-up and episode if
+    longer) on `nodes`, the environments' worker processes, and with `validated` regimes each
+    validation run."""
+    from helmgr.workload import WorkloadSpec
+    costs = [c for r in regimes for c in spec_costs(WorkloadSpec(r, max(WorkloadSpec(r).seconds, episode_s + 16.0)),
+                                                     nodes, f"{r} episodes (--episode-s {episode_s:g}): ")]
+    costs.append(Cost("GiB of memory", n_envs * ENV_GIB, LIMITS.memory_gib,
+                      f"--envs {n_envs} worker processes x ~{ENV_GIB:g} GiB"))
+    return costs + [c for r in validated or () for c in spec_costs(WorkloadSpec(r, validate_duration), VALIDATE_NODES,
+                                                                    f"{r} validation: ")]
+
+
 def _traced(env: dict, workloads: str, seeds, trace, fmt, duration, time_compression, clone_users, overlay, widen,
-            holdout, seed) -> dict:
+            holdout, seed, allow_large: bool = False) -> dict:
     """`env` training on a log's replay (`learn.env.HelmEnv`'s `trace`), the log read and checked
     here, before any training: a bad file, a replay too short for an episode before its held-out
     tail, or options that do not go with --trace are refused."""
     from helmgr.learn.env import HelmEnv
     from helmgr.workload import WorkloadSpec
+    from helmgr.workload.trace import replayed_before
     if workloads != "steady,trend,burst":
         raise HelmInputError(f"--workloads {workloads!r} names synthetic regimes; --trace trains on the log instead")
     if seeds is not None:
@@ -152,14 +179,20 @@ def _traced(env: dict, workloads: str, seeds, trace, fmt, duration, time_compres
     spec = {"trace": trace, "trace_format": fmt, "duration_s": duration or TRACE_TRAIN_S, "seed": seed,
             "time_compression": time_compression, "clone_users": clone_users,
             "overlays": tuple(overlay) + ((WIDEN,) if widen else ())}
+    check_costs(spec_costs(WorkloadSpec(**spec), env["nodes"]), allow_large)
     w = WorkloadSpec(**spec).build()                      # names a bad file or line
     env = env | {"regimes": ("trace",), "trace": spec, "holdout": holdout}
     e = HelmEnv(**env)
-    room = e.train_end_s(w.duration_s) - e.warmup_s - e.episode_s
-    if room < 0:
-        raise HelmInputError(f"the replay's first {e.train_end_s(w.duration_s):g} s (before the held-out "
+    end = e.train_end_s(w.duration_s)
+    if end - e.warmup_s - e.episode_s < 0:
+        raise HelmInputError(f"the replay's first {end:g} s (before the held-out "
                              f"{holdout:g}) cannot hold an episode of {e.warmup_s:g} + {e.episode_s:g} s: give a "
                              f"longer --duration or a shorter --episode-s")
+    sent = replayed_before(w, end)
+    if sent < end:
+        how = f"--time-compression {time_compression:g}" if time_compression is not None else "fitting the log"
+        raise HelmInputError(f"the replay's first {end:g} s ({how}) hold {sent} requests, under one a second: "
+                             "nothing to control; replay it faster or shorter")
     return env
 
 

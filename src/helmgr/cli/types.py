@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import click
 
@@ -16,7 +17,7 @@ from helmgr.core.classes import load_table
 from helmgr.core.errors import HelmInputError
 from helmgr.core.profiles import load_hardware, load_model
 from helmgr.core.validate import GIB, LIMITS, SEED_MAX, Cost, check_costs, count_lines, run_memory_bytes
-from helmgr.sim.config import check_faults, parse_fault
+from helmgr.sim.config import SimConfig, check_faults, parse_fault
 from helmgr.workload.synthetic import SyntheticConfig, default_config
 
 
@@ -80,14 +81,14 @@ def names(text: str, known, what: str) -> list[str]:
     return listed
 
 
-def seed_list(text: str) -> list[int]:
-    """A comma list of seeds (`--seeds`), each in [0, SEED_MAX]."""
+def seed_list(text: str, option: str = "--seeds") -> list[int]:
+    """A comma list of seeds (`option`), each in [0, SEED_MAX]."""
     try:
         seeds = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise HelmInputError(f"--seeds {text!r} is not a comma list of integers") from None
+        raise HelmInputError(f"{option} {text!r} is not a comma list of integers") from None
     if not seeds or any(not 0 <= s <= SEED_MAX for s in seeds):
-        raise HelmInputError(f"--seeds {text!r}: give one or more seeds in [0, {SEED_MAX}]")
+        raise HelmInputError(f"{option} {text!r}: give one or more seeds in [0, {SEED_MAX}]")
     return seeds
 
 
@@ -191,6 +192,20 @@ def option_costs(o: dict) -> list[Cost]:
     if runs is not None:
         costs.append(Cost("runs", runs[0], LIMITS.runs, runs[1]))
     return costs
+
+
+def spec_costs(spec, nodes: int, what: str = "") -> list[Cost]:
+    """What one run of a workload spec (`WorkloadSpec`) asks for on `nodes` nodes of the default
+    tick and refresh, `what` (e.g. "steady: ") before each cost's options."""
+    default = SimConfig()
+    o = {"rps": spec.rps, "regime": spec.regime, "duration": spec.seconds, "nodes": nodes, "trace": spec.trace,
+         "clone_users": spec.clone_users, "tick_ms": default.tick_s * 1e3, "refresh_s": default.refresh_s}
+    costs = option_costs(o)
+    if spec.trace is None and spec.duration_s is None and spec.time_compression is not None:
+        costs = [replace(c, because=c.because.replace(f"--duration {spec.seconds:g}",
+                                                      f"{spec.seconds:g} s (--time-compression {spec.time_compression:g})"))
+                 for c in costs]
+    return [replace(c, because=what + c.because) for c in costs]
 
 
 def check_options(o: dict, allow_large: bool = False) -> None:

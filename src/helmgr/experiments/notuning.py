@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from helmgr.core.errors import HelmInputError
 from helmgr.experiments.capacity import CapacityTask, base_rate, bisect_task
 from helmgr.experiments.parallel import run_all
 from helmgr.sim import SimConfig, simulate
@@ -73,6 +74,10 @@ def no_tuning(conditions: list[Condition], ratios, cluster: SimConfig = SimConfi
     p99 = np.array([r["p99_ms"] for r in runs[:k]], float).reshape(len(conditions), len(ratios))
     helm = np.array([r["p99_ms"] for r in runs[k:]], float)
     overloaded = np.array([r["overloaded"] for r in runs[:k]], bool).reshape(p99.shape)
+    for c, row in zip(conditions, p99):
+        if np.isnan(row).all():
+            raise HelmInputError(f"{c.name}: no run completed a request after its warm-up in its {c.spec.seconds:g} "
+                                 "simulated seconds, so it has no static-best; give it a longer run")
     out = summarize(p99, helm, ratios)
     out["conditions"] = [
         {"condition": c.name, "hardware": c.hardware, "model": c.model, "workload": c.spec.regime,

@@ -175,6 +175,11 @@ class TraceSource:
         return self.table.take(np.arange(lo, hi))
 
 
+def replayed_before(w: Workload, t: float) -> int:
+    """Requests a log's replay `w` sends before time `t` (its synthetic overlays' aside)."""
+    return sum(int(np.searchsorted(src.table.t, t)) for src in w.sources if isinstance(src, TraceSource))
+
+
 def _requests(log: Log, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Group each user's same-time interactions: (time, user, size) per request."""
     u, t = log.user[order], log.time[order]
