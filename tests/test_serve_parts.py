@@ -352,3 +352,60 @@ def test_a_base_policy_from_a_file_runs_in_every_replica_and_a_bad_one_is_refuse
         out, err = capsys.readouterr()
         errors = [line for line in err.splitlines() if "error:" in line]     # (after the pricing note)
         assert out == "" and len(errors) == 1 and needle in errors[0], err
+
+
+def test_loadgen_refuses_a_server_that_is_not_a_helmgr_app_and_a_bad_out_before_sending(capsys, tmp_path):
+    """A real HTTP server answering garbage (then a JSON object that is no serving configuration)
+    at /v1/config is named, not a traceback; --out is checked before anything is sent."""
+    import http.server
+    import threading
+
+    from helmgr.cli import main
+    bodies, seen = [b"garbage", b'{"status": "ok"}'], []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(bodies[0])
+
+        def log_message(self, *args):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for _ in range(2):
+            assert main(["loadgen", "--url", url, "--duration", "1"]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "does not answer as a helmgr app" in err[0] and "Traceback" not in err[0], err
+            bodies.pop(0)
+        assert seen == ["/v1/config"] * 2
+        (tmp_path / "f").write_text("x")
+        assert main(["loadgen", "--url", url, "--out", str(tmp_path / "f" / "sub")]) == 2
+        assert "--out" in capsys.readouterr().err and len(seen) == 2         # refused before asking the app
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--pool-mib", "1e308"], "pool-mib"), (["--pool-mib", "1e-300"], "pool-mib"),
+    (["--replica-cpus", "1e300"], "replica-cpus"), (["--replicas", "1000000"], "replicas"),
+    (["--slo-ms", "1e-300"], "slo-ms"), (["--max-body-kib", str(10**23)], "--max-body-kib"),
+    (["--replicas", "1000"], "need 250.25 Ray CPUs"),
+    (["--replicas", "64", "--replica-cpus", "0", "--device", "cuda"], "64 replicas, this machine has"),
+    (["--pool-mib", "1000000"], "more than half this machine's memory"),
+    (["--history", "/nonexistent/helmgr-store"], "/nonexistent/helmgr-store"),
+])
+def test_serve_refuses_an_app_it_could_not_start_in_one_line_before_ray(capsys, monkeypatch, argv, needle):
+    pytest.importorskip("ray.serve")
+    import helmgr.serve.app as app
+    from helmgr.cli import main
+
+    def never(*args, **kwargs):
+        raise AssertionError("serve started")
+    monkeypatch.setattr(app, "start", never)
+    assert main(["serve", "--port", "8139"] + argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [err.strip()] and needle in err, err

@@ -7,11 +7,12 @@ import time
 
 import click
 
-from helmgr.cli.output import (emit_json, json_option, json_text, markdown_table, out_option, progress, result_dir,
+from helmgr.cli.output import (check_out, emit_json, json_option, json_text, markdown_table, out_option, progress, result_dir,
                                stderr, table)
 from helmgr.cli.simulate_cmd import GROUP_SHOWN, fairness_line, group_rows
 from helmgr.cli.types import NON_NEGATIVE, POSITIVE, SEED, Finite
 from helmgr.core.classes import load_table
+from helmgr.core.errors import HelmInputError
 from helmgr.core.extras import require
 from helmgr.serve.config import ServeConfig
 
@@ -47,7 +48,7 @@ from helmgr.serve.config import ServeConfig
 @click.option("--max-cost-ms", type=POSITIVE, default=None,
               help="Refuse (422) a request whose predicted service with nothing cached is above this "
                    "[default: 2 x --slo-ms].")
-@click.option("--max-body-kib", type=click.IntRange(min=1), default=1024, show_default=True,
+@click.option("--max-body-kib", type=click.IntRange(1, 1 << 20), default=1024, show_default=True,
               help="Refuse (413) a larger request body before reading it.")
 @click.option("--no-controller", is_flag=True, help="Keep every ratio fixed.")
 @click.option("--seed", type=SEED, default=0, show_default=True,
@@ -84,14 +85,16 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
     load_hardware(hardware)                         # an unknown name or bad file: exit 2 now, not in a replica
     if address is None:
         check_listen(host, port)                    # an unknown host or a port in use: exit 2 before Ray starts
-    if not hardware.endswith(".toml"):
-        stderr.print(f"note: the router prices requests with the {hardware} preset; for this machine's own figures "
-                     f"run helmgr calibrate --device {device} --out hw.toml and pass --hardware hw.toml")
     cfg = ServeConfig(replicas=replicas, device=device, replica_cpus=replica_cpus, pool_mib=pool_mib, ratio=ratio,
                       hardware=hardware, slo_ms=slo_ms, deadline_ms=deadline_ms, max_cost_ms=max_cost_ms,
                       max_body_bytes=max_body_kib * 1024, controller=not no_controller, seed=seed,
                       history=history_dir, redis=redis_url, checkpoint=model_dir,
                       base_policy=base_policy, classes=classes).with_sources().validate()
+    if address is None:
+        check_fits_here(cfg, num_cpus)            # a local cluster that could not place its replicas would hang
+    if not hardware.endswith(".toml"):                # (after every check: an error stays one line)
+        stderr.print(f"note: the router prices requests with the {hardware} preset; for this machine's own figures "
+                     f"run helmgr calibrate --device {device} --out hw.toml and pass --hardware hw.toml")
     stderr.print(f"starting {replicas} replicas ({device}) ...")
     try:
         url = start(cfg, port=port, host=host, address=address, num_cpus=num_cpus, metrics_port=metrics_port)
@@ -107,6 +110,25 @@ def serve_cmd(replicas, port, host, address, num_cpus, metrics_port, device, rep
         stderr.print("stopping ...")
     finally:
         stop()
+
+
+def check_fits_here(cfg: ServeConfig, num_cpus: int | None) -> None:
+    """A local Ray cluster can place the app: a GPU for each replica with --device cuda, Ray CPUs
+    for the replicas and the ingress, and host memory for the replicas' pools on CPU."""
+    cpus = num_cpus or os.cpu_count() or 1
+    if (cfg.replicas + 1) * cfg.replica_cpus > cpus:
+        raise HelmInputError(f"--replicas {cfg.replicas} and the ingress at --replica-cpus {cfg.replica_cpus:g} need "
+                             f"{(cfg.replicas + 1) * cfg.replica_cpus:g} Ray CPUs; this local cluster has {cpus}")
+    if cfg.device == "cuda":
+        import torch
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < cfg.replicas:
+            raise HelmInputError(f"--device cuda takes a GPU a replica: {cfg.replicas} replicas, this machine has {gpus}")
+    elif hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        memory_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+        if cfg.replicas * cfg.pool_mib > 0.5 * memory_mib:
+            raise HelmInputError(f"--replicas {cfg.replicas} x --pool-mib {cfg.pool_mib:g} is more than half this "
+                                 f"machine's memory ({memory_mib:,.0f} MiB)")
 
 
 def _table_name(name_or_path: str | None) -> str | None:
@@ -177,6 +199,7 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     from helmgr.workload import parse_regime
 
     parse_regime(regime)
+    check_out(out_dir)                            # before the load: a run cannot be sent twice to a store
     if resume and with_sim:
         raise click.UsageError("--sim simulates a whole replay; it cannot go with --resume")
     load = LoadConfig(url, regime, duration, rps, concurrency, max_requests, slo_ms, timeout_s, seed, trace, trace_format,

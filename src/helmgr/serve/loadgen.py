@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
@@ -60,9 +60,18 @@ def server_config(url: str, timeout_s: float = 10.0) -> ServeConfig:
         raise HelmInputError(f"--url must start with http:// or https://, got {url!r}")
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/v1/config", timeout=timeout_s) as r:
-            return ServeConfig.from_dict(json.loads(r.read()))
-    except OSError as exc:
+            body = r.read()
+    except (OSError, ValueError) as exc:        # ValueError: a URL urllib cannot parse
         raise HelmInputError(f"--url {url!r}: cannot reach the app ({exc})") from None
+    try:
+        d = json.loads(body)
+    except ValueError:
+        d = None
+    missing = [f.name for f in fields(ServeConfig) if not isinstance(d, dict) or f.name not in d]
+    if missing:
+        raise HelmInputError(f"--url {url!r} does not answer as a helmgr app: its /v1/config is not a serving "
+                             f"configuration (it lacks {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    return ServeConfig.from_dict(d)
 
 
 def stream_seed(cfg: ServeConfig, load: LoadConfig) -> int:
