@@ -179,6 +179,27 @@ def test_a_replay_with_nothing_to_control_is_refused_before_training(capsys, tmp
                      "--runs-dir", str(tmp_path / "runs")], "hold 1 requests", "--time-compression 1e-300")
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["profile", "--prefix", "1" + "0" * 23], "'--prefix'"),
+    (["bench", "--controller", "--cold-mb", "65536"], "'--cold-mb'"),
+    (["bench", "--policy", "{policy}"], "goes with --controller"),
+    (["sweep", "--policy", "helm"], "--policy 'helm': a sweep runs static splits"),
+    (["sweep", "--ratio", "0.3"], "--ratio 0.3: a sweep runs every ratio"),
+    (["workload", "--overlay", "burst"], "give --trace LOG"),
+    (["simulate", "--clone-users", "5"], "give --trace LOG"),
+    (["compare", "--routers", ""], "--routers"),
+    (["calibrate", "--out", "{tmp}/d.toml", "--n-items", "1000000000000"], "GiB of host memory"),
+    (["calibrate", "--out", "{tmp}/d.toml", "--pool-mib", "1e-9"], "--pool-mib must be >= 0.25"),
+    (["calibrate", "--out", "{tmp}/c.model.toml"], "named as the model profile"),
+])
+def test_options_that_cannot_mean_what_they_say(capsys, tmp_path, argv, needle):
+    """Values past any sane run, and options a command would ignore, are refused before any work."""
+    from helmgr.controller.controller import default_policy_file
+    argv = [a.format(tmp=tmp_path, policy=default_policy_file()) for a in argv]
+    refused(capsys, argv, needle)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_trace_clones_past_the_limit(capsys, trace):
     refused(capsys, ["simulate", "--duration", "5", "--trace", trace, "--clone-users", "100000000"],
             "--clone-users 100000000", "5 lines", "requests")
@@ -274,7 +295,7 @@ def test_binary_or_undecodable_profile_files(capsys, tmp_path, content, needle):
 def test_profile_path_that_is_missing_or_a_folder(capsys, tmp_path):
     refused(capsys, ["profile", "--hardware", str(tmp_path / "nope.toml")], "nope.toml", "does not exist")
     (tmp_path / "dir.toml").mkdir()
-    refused(capsys, ["profile", "--hardware", str(tmp_path / "dir.toml")], "dir.toml", "cannot be read")
+    refused(capsys, ["profile", "--hardware", str(tmp_path / "dir.toml")], "dir.toml", "is not a regular file")
     refused(capsys, ["profile", "--model", "../hardware/a100-80g"], "unknown model profile")
 
 

@@ -23,9 +23,10 @@ from helmgr.sim.config import MAX_EMB_SAMPLE, SIM_PATHS
 @click.option("--controller", is_flag=True, help="Time the HELM controller's decisions instead.")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="With --controller: an exported base policy [default: the shipped one].")
-@click.option("--cold-mb", type=click.IntRange(0, 65536), default=0, show_default=True,
+@click.option("--cold-mb", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="With --controller: write over a buffer of this many MB between two decisions, "
-                   "as the rest of a serving process would (a cold decision).")
+                   "as the rest of a serving process would (a cold decision; a few times the last-level cache "
+                   "is enough).")
 @click.option("--sim", is_flag=True, help="Simulated requests per wall-second of the default scenario instead, "
                                           "with the split of wall time by phase and memory per node.")
 @click.option("--routers", default="least-loaded,helm", show_default=True, help="With --sim: comma list of routers.")
@@ -58,6 +59,8 @@ def bench_cmd(router_name, nodes, decisions, repeats, controller, policy_path, c
     """
     if cold_mb and not controller:
         raise HelmInputError(f"--cold-mb {cold_mb} goes with --controller")
+    if policy_path is not None and not controller:
+        raise HelmInputError(f"--policy {policy_path!r} is the controller's: it goes with --controller")
     if sim:
         if controller:
             raise HelmInputError("--sim and --controller are two benches; choose one")

@@ -30,10 +30,10 @@ from helmgr.core.extras import require
               help="Longest history measured [default: cpu 1024, cuda 4096].")
 @click.option("--max-batch", type=click.IntRange(min=1, max=1024), default=8, show_default=True,
               help="Largest batch measured for the batch-efficiency curve (batches of 1, 2, 4, ... up to it).")
-@click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True,
+@click.option("--repeats", type=click.IntRange(1, 1000), default=7, show_default=True,
               help="Timed runs per point (median); lookups, copies and gathers take at least 15.")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs first.")
-@click.option("--threads", type=click.IntRange(min=1, max=4096), default=1, show_default=True, help="torch CPU threads.")
+@click.option("--warmup", type=click.IntRange(0, 1000), default=2, show_default=True, help="Untimed runs first.")
+@click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True, help="torch CPU threads.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @json_option
 def calibrate_cmd(device, out_path, model, shrink, candidates, n_items, pool_mib, ratio, max_tokens, max_batch,

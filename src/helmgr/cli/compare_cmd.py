@@ -62,7 +62,7 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     wall = time.perf_counter()
     known = ALL + tuple(p for p in (*OFFLINE, *POLICIES) if p not in ALL)
     policy_names = names(policies, known, "policies")
-    router_names = names(routers, list(ROUTERS), "routers") if routers else [router]
+    router_names = names(routers, list(ROUTERS), "routers") if routers is not None else [router]
     grid = ratio_grid(ratios)
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     w = spec.build()                                     # validates the workload options up front

@@ -15,8 +15,8 @@ from helmgr.core.profiles import GIB, available, node_profile
 @click.option("--model", default="large", show_default=True,
               help=f"Model preset ({', '.join(sorted(available('model')))}) or a profile TOML file.")
 @click.option("--ratio", type=Finite(0.0, 1.0), default=0.5, show_default=True, help="EMB share of the pool, in [0, 1].")
-@click.option("--prefix", type=click.IntRange(min=0), default=1000, show_default=True, help="History tokens of the example request.")
-@click.option("--new-tokens", type=click.IntRange(min=0), default=4, show_default=True)
+@click.option("--prefix", type=click.IntRange(0, 10**7), default=1000, show_default=True, help="History tokens of the example request.")
+@click.option("--new-tokens", type=click.IntRange(0, 10**6), default=4, show_default=True)
 @click.option("--page-mib", type=POSITIVE, default=2.0, show_default=True)
 @json_option
 def profile(hardware, model, ratio, prefix, new_tokens, page_mib, as_json):

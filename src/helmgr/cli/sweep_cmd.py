@@ -5,6 +5,7 @@ import math
 import os
 
 import click
+from click.core import ParameterSource
 from rich.table import Table
 
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out_option, progress,
@@ -12,6 +13,7 @@ from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out
 from helmgr.cli.simulate_cmd import build_config, sim_options
 from helmgr.cli.types import parallel_options, ratio_grid
 from helmgr.cli.workload_cmd import workload_options, workload_spec
+from helmgr.core.errors import HelmInputError
 from helmgr.experiments.sweep import sweep
 
 COLUMNS = ("ratio", "p99_ms", "p50_ms", "slo_attainment", "window_slo_satisfaction", "emb_hit_rate", "kv_hit_rate",
@@ -35,6 +37,10 @@ def sweep_cmd(regime, duration, seed, rps, trace, trace_format, time_compression
     helmgr sweep --workload burst --ratios 0.05:0.95:0.05 --out results/sweep-burst
     helmgr sweep --workload burst --ray-address auto --out results/sweep-burst
     """
+    if policy != "static":
+        raise HelmInputError(f"--policy {policy!r}: a sweep runs static splits, one a ratio of --ratios")
+    if click.get_current_context().get_parameter_source("ratio") is ParameterSource.COMMANDLINE:
+        raise HelmInputError(f"--ratio {ratio:g}: a sweep runs every ratio of --ratios")
     check_out(out_dir)
     grid = ratio_grid(ratios)
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,

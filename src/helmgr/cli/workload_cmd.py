@@ -8,6 +8,7 @@ import click
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, markdown_table, out_option, progress,
                                result_dir, stderr, stdout, table)
 from helmgr.cli.types import POSITIVE as positive, SEED, checked
+from helmgr.core.errors import HelmInputError
 from helmgr.sim.config import SimConfig
 from helmgr.workload import FORMATS, OVERLAYS, WorkloadSpec, default_config, describe
 from helmgr.workload.spec import TRACE_DURATION_S
@@ -82,6 +83,8 @@ def widened(f):
 def workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users,
                   overlay) -> WorkloadSpec:
     """The workload options as a picklable spec (what worker processes build their stream from)."""
+    if trace is None and (overlay or clone_users != 1):
+        raise HelmInputError("--overlay and --clone-users shape a log's replay: give --trace LOG")
     return WorkloadSpec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users,
                         tuple(overlay))
 

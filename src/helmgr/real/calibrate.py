@@ -23,6 +23,7 @@ time), so short and long measurements count alike. Nothing here imports click or
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -35,11 +36,34 @@ from helmgr.core.records import NodeConfig
 from helmgr.core.profiles import GIB, MIB, HardwareProfile, ModelProfile, NodeProfile, load_hardware
 from helmgr.real.fits import BatchFit, Fit, fit_affine, fit_batch, fit_compute
 from helmgr.real.measure import Measure, Shape, sizes
-from helmgr.real.runtime import PAGE_MIB, NodeRuntime, runtime_model
+from helmgr.real.runtime import FP32, MIN_POOL_PAGES, PAGE_MIB, NodeRuntime, runtime_model
 
 CPU_RESERVED_GIB = 0.0625          # a CPU has no HBM: a stand-in for what the context holds on a GPU
 CPU_ACTIVATIONS_GIB = 0.0625       # not measured on CPU (the runtime's pool is sized apart from it)
 FLOOR = 1e-3                       # the profile loader wants every constant > 0
+
+
+ACTIVATION_TENSORS = 8             # live (tokens + candidates) x d_model tensors a request, in the estimate
+
+
+def check_fits(need: dict[str, float], device: str) -> None:
+    """Refuse a calibration whose estimate (`CalibrateConfig.memory_bytes`) is over half the
+    host's memory, or over the CUDA device's."""
+    have = {"host": host_memory_bytes()}
+    if "device" in need and device == "cuda" and torch.cuda.is_available():
+        have["device"] = torch.cuda.get_device_properties(0).total_memory
+    for where, n in need.items():
+        limit = have.get(where)
+        if limit is not None and n > (0.5 * limit if where == "host" else limit):
+            raise HelmInputError(f"--n-items, --pool-mib, --max-batch, --max-tokens and --candidates ask for "
+                                 f"~{n / GIB:.3g} GiB of {where} memory; this machine has {limit / GIB:.3g} GiB")
+
+
+def host_memory_bytes() -> float | None:
+    """This machine's physical memory, where the OS says (None elsewhere)."""
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return None
 
 
 # CPU: the small preset shrunk so that a request takes milliseconds. CUDA: the small preset
@@ -89,7 +113,20 @@ class CalibrateConfig:
         if self.n_items < need:
             raise HelmInputError(f"--n-items must be >= {need} for --max-tokens {self.max_tokens} and "
                                  f"--candidates {self.candidates}, got {self.n_items}")
+        if self.pool_mib < MIN_POOL_PAGES * PAGE_MIB:
+            raise HelmInputError(f"--pool-mib must be >= {MIN_POOL_PAGES * PAGE_MIB:g} (the runtime's pool holds "
+                                 f"{MIN_POOL_PAGES} pages of {PAGE_MIB * 1024:g} KiB at least), got {self.pool_mib:g}")
+        check_fits(self.memory_bytes(), self.device)
         return self
+
+    def memory_bytes(self) -> dict[str, float]:
+        """What a calibration holds, by where: the host table (and on CPU the pool), and the
+        largest batch's activations: a few live tensors of (tokens + candidates) x d_model a request."""
+        m = self.model_profile
+        batch = ACTIVATION_TENSORS * self.max_batch * (self.max_tokens + self.candidates) * m.d_model * FP32
+        pool = self.pool_mib * MIB
+        host = self.n_items * m.row_bytes + (pool + batch if self.device == "cpu" else 0.0)
+        return {"host": host} | ({} if self.device == "cpu" else {"device": pool + batch})
 
     @property
     def model_profile(self) -> ModelProfile:

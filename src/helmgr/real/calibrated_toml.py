@@ -28,6 +28,9 @@ def check_out(path: Path, option: str = "--out") -> None:
     if path.suffix != ".toml" or not path.stem:
         raise HelmInputError(f"{option} {str(path)!r} must end in .toml (the simulator loads profiles from "
                              f".toml files)")
+    if path.name.endswith(".model.toml"):
+        raise HelmInputError(f"{option} {str(path)!r} is named as the model profile written beside a hardware "
+                             f"profile ({str(path)[:-len('.model.toml')]}.toml would write it); name the hardware one")
     if model_path(path).is_dir():
         raise HelmInputError(f"{option} {str(path)!r}: {str(model_path(path))!r} is a folder")
     check_writable(option, path, path.resolve().parent)

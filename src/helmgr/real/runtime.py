@@ -33,6 +33,7 @@ from helmgr.real.pool import DevicePool
 FP32 = 4
 PAGE_MIB = 1 / 16     # 64 KiB pages: a cached prefix is read and written whole pages at a time,
                       # so small pages keep that copy close to the prefix's own bytes
+MIN_POOL_PAGES = 4    # a pool smaller than this many pages is refused (serve, calibrate)
 
 
 def runtime_model(preset: str = "small", factor: int = 16, candidates: int | None = None) -> ModelProfile:

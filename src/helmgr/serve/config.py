@@ -15,7 +15,6 @@ from helmgr.workload import SyntheticConfig, default_config
 # what an app may be given (past these it could not start, or could never answer in time)
 MAX_REPLICAS = 1024
 MAX_CPUS = 1024.0                    # Ray logical CPUs of one replica
-MIN_POOL_MIB = 0.25                  # four of the runtime's 64-KiB pages
 MAX_POOL_MIB = float(1 << 20)        # 1 TiB
 MIN_MS, MAX_MS = 1e-3, 1e7           # latency targets, deadlines and cost caps: 1 us to ~3 h
 MAX_BODY_BYTES = 1 << 30
@@ -94,9 +93,10 @@ class ServeConfig:
                 raise HelmInputError("a base policy is for the controllers; the ratios are fixed without them")
             self.controller_now()                         # names a file that is not a policy, before any replica
         self.class_table()                                # a bad table is refused before any replica
+        from helmgr.real.runtime import MIN_POOL_PAGES, PAGE_MIB     # torch: only where an app is checked
         ms = Range(MIN_MS, MAX_MS)
         check_numbers(self, {"replica_cpus": Range(0, MAX_CPUS), "ratio": Range(0, 1, low_open=True, high_open=True),
-                             "replicas": Range(1, MAX_REPLICAS), "pool_mib": Range(MIN_POOL_MIB, MAX_POOL_MIB),
+                             "replicas": Range(1, MAX_REPLICAS), "pool_mib": Range(MIN_POOL_PAGES * PAGE_MIB, MAX_POOL_MIB),
                              "slo_ms": ms, "deadline_ms": ms, "max_cost_ms": ms, "max_body_bytes": Range(1, MAX_BODY_BYTES)})
         if self.max_cost_s > self.deadline_s:
             raise HelmInputError(f"max-cost-ms ({self.max_cost_s * 1e3:g}) must not exceed deadline-ms "
