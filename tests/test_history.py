@@ -1,4 +1,5 @@
 """The history store: built from a log, read by position, appended durably, torn tails cut."""
+import io
 import json
 import os
 import signal
@@ -44,7 +45,7 @@ def test_appends_follow_the_base_and_survive_a_reopen(store):
         assert again.items(1, 0, 7).tolist() == [2, 7, 8, 6, 5, 0, 1] and again.length(7) == 1
         assert again.stat() | {"source": ""} == {"users": 4, "actions": 10, "base_users": 3, "base_actions": 6,
                                                  "appends": 3, "appended_actions": 4, "items": 9,
-                                                 "torn_bytes_cut": 0, "source": ""}
+                                                 "torn_bytes_cut": 0, "torn_bytes_left": 0, "source": ""}
 
 
 @pytest.mark.parametrize("tail", ["torn", "corrupt"])
@@ -141,3 +142,98 @@ def test_a_real_log(shared_data, tmp_path):
         mine = np.flatnonzero(log.user == 5)
         want = log.item[mine[np.argsort(log.time[mine], kind="stable")]]
         assert s.items(5, 0, s.length(5)).tolist() == want.tolist()
+
+
+def _offsets(a):
+    return lambda folder: np.save(folder / "offsets.npy", a)
+
+
+def _write(name: str, data: bytes):
+    return lambda folder: (folder / name).write_bytes(data)
+
+
+def _journal_folder(folder):
+    (folder / "journal.bin").unlink()
+    (folder / "journal.bin").mkdir()
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (_write("meta.json", b"{nope"), "meta.json is not readable JSON"),
+    (_write("meta.json", b"[1, 2]"), "meta.json must be a JSON object, it is a JSON list"),
+    (_write("meta.json", b'{"format": 1}'), "users, items, base_actions must be integers >= 0"),
+    (_write("meta.json", b"\xff\xfe{}"), "meta.json is not readable JSON ('utf-8' codec"),
+    (lambda f: (f / "base.npy").write_bytes((f / "base.npy").read_bytes()[:-5]), "base.npy is not a readable .npy"),
+    (_write("base.npy", b""), "base.npy is not a readable .npy array (the file is empty)"),
+    (_write("offsets.npy", bytes(range(256))), "offsets.npy is not a readable .npy array (no .npy header)"),
+    (_offsets(np.array([0, -5, 10**12])), "offsets.npy has 3 entries, meta.json's 3 users need 4"),
+    (_offsets(np.array([0, 2, 6, 10**12])), "offsets.npy must rise from 0 to base.npy's length 6 without falling"),
+    (_offsets(np.array([0, 4, 2, 6])), "offsets.npy must rise from 0 to base.npy's length 6 without falling"),
+    (_offsets(np.zeros((2, 3))), "offsets.npy must be a 1-D int64 array, it is float64 of shape (2, 3)"),
+    (_offsets(np.array([0, 6])), "offsets.npy has 2 entries, meta.json's 3 users need 4"),
+    (lambda f: np.save(f / "base.npy", np.array([4, 3, 2, 7, 8, 9])), "base.npy holds items outside [0, 9)"),
+    (lambda f: (f / "meta.json").write_text((f / "meta.json").read_text().replace('actions": 6', 'actions": 7')),
+     "base.npy holds 6 items, meta.json says base_actions 7"),
+    (_journal_folder, "cannot open journal.bin (Is a directory)"),
+])
+def test_a_broken_store_is_refused_in_one_line_naming_the_file(capsys, store, damage, needle):
+    """Each file cut short, garbled or at odds with the others (offsets that would count 2 users or
+    0 where meta.json says 3): `history stat` exits 2 with one line, and a writer's open refuses it."""
+    store.close()
+    damage(store.folder)
+    assert main(["history", "stat", str(store.folder), "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("helmgr: error: history store ")
+    assert needle in err and str(store.folder) in err, err
+    with pytest.raises(HelmInputError, match="history store"):
+        HistoryStore(store.folder)
+
+
+def test_stat_only_reads_a_journal_with_a_garbage_tail(capsys, store):
+    """`history stat` on a journal ending in 1000 garbage bytes counts them and leaves the file as
+    it was; a writer's open then cuts them (crash recovery) and keeps the whole append."""
+    store.append(0, [1, 2])
+    store.close()
+    journal = store.folder / "journal.bin"
+    with open(journal, "ab") as f:
+        f.write(np.random.default_rng(0).bytes(1000))
+    before = journal.read_bytes()
+    assert main(["history", "stat", str(store.folder), "--json"]) == 0
+    stat = json.loads(capsys.readouterr().out)
+    assert (stat["appends"], stat["torn_bytes_left"], stat["torn_bytes_cut"]) == (1, 1000, 0)
+    assert main(["history", "stat", str(store.folder)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ends in 1000 bytes that are no whole append" in err
+    assert journal.read_bytes() == before                                 # nothing written
+    with HistoryStore(store.folder) as writer:
+        assert writer.stat()["torn_bytes_cut"] == 1000 and writer.length(0) == 4
+    assert journal.read_bytes() == before[:-1000]
+
+
+def test_a_read_only_store_never_writes(store):
+    """A read-only open sees the writers' appends after refresh, refuses its own, and leaves a
+    missing journal missing."""
+    reader = HistoryStore(store.folder, read_only=True)
+    store.append(0, [5])
+    assert reader.length(0) == 2
+    reader.refresh()
+    assert reader.length(0) == 3 and reader.items(0, 2, 3).tolist() == [5]
+    size = (store.folder / "journal.bin").stat().st_size
+    with pytest.raises(io.UnsupportedOperation, match="opened read-only"):
+        reader.append(0, [6])
+    assert (store.folder / "journal.bin").stat().st_size == size
+    reader.close()
+    store.close()
+    (store.folder / "journal.bin").unlink()
+    with HistoryStore(store.folder, read_only=True) as again:
+        assert again.length(0) == 2 and again.stat()["appends"] == 0
+    assert not (store.folder / "journal.bin").exists()
+
+
+@pytest.mark.parametrize("command", ["build", "stat"])
+def test_an_empty_redis_url_is_refused_by_name(capsys, tmp_path, command):
+    log = tmp_path / "log.txt"
+    log.write_text("u1 a b\n")
+    argv = ["--trace", str(log), "--trace-format", "sequences"] if command == "build" else []
+    assert main(["history", command, *argv, "--redis", ""]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("helmgr: error: --redis '' is empty: give a URL")

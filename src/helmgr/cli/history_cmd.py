@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from helmgr.cli.output import emit_json, json_option, stderr, stdout, table
+from helmgr.core.errors import HelmInputError
 from helmgr.workload import FORMATS
 
 
@@ -42,7 +43,7 @@ def build_cmd(trace, trace_format, out_dir, redis_url, as_json):
     where = _one_store(out_dir, redis_url)
     log = read_trace(trace, trace_format)
     cols = (log.user, log.item, log.time, log.n_users, log.n_items)
-    if redis_url:
+    if redis_url is not None:
         from helmgr.history.redis_store import build_redis, connect
         store = build_redis(connect(redis_url), *cols, source=str(trace))
     else:
@@ -56,15 +57,16 @@ def build_cmd(trace, trace_format, out_dir, redis_url, as_json):
 @REDIS
 @json_option
 def stat_cmd(folder, redis_url, as_json):
-    """Users and actions the store (FOLDER, or --redis) holds: its log's, and every acknowledged append."""
+    """Users and actions the store (FOLDER, or --redis) holds: its log's, and every acknowledged
+    append. It only reads: a torn journal tail is counted, and left for the next writer to cut."""
     from helmgr.history import HistoryStore
 
     where = _one_store(folder, redis_url, "FOLDER")
-    if redis_url:
+    if redis_url is not None:
         from helmgr.history.redis_store import RedisStore, connect
         store = RedisStore(connect(redis_url))
     else:
-        store = HistoryStore(folder)
+        store = HistoryStore(folder, read_only=True)
     with store:
         _show(store.stat(), where, as_json)
 
@@ -72,7 +74,9 @@ def stat_cmd(folder, redis_url, as_json):
 def _one_store(folder, redis_url, name: str = "--out") -> str:
     if (folder is None) == (redis_url is None):
         raise click.UsageError(f"name the store: {name} or --redis, one of them")
-    return redis_url or str(folder)
+    if redis_url is not None and not redis_url.strip():
+        raise HelmInputError(f"--redis {redis_url!r} is empty: give a URL (redis://host:port/db, unix:///path.sock)")
+    return redis_url if redis_url is not None else str(folder)
 
 
 def _show(stat: dict, title: str, as_json: bool) -> None:
@@ -82,3 +86,6 @@ def _show(stat: dict, title: str, as_json: bool) -> None:
         stdout.print(table(title, stat))
         if stat["torn_bytes_cut"]:
             stderr.print(f"[yellow]a torn last append ({stat['torn_bytes_cut']} bytes, never acknowledged) was cut[/yellow]")
+        if stat["torn_bytes_left"]:
+            stderr.print(f"[yellow]journal.bin ends in {stat['torn_bytes_left']} bytes that are no whole append "
+                         f"(torn or corrupt, never acknowledged): left as is, the next writer cuts them[/yellow]")

@@ -10,13 +10,16 @@ path, and compiled because the pass is a few dozen short vector operations.
 File format (`.npz`): `w0, b0, w1, b1, ...` (layer k maps `w_k.shape[1]` inputs to
 `w_k.shape[0]` outputs, as torch stores them), `obs_mean`, `obs_var`, `obs_clip`, `obs_eps`,
 `max_step` (ratio change for an action of 1), and `meta` (a JSON string: how it was trained).
+Every value of a file is checked as it loads: finite numbers, variances >= 0 with a std above 0 (the pass
+divides by it), positive clip and step, one number where one is expected, meta a JSON object.
 """
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import math
+import zipfile
+import zlib
+from pathlib import Path
 
 import numpy as np
 from numba import njit
@@ -111,12 +114,75 @@ class MLPPolicy:
 
     @classmethod
     def load(cls, path) -> "MLPPolicy":
+        """The policy exported to `path`; a HelmInputError naming the file and what is wrong with
+        it: missing, unreadable, no zip archive, cut short, a layout or a value `_check_numbers`
+        refuses, a scalar that is an array, meta that is not a JSON object."""
         try:
-            with np.load(path, allow_pickle=False) as f:
+            with _open_npz(path) as f:
                 n = sum(1 for k in f.files if k.startswith("w") and k[1:].isdigit())
-                return cls([f[f"w{k}"] for k in range(n)], [f[f"b{k}"] for k in range(n)], f["obs_mean"], f["obs_var"],
-                           float(f["obs_clip"]), float(f["obs_eps"]), float(f["max_step"]), json.loads(str(f["meta"])))
+                arrays = {name: f[name] for k in range(n) for name in (f"w{k}", f"b{k}")} | {
+                    name: f[name] for name in ("obs_mean", "obs_var")}
+                scalars = [_scalar(f, name) for name in ("obs_clip", "obs_eps", "max_step")]
+                _check_numbers(arrays, *scalars)       # (a policy built in memory may hold NaN: Safety's test)
+                return cls([arrays[f"w{k}"] for k in range(n)], [arrays[f"b{k}"] for k in range(n)],
+                           arrays["obs_mean"], arrays["obs_var"], *scalars, _meta(f["meta"]))
         except FileNotFoundError:
             raise HelmInputError(f"policy file {str(path)!r} does not exist") from None
-        except (KeyError, ValueError, OSError) as e:
-            raise HelmInputError(f"policy file {str(path)!r} is not a HELM policy: {e}") from None
+        except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+            raise HelmInputError(f"policy file {str(path)!r} is not a HELM policy: {e or type(e).__name__}") from None
+
+
+def _check_numbers(arrays: dict[str, np.ndarray], obs_clip: float, obs_eps: float, max_step: float) -> None:
+    """ValueError naming the first value the pass cannot run on: an array of other than finite
+    numbers, a negative variance, a std of 0 (`forward` divides by sqrt(obs_var + obs_eps)), a
+    clip or a step that is not a positive number, a negative or non-finite eps."""
+    for name, a in arrays.items():
+        if a.dtype.kind not in "iuf":
+            raise ValueError(f"{name} holds {a.dtype} values, not numbers")
+        bad = a.size - np.count_nonzero(np.isfinite(a))
+        if bad:
+            raise ValueError(f"{name} has {bad} value(s) that are not finite (NaN or inf)")
+    for name, v in (("obs_clip", obs_clip), ("max_step", max_step)):
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a positive number, got {v}")
+    if not (math.isfinite(obs_eps) and obs_eps >= 0):
+        raise ValueError(f"obs_eps must be a finite number >= 0, got {obs_eps}")
+    var = arrays["obs_var"]
+    if (var < 0).any():
+        raise ValueError(f"obs_var must be >= 0, it has {np.count_nonzero(var < 0)} negative (min {var.min():g})")
+    if (var + obs_eps <= 0).any():
+        raise ValueError(f"obs_var + obs_eps must be > 0 (observations are divided by its root), "
+                         f"{np.count_nonzero(var + obs_eps <= 0)} input(s) have 0")
+
+
+def _open_npz(path):
+    """np.load of the archive at `path`; ValueError where the file is empty or no zip archive
+    (np.load would read other bytes as a single array or a pickle)."""
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if not head:
+        raise ValueError("the file is empty")
+    if not head.startswith(b"PK"):
+        raise ValueError("it is not an .npz (zip) archive")
+    return np.load(path, allow_pickle=False)
+
+
+def _scalar(f, name: str) -> float:
+    """The number `name` of archive `f`; ValueError unless it holds exactly one number."""
+    a = f[name]
+    if a.shape != () or a.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must be one number, it is {a.dtype} of shape {a.shape}")
+    return float(a)
+
+
+def _meta(a: np.ndarray) -> dict:
+    """The `meta` entry (a JSON string) as a dict; ValueError unless it is a JSON object."""
+    if a.shape != () or a.dtype.kind != "U":
+        raise ValueError(f"meta must be a JSON string, it is {a.dtype} of shape {a.shape}")
+    try:
+        meta = json.loads(str(a))
+    except ValueError as e:
+        raise ValueError(f"meta is not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"meta must be a JSON object, it is a JSON {type(meta).__name__}")
+    return meta

@@ -8,8 +8,12 @@ A store is a folder:
   int32, CRC-32 of the items) and the items (int64). An append writes its whole frame and fsyncs
   before it returns, so an acknowledged append survives a crash or a restart. Opening the store
   reads the journal back and cuts a torn last frame (a crash mid-write): an append is there whole
-  or not at all;
+  or not at all. A store opened read-only (`HistoryStore(folder, read_only=True)`: `helmgr history
+  stat`) writes nothing: it counts such a tail's bytes and leaves them for the next writer to cut;
 - `meta.json`: users, items, the base's actions, the log it was built from.
+
+Opening checks every file against the others (`read_meta`, `read_arrays`): a store that is not
+whole is a HelmInputError naming the file, never a wrong count.
 
 Users and items are the log's dense ids (`workload.trace.read_trace`: sorted tokens, numbered).
 A user the base does not hold starts with an empty history; appends may create it.
@@ -20,6 +24,7 @@ sees the others' appends after `refresh()`.
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import shutil
@@ -35,10 +40,70 @@ from helmgr.core.errors import HelmInputError
 FORMAT = 1
 HEADER = struct.Struct("<qiI")          # user, count, CRC-32 of the items' bytes
 FILES = ("meta.json", "base.npy", "offsets.npy")
+META_COUNTS = ("users", "items", "base_actions")
 
 
 class StoreUnavailable(HelmInputError):
     """The store cannot be reached (a Redis server down): serving answers 503 naming it."""
+
+
+def read_meta(folder: Path) -> dict:
+    """`folder`'s meta.json; a HelmInputError unless it is UTF-8 JSON, an object of this format
+    whose users, items and base_actions are integers >= 0."""
+    where = f"history store {str(folder)!r}: meta.json"
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:                # ValueError: not UTF-8, not JSON
+        raise HelmInputError(f"{where} is not readable JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise HelmInputError(f"{where} must be a JSON object, it is a JSON {type(meta).__name__}")
+    if meta.get("format") != FORMAT:
+        raise HelmInputError(f"history store {str(folder)!r} has format {meta.get('format')!r}, "
+                             f"this helmgr reads {FORMAT}")
+    bad = {k: meta.get(k) for k in META_COUNTS if type(meta.get(k)) is not int or meta[k] < 0}
+    if bad:
+        raise HelmInputError(f"{where}: {', '.join(bad)} must be integers >= 0, got {bad}")
+    return meta
+
+
+def read_arrays(folder: Path, meta: dict) -> tuple[np.ndarray, np.ndarray]:
+    """`folder`'s base.npy (memory-mapped) and offsets.npy; a HelmInputError unless both are 1-D
+    int64, the offsets are users + 1, rise from 0 to the base's length without falling, the base
+    holds base_actions items, each in [0, items)."""
+    base, offsets = _npy(folder, "base.npy", "r"), _npy(folder, "offsets.npy", None)
+    where = f"history store {str(folder)!r}"
+    n = len(base)
+    if len(offsets) != meta["users"] + 1:
+        raise HelmInputError(f"{where}: offsets.npy has {len(offsets)} entries, meta.json's "
+                             f"{meta['users']} users need {meta['users'] + 1}")
+    if offsets[0] != 0 or offsets[-1] != n or (np.diff(offsets) < 0).any():
+        raise HelmInputError(f"{where}: offsets.npy must rise from 0 to base.npy's length {n} without falling, "
+                             f"got {offsets[:4].tolist()} .. {offsets[-1]}")
+    if n != meta["base_actions"]:
+        raise HelmInputError(f"{where}: base.npy holds {n} items, meta.json says base_actions {meta['base_actions']}")
+    if n and not (0 <= base.min() and base.max() < meta["items"]):
+        raise HelmInputError(f"{where}: base.npy holds items outside [0, {meta['items']}) "
+                             f"(min {base.min()}, max {base.max()})")
+    return base, offsets
+
+
+def _npy(folder: Path, name: str, mmap_mode: str | None) -> np.ndarray:
+    """The 1-D int64 array in `folder / name`; a HelmInputError naming a file that is empty, no
+    .npy, cut short or another array."""
+    where = f"history store {str(folder)!r}: {name}"
+    try:
+        with open(folder / name, "rb") as f:
+            head = f.read(len(np.lib.format.MAGIC_PREFIX))
+        if head != np.lib.format.MAGIC_PREFIX:
+            raise ValueError("the file is empty" if not head else "no .npy header")
+        a = np.load(folder / name, mmap_mode=mmap_mode, allow_pickle=False)
+    except EOFError:
+        raise HelmInputError(f"{where} is cut short") from None
+    except (OSError, ValueError) as exc:
+        raise HelmInputError(f"{where} is not a readable .npy array ({exc})") from None
+    if a.ndim != 1 or a.dtype != np.int64:
+        raise HelmInputError(f"{where} must be a 1-D int64 array, it is {a.dtype} of shape {a.shape}")
+    return a
 
 
 def by_user(user: np.ndarray, item: np.ndarray, time: np.ndarray, n_users: int) -> tuple[np.ndarray, np.ndarray]:
@@ -102,34 +167,46 @@ class Store:
 
     @staticmethod
     def record(new_users: int, base_users: int, base_actions: int, appends: int, appended_actions: int, items: int,
-               torn_bytes_cut: int, source: str) -> dict:
-        """`stat`: users and actions, the base's and the appends'."""
+               torn_bytes_cut: int, source: str, torn_bytes_left: int = 0) -> dict:
+        """`stat`: users and actions, the base's and the appends'; a torn journal tail's bytes,
+        cut by a writer's open or left in place by a read-only one."""
         return {"users": base_users + new_users, "actions": base_actions + appended_actions,
                 "base_users": base_users, "base_actions": base_actions, "appends": appends,
                 "appended_actions": appended_actions, "items": items, "torn_bytes_cut": torn_bytes_cut,
-                "source": source}
+                "torn_bytes_left": torn_bytes_left, "source": source}
 
 
 class HistoryStore(Store):
-    """A built store, opened: `length`, `items` and `append` by user."""
+    """A built store, opened: `length`, `items` and `append` by user. `read_only`: nothing is
+    ever written (no append, a torn journal tail counted in `left_bytes`, not cut)."""
 
-    def __init__(self, folder: Path):
-        self.folder = Path(folder)
+    def __init__(self, folder: Path, read_only: bool = False):
+        self.folder, self.read_only = Path(folder), read_only
         missing = [f for f in FILES if not (self.folder / f).is_file()]
         if missing:
             raise HelmInputError(f"{str(self.folder)!r} is not a history store (no {', '.join(missing)}; "
                                  f"build one with `helmgr history build`)")
-        self.meta = json.loads((self.folder / "meta.json").read_text())
-        if self.meta.get("format") != FORMAT:
-            raise HelmInputError(f"history store {str(self.folder)!r} has format {self.meta.get('format')!r}, "
-                                 f"this helmgr reads {FORMAT}")
-        self.base = np.load(self.folder / "base.npy", mmap_mode="r")
-        self.offsets = np.load(self.folder / "offsets.npy")
+        self.meta = read_meta(self.folder)
+        self.base, self.offsets = read_arrays(self.folder, self.meta)
         self.added: dict[int, np.ndarray] = {}          # user -> its appended items, in order
-        self.appends = self.appended_actions = self.cut_bytes = 0
-        self.journal = open(self.folder / "journal.bin", "a+b")
+        self.appends = self.appended_actions = self.cut_bytes = self.left_bytes = 0
+        self.journal = self._open_journal()
         self._end = 0                                   # journal bytes read into `added`
         self.refresh()
+
+    def _open_journal(self):
+        """journal.bin, for appending (created if missing) or, read-only, for reading (an empty
+        stand-in if missing); a HelmInputError naming it where it cannot be opened (a folder)."""
+        path = self.folder / "journal.bin"
+        try:
+            return open(path, "rb" if self.read_only else "a+b")
+        except FileNotFoundError:
+            if self.read_only:
+                return open(os.devnull, "rb")
+            raise HelmInputError(f"history store {str(self.folder)!r}: cannot create journal.bin") from None
+        except OSError as exc:
+            raise HelmInputError(f"history store {str(self.folder)!r}: cannot open journal.bin "
+                                 f"({exc.strerror or exc})") from None
 
     @property
     def n_users(self) -> int:
@@ -145,8 +222,9 @@ class HistoryStore(Store):
 
     @contextmanager
     def _locked(self):
-        """The journal to this process: a writer holds it from reading the tail to its fsync."""
-        fcntl.flock(self.journal.fileno(), fcntl.LOCK_EX)
+        """The journal to this process: a writer holds it from reading the tail to its fsync (a
+        read-only store shares it with other readers)."""
+        fcntl.flock(self.journal.fileno(), fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -154,7 +232,8 @@ class HistoryStore(Store):
 
     def _read_new(self) -> None:
         """The journal's frames past `_end` into `added`, the lock held (so a partial frame here is
-        a crashed writer's, never one still writing): a torn or corrupt tail is cut."""
+        a crashed writer's, never one still writing): a torn or corrupt tail is cut, or, read-only,
+        counted in `left_bytes` and left."""
         self.journal.seek(self._end)
         data = self.journal.read()
         at = 0
@@ -166,7 +245,8 @@ class HistoryStore(Store):
             self._keep(user, np.frombuffer(data, np.int64, n, at + HEADER.size).copy())
             at = end
         self._end += at
-        if at < len(data):
+        self.left_bytes = len(data) - at if self.read_only else 0
+        if at < len(data) and not self.read_only:
             self.journal.truncate(self._end)
             self.journal.flush()
             os.fsync(self.journal.fileno())
@@ -200,6 +280,9 @@ class HistoryStore(Store):
         """Add `items` after `user`'s last action, durably (written and fsynced before it
         returns); returns the user's new length. With `at`, only if the user has exactly `at`
         actions (the items continue the history the caller saw); None if not, nothing written."""
+        if self.read_only:
+            raise io.UnsupportedOperation(f"history store {str(self.folder)!r} was opened read-only: "
+                                          f"append through HistoryStore(folder)")
         items = self.checked(user, items, self.meta["items"])
         payload = items.tobytes()
         frame = HEADER.pack(user, len(items), zlib.crc32(payload)) + payload
@@ -216,10 +299,10 @@ class HistoryStore(Store):
         return self.length(user)
 
     def stat(self) -> dict:
-        """Users and actions: the base's, the appends', and any torn tail cut when it opened."""
+        """Users and actions: the base's, the appends', and any torn tail cut (or, read-only, left)."""
         return self.record(sum(1 for u in self.added if not 0 <= u < self.n_users), self.n_users,
-                           int(self.meta["base_actions"]), self.appends, self.appended_actions, int(self.meta["items"]),
-                           self.cut_bytes, self.meta.get("source", ""))
+                           self.meta["base_actions"], self.appends, self.appended_actions, self.meta["items"],
+                           self.cut_bytes, self.meta.get("source", ""), self.left_bytes)
 
     def close(self) -> None:
         self.journal.close()
