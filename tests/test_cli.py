@@ -37,6 +37,7 @@ def run(capsys, *argv):
     (["train", "--timesteps", "10"], "'--timesteps': 10"),
     (["train", "--checkpoint-every", "0"], "'--checkpoint-every': 0"),
     (["train", "--target-kl", "0"], "'--target-kl': 0"),
+    (["train", "--target-kl", "1e308"], "'--target-kl': 1e+308"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, *argv)

@@ -49,7 +49,7 @@ VALIDATE_NODES = 8          # the validation runs' cluster (the default scenario
                    "fresh, the actor held for its first steps) instead of from scratch.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=None, metavar="N",
               help="Also export the policy every N transitions, as checkpoint-<transitions>.npz in the run's folder.")
-@click.option("--target-kl", type=POSITIVE, default=None, metavar="KL",
+@click.option("--target-kl", type=Finite(0, 10, min_open=True), default=None, metavar="KL",
               help="Stop a PPO update's epochs once its approximate KL passes 1.5 x KL [default: none, every epoch].")
 @click.option("--seeds", default=None, metavar="LIST",
               help="Train one policy per seed (in parallel, --jobs), validate each, write the best to --out "
