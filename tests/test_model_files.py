@@ -2,6 +2,8 @@
 (table memory-mapped), a served answer equals the checkpoint's model computed from scratch, and a
 checkpoint that does not fit its preset is refused naming the tensor."""
 import json
+import resource
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -210,3 +212,124 @@ def test_model_eval_takes_a_checkpoint_or_an_app_not_both(tmp_path, capsys):
     assert main(["model", "eval", "--trace", str(log), "--model", str(tmp_path), "--url", "http://x"]) == 2
     assert main(["model", "eval", "--trace", str(log), "--url", "http://127.0.0.1:9"]) == 2     # nobody listens
     assert "cannot reach the app" in capsys.readouterr().err
+
+
+def test_training_that_diverges_stops_naming_the_step_and_the_rate(tmp_path):
+    from helmgr.workload.trace import read_trace
+    seqs = nextitem.Sequences.from_log(read_trace(str(clustered_log(tmp_path / "c.inter", users=40)), "inter"))
+    cfg = nextitem.TrainConfig(shrink=32, steps=5, batch=8, positions=4, negatives=15, lr=1e30)
+    with pytest.raises(HelmInputError, match=r"diverged at step 2 of 5 \(the loss is nan\): --lr 1e\+30"):
+        nextitem.train(seqs, cfg)                        # step 1's loss is finite, its update is not
+    with pytest.raises(HelmInputError, match=r"diverged at step 1 of 1 \(a weight is no longer finite\): --lr 1e\+308"):
+        nextitem.train(seqs, nextitem.TrainConfig(shrink=32, steps=1, batch=8, positions=4, negatives=15, lr=1e308))
+
+
+def test_nan_scores_rank_last_never_as_hits():
+    seq = np.array([0, 1, 2])                            # history 0, 1; held out 2; unseen 3, 4
+    nan = float("nan")
+    assert nextitem.held_out_rank(np.full(5, nan), seq) == 2                  # was 0: a hit
+    assert nextitem.held_out_rank(np.array([9.0, 9.0, nan, 0.0, -5.0]), seq) == 2
+    assert nextitem.held_out_rank(np.array([nan, nan, 1.0, nan, 2.0]), seq) == 1   # NaN others rank below it
+    assert nextitem.held_out_rank([None, 0.5, None, 0.1, 0.2], seq) == 2       # an app's JSON nulls
+    m = small_model()
+    with torch.no_grad():
+        m.w_head.fill_(nan)                                                   # a diverged model: NaN everywhere
+    seqs = nextitem.Sequences(np.arange(40) % 20, np.arange(0, 41, 4), 20)
+    held = nextitem.evaluate(m, torch.randn(20, m.in_dim), seqs, 10, 0)
+    assert (held["model"]["hr@10"], held["model"]["ndcg@10"], held["model"]["users"]) == (0.0, 0.0, 10)
+
+
+@pytest.mark.parametrize("where", ["blocks.1.w_out", "items"])
+def test_a_checkpoint_holding_nan_or_inf_is_refused_naming_the_tensor(tmp_path, capsys, where):
+    m, table = small_model(), torch.randn(60, 64)
+    with torch.no_grad():
+        if where == "items":
+            table[37, 5] = float("inf")
+        else:
+            m.blocks[1].w_out[0, 0] = float("nan")
+    checkpoint.save(tmp_path / "ck", m, table, "small", 32, {})
+    with pytest.raises(HelmInputError, match=rf"tensor '{where}' in .*(row 37 )?.*NaN or inf"):
+        checkpoint.load(tmp_path / "ck")
+    with pytest.raises(HelmInputError, match=f"'{where}'"):
+        ServeConfig(checkpoint=str(tmp_path / "ck")).with_sources()                # serve --model, loadgen --model
+    log = clustered_log(tmp_path / "c.inter", users=8)
+    assert main(["model", "eval", "--model", str(tmp_path / "ck"), "--trace", str(log)]) == 2
+    assert f"'{where}'" in capsys.readouterr().err
+
+
+
+BROKEN = [
+    ("items.safetensors", b"garbage\n"),                # read as an 8-byte header length of 7e17: MemoryError
+    ("items.safetensors", b""),
+    ("items.safetensors", "truncated"),                  # np.memmap past the end: ValueError
+    ("model.safetensors", b"garbage\n"),
+    ("model.safetensors", "truncated"),
+    ("model.json", b"garbage"),
+    ("model.json", b"[]"),
+    ("model.json", b'{"format": 1, "preset": "small", "shrink": 1e999, "n_items": 60}'),   # OverflowError
+]
+
+
+def test_a_broken_checkpoint_file_is_refused_in_one_line_naming_it(tmp_path, capsys):
+    log = clustered_log(tmp_path / "c.inter", users=8)
+    for k, (name, content) in enumerate(BROKEN):
+        checkpoint.save(tmp_path / f"ck{k}", small_model(), torch.randn(60, 64), "small", 32, {})
+        path = tmp_path / f"ck{k}" / name
+        path.write_bytes(path.read_bytes()[:-100] if content == "truncated" else content)
+        with pytest.raises(HelmInputError, match=str(path)):
+            checkpoint.load(tmp_path / f"ck{k}")
+        assert main(["model", "eval", "--model", str(tmp_path / f"ck{k}"), "--trace", str(log)]) == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and len(err.strip().splitlines()) == 1, (name, content)
+
+
+def test_model_eval_refuses_a_url_that_is_not_an_app_by_name(tmp_path, capsys):
+    log = clustered_log(tmp_path / "c.inter", users=8)
+    for url in ["bogus", "", "ftp://x", "http://x:abc"]:
+        assert main(["model", "eval", "--url", url, "--trace", str(log)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("helmgr: error: --url") and repr(url) in err and len(err.strip().splitlines()) == 1
+
+
+def test_model_train_checks_its_options_and_out_before_any_work(tmp_path, capsys):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    missing = str(tmp_path / "no.inter")                 # never read: each refusal comes first
+    for out, says in [(a_file / "sub", "parent folder"), (tmp_path / "none" / "sub", "parent folder"),
+                      ("/proc/helmgr_m", "cannot create a folder")]:
+        assert main(["model", "train", "--trace", missing, "--out", str(out), "--steps", "2"]) == 2
+        assert f"--out {str(out)!r}" in capsys.readouterr().err and not (tmp_path / "none").exists()
+    for opt, value in [("--steps", "1000000000000"), ("--lr", "1e308"), ("--lr", "1e30"), ("--lr", "nan")]:
+        assert main(["model", "train", "--trace", missing, "--out", str(tmp_path / "ck"), opt, value]) == 2
+        assert opt in capsys.readouterr().err and not (tmp_path / "ck").exists()
+
+
+@contextmanager
+def address_space_capped(extra_bytes):
+    """The process may map at most `extra_bytes` more while inside (a regression that builds what
+    should be refused fails at once rather than taking the machine's memory)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + extra_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_model_train_refuses_a_model_too_large_for_memory_before_building_it(tmp_path, capsys):
+    # large/1: 16 features x 1024 floats a row, each row 4 times (weight, gradient, Adam's moments): 256 KiB an item
+    log = tmp_path / "wide.inter"
+    log.write_text("user_id:token\titem_id:token\ttimestamp:float\n" + "".join(f"u{i % 500}\ti{i}\t{i}\n"
+                                                                               for i in range(50_000)))
+    with address_space_capped(2 << 30):
+        assert main(["model", "train", "--trace", str(log), "--out", str(tmp_path / "ck"), "--preset", "large",
+                     "--shrink", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--preset large --shrink 1 on 50,000 items needs ~" in err and not (tmp_path / "ck").exists()
+    for preset, shrink in [("large", 4), ("small", 16)]:
+        p = runtime_model(preset, shrink)
+        assert nextitem.param_count(p) == sum(w.numel() for w in HSTUModel(p, torch.Generator()).parameters())
+    cfg = nextitem.TrainConfig(preset="large", shrink=1)
+    extra = nextitem.train_memory_bytes(cfg, 1001) - nextitem.train_memory_bytes(cfg, 1)
+    assert extra == 1000 * 4 * 4 * 16 * 1024                                  # 4 copies of 16 x 1024 float32

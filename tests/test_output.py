@@ -63,7 +63,7 @@ def test_check_out_refuses_what_cannot_be_written(tmp_path, monkeypatch):
     check_out(tmp_path)                                   # an existing folder: fine
     (tmp_path / "file").write_text("x")
     cases = [(tmp_path / "file", "exists and is not a folder"),
-             (tmp_path / "missing" / "res", "does not exist")]
+             (tmp_path / "missing" / "res", "does not exist"), (tmp_path / "file" / "res", "is a file")]
     if Path("/proc/self").exists():
         cases.append((Path("/proc/x"), "cannot create a folder in '/proc'"))
     for path, needle in cases:

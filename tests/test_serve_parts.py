@@ -409,3 +409,11 @@ def test_serve_refuses_an_app_it_could_not_start_in_one_line_before_ray(capsys, 
     assert main(["serve", "--port", "8139"] + argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [err.strip()] and needle in err, err
+
+
+@pytest.mark.parametrize("url", ["http://x:abc", "http://", "ftp://host"])
+def test_loadgen_names_a_url_it_cannot_use(capsys, url):
+    from helmgr.cli import main
+    assert main(["loadgen", "--url", url, "--duration", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and repr(url) in err[0] and "Traceback" not in err[0], err

@@ -2,16 +2,21 @@
 folder that `helmgr serve --model` loads, and evaluated (HR@10, NDCG@10) beside popularity."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
 import click
 
-from helmgr.cli.output import emit_json, json_option, progress, stdout, table
-from helmgr.cli.types import POSITIVE, SEED
+from helmgr.cli.output import check_out, emit_json, json_option, progress, stdout, table
+from helmgr.cli.types import SEED, Finite
 from helmgr.core.errors import HelmInputError
 from helmgr.core.extras import require
+from helmgr.core.validate import GIB, LIMITS, host_memory_bytes
 from helmgr.workload import FORMATS
+
+STEPS_MAX = 10_000_000       # 2,500 times the default: a typo, not a run, past it
+LR_MAX = 1.0                 # Adam moves every weight by up to the rate a step: past 1 a run only diverges
 
 TRACE = (click.option("--trace", type=click.Path(dir_okay=False), required=True, help="The log."),
          click.option("--trace-format", type=click.Choice(FORMATS), default="inter", show_default=True,
@@ -35,11 +40,13 @@ def model() -> None:
 @_trace
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="The checkpoint folder (must not exist).")
-@click.option("--steps", type=click.IntRange(min=1), default=4000, show_default=True, help="Optimizer steps.")
+@click.option("--steps", type=click.IntRange(1, STEPS_MAX), default=4000, show_default=True,
+              help=f"Optimizer steps (at most {STEPS_MAX:,}).")
 @click.option("--preset", default="small", show_default=True, help="Model preset ...")
 @click.option("--shrink", type=click.IntRange(min=1), default=16, show_default=True,
               help="... with every width divided by this (what `helmgr serve` runs).")
-@click.option("--lr", type=POSITIVE, default=3e-3, show_default=True, help="Adam's learning rate.")
+@click.option("--lr", type=Finite(min=0, max=LR_MAX, min_open=True), default=3e-3, show_default=True,
+              help="Adam's learning rate (a run whose loss stops being finite is refused, naming the step).")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @EVAL_USERS
 @json_option
@@ -58,12 +65,14 @@ def train_cmd(trace, trace_format, out_dir, steps, preset, shrink, lr, seed, eva
 
     if out_dir.exists():
         raise HelmInputError(f"checkpoint folder {str(out_dir)!r} already exists: remove it or name another")
+    check_out(out_dir)
     try:
         runtime_model(preset, shrink)
     except ValueError as exc:
         raise HelmInputError(f"--preset {preset!r} --shrink {shrink}: {exc}") from None
     seqs = nextitem.Sequences.from_log(read_trace(trace, trace_format, seed))
     cfg = nextitem.TrainConfig(preset=preset, shrink=shrink, steps=steps, lr=lr, seed=seed, eval_users=eval_users)
+    _check_memory(cfg, seqs.n_items)
     t0 = time.perf_counter()
     with progress("model train", steps) as bar:
         task = bar.add_task(f"next-item training on {Path(trace).name}", total=steps)
@@ -102,6 +111,9 @@ def eval_cmd(model_dir, url, trace, trace_format, seed, eval_users, as_json):
 
     if (model_dir is None) == (url is None):
         raise click.UsageError("name what to evaluate: --model DIR or --url URL, one of them")
+    if url is not None:
+        from helmgr.serve.loadgen import server_config
+        server_config(url)                          # an app answering at the URL, before the log is read
     seqs = nextitem.Sequences.from_log(read_trace(trace, trace_format, seed))
     if url is not None:
         from helmgr.serve.verify import http_ranks
@@ -116,6 +128,18 @@ def eval_cmd(model_dir, url, trace, trace_format, seed, eval_users, as_json):
                              f"{ckpt.n_items}")
     _show({"model": str(model_dir), "trace": Path(trace).name,
            "held_out_last_item": nextitem.evaluate(ckpt.model, ckpt.table, seqs, eval_users, seed)}, as_json)
+
+
+def _check_memory(cfg, n_items: int) -> None:
+    """Refuse, before the model is built, a training whose memory estimate passes the limit
+    (`LIMITS.memory_gib`, or this machine's memory where that is less)."""
+    from helmgr.real.nextitem import train_memory_bytes
+
+    need = train_memory_bytes(cfg, n_items) / GIB
+    limit = min(LIMITS.memory_gib, (host_memory_bytes() or math.inf) / GIB)
+    if need > limit:
+        raise HelmInputError(f"--preset {cfg.preset} --shrink {cfg.shrink} on {n_items:,} items needs ~{need:.1f} GiB "
+                             f"to train (limit {limit:.1f} GiB): raise --shrink or use a smaller preset")
 
 
 def _show(result: dict, as_json: bool) -> None:

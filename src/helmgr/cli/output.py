@@ -130,7 +130,8 @@ def check_out(out_dir: Path | None, option: str = "--out") -> None:
     target = Path(os.path.realpath(out_dir))
     parent = target.parent
     if not parent.is_dir():
-        raise HelmInputError(f"{name}: parent folder {str(parent)!r} does not exist")
+        raise HelmInputError(f"{name}: parent folder {str(parent)!r} "
+                             + ("is a file" if parent.exists() else "does not exist"))
     if target.is_dir() and (target == parent or os.path.ismount(target)):
         raise HelmInputError(f"{name} is a mount point; name a folder inside it")
     if Path.cwd().resolve().is_relative_to(target):

@@ -8,6 +8,7 @@ it and exits 2.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
@@ -168,6 +169,13 @@ def max_rate(duration_s: float, nodes: int) -> float:
     request and memory limits (a capacity search probes no higher without --allow-large)."""
     memory = (LIMITS.memory_gib * GIB - nodes * NODE_BYTES) / REQUEST_BYTES
     return max(min(LIMITS.requests, memory), 0.0) / duration_s
+
+
+def host_memory_bytes() -> float | None:
+    """This machine's physical memory, where the OS says (None elsewhere)."""
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return None
 
 
 def count_lines(path: str) -> int | None:

@@ -23,7 +23,6 @@ time), so short and long measurements count alike. Nothing here imports click or
 """
 from __future__ import annotations
 
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -33,6 +32,7 @@ import torch
 
 from helmgr.core.errors import HelmInputError
 from helmgr.core.records import NodeConfig
+from helmgr.core.validate import host_memory_bytes
 from helmgr.core.profiles import GIB, MIB, HardwareProfile, ModelProfile, NodeProfile, load_hardware
 from helmgr.real.fits import BatchFit, Fit, fit_affine, fit_batch, fit_compute
 from helmgr.real.measure import Measure, Shape, sizes
@@ -57,13 +57,6 @@ def check_fits(need: dict[str, float], device: str) -> None:
         if limit is not None and n > (0.5 * limit if where == "host" else limit):
             raise HelmInputError(f"--n-items, --pool-mib, --max-batch, --max-tokens and --candidates ask for "
                                  f"~{n / GIB:.3g} GiB of {where} memory; this machine has {limit / GIB:.3g} GiB")
-
-
-def host_memory_bytes() -> float | None:
-    """This machine's physical memory, where the OS says (None elsewhere)."""
-    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
-        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    return None
 
 
 # CPU: the small preset shrunk so that a request takes milliseconds. CUDA: the small preset

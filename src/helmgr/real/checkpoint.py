@@ -11,8 +11,10 @@ A checkpoint is a folder:
   gathers its misses from is the file's pages (on CUDA the cache pins a copy, since an H2D copy
   from pageable memory cannot be asynchronous).
 
-Loading checks every tensor against the preset's model: a missing, unexpected or misshapen tensor
-is a HelmInputError naming it. `save` writes into a temporary folder and renames it into place,
+Loading checks every tensor against the preset's model: a missing, unexpected, misshapen or
+non-finite tensor (NaN or inf: weights of a diverged training) is a HelmInputError naming it, and
+a file that is unreadable, truncated or not safetensors (the `safetensors` library reads its
+header) one naming the file. `save` writes into a temporary folder and renames it into place,
 so a crash never leaves a half-written checkpoint under the name asked for.
 """
 from __future__ import annotations
@@ -85,8 +87,8 @@ def describe(folder: Path | str) -> dict:
         runtime_model(meta["preset"], int(meta["shrink"]))
         if int(meta["n_items"]) < 1:
             raise ValueError(f"n_items {meta['n_items']}")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise HelmInputError(f"{str(folder / 'model.json')!r} is not a checkpoint's description: {exc}") from None
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+        raise HelmInputError(f"{str(folder / 'model.json')!r} is not a checkpoint's description: {exc!r}") from None
     if meta.get("format") != FORMAT:
         raise HelmInputError(f"checkpoint format {meta.get('format')!r} in {str(folder)!r}, this helmgr reads {FORMAT}")
     return meta
@@ -103,7 +105,7 @@ def load(folder: Path | str) -> Checkpoint:
     model = HSTUModel(profile, torch.Generator().manual_seed(0))
     try:
         weights = load_file(str(folder / "model.safetensors"))
-    except SafetensorError as exc:
+    except (SafetensorError, OSError) as exc:
         raise HelmInputError(f"{str(folder / 'model.safetensors')!r} is not a safetensors file: {exc}") from None
     expected = model.state_dict()
     for name, t in expected.items():
@@ -115,29 +117,58 @@ def load(folder: Path | str) -> Checkpoint:
     extra = sorted(set(weights) - set(expected))
     if extra:
         raise HelmInputError(f"checkpoint tensor {extra[0]!r} is not part of model {profile.name!r}")
-    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in weights.items()})
+    weights = {k: v.to(expected[k].dtype) for k, v in weights.items()}
+    bad = next((k for k, v in weights.items() if not torch.isfinite(v).all()), None)
+    if bad is not None:
+        raise HelmInputError(f"checkpoint tensor {bad!r} in {str(folder / 'model.safetensors')!r} holds NaN or inf "
+                             "(a diverged training): train it again")
+    model.load_state_dict(weights)
     table = mapped_table(folder / "items.safetensors")
     if table.shape[1] != model.in_dim or table.shape[0] != int(meta["n_items"]):
         raise HelmInputError(f"checkpoint tensor 'items' is {tuple(table.shape)}, model {profile.name!r} with "
                              f"{meta['n_items']} items needs ({meta['n_items']}, {model.in_dim})")
+    row = first_non_finite_row(table.numpy())
+    if row is not None:
+        raise HelmInputError(f"checkpoint tensor 'items' in {str(folder / 'items.safetensors')!r}: row {row} holds "
+                             "NaN or inf (a diverged training): train it again")
     return Checkpoint(model.eval(), table, meta)
 
 
 def mapped_table(path: Path) -> torch.Tensor:
     """The `items` tensor of a safetensors file, memory-mapped (copy-on-write: writing to it
     never reaches the file). The format: an 8-byte little-endian header size, a JSON header
-    giving each tensor's dtype, shape and byte range after the header, then the data."""
+    giving each tensor's dtype, shape and byte range after the header, then the data. The
+    `safetensors` library checks the file first (header size, JSON, byte ranges covering the
+    file), so what is mapped is what the header says."""
+    from safetensors import SafetensorError, safe_open
+
     try:
+        with safe_open(str(path), framework="pt") as f:
+            if "items" not in f.keys():
+                raise KeyError("items")
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(n))
         entry = header["items"]
         start, stop = entry["data_offsets"]
         shape = tuple(entry["shape"])
-    except (struct.error, ValueError, KeyError, TypeError) as exc:
+    except (SafetensorError, OSError, struct.error, ValueError, KeyError, TypeError) as exc:
         raise HelmInputError(f"{str(path)!r} holds no item table 'items': {exc!r}") from None
-    if entry.get("dtype") != "F32" or len(shape) != 2 or stop - start != 4 * shape[0] * shape[1]:
-        raise HelmInputError(f"checkpoint tensor 'items' in {str(path)!r} must be 2-D float32, got "
+    if entry.get("dtype") != "F32" or len(shape) != 2 or 0 in shape or stop - start != 4 * shape[0] * shape[1]:
+        raise HelmInputError(f"checkpoint tensor 'items' in {str(path)!r} must be 2-D float32 with rows, got "
                              f"{entry.get('dtype')} {shape}")
     rows = np.memmap(path, dtype=np.float32, mode="c", offset=8 + n + start, shape=shape)
     return torch.from_numpy(rows)
+
+
+SCAN_BYTES = 1 << 26          # the mapped table is checked this much at a time, never copied whole
+
+
+def first_non_finite_row(rows: np.ndarray) -> int | None:
+    """The first row of `rows` holding a NaN or an inf, or None."""
+    step = max(1, SCAN_BYTES // max(1, rows[:1].nbytes))
+    for lo in range(0, len(rows), step):
+        finite = np.isfinite(rows[lo:lo + step]).all(axis=1)
+        if not finite.all():
+            return lo + int(np.argmin(finite))
+    return None

@@ -10,6 +10,7 @@ arrivals and `max_requests`; requests still out `timeout_s` after the last arriv
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import time
 import urllib.request
@@ -61,7 +62,7 @@ def server_config(url: str, timeout_s: float = 10.0) -> ServeConfig:
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/v1/config", timeout=timeout_s) as r:
             body = r.read()
-    except (OSError, ValueError) as exc:        # ValueError: a URL urllib cannot parse
+    except (OSError, ValueError, http.client.HTTPException) as exc:    # a URL urllib cannot parse, a bad port
         raise HelmInputError(f"--url {url!r}: cannot reach the app ({exc})") from None
     try:
         d = json.loads(body)
