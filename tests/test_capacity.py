@@ -86,8 +86,9 @@ def test_a_search_probes_no_higher_than_the_limits_allow(monkeypatch):
     task = cap.CapacityTask(WorkloadSpec("steady", 10.0), SimConfig(nodes=2), 1300.0)
     b = cap.bisect_task(task)
     assert b.capacity == 2e6 and b.fails_at is None and max(p.rate for p in b.probes) == 2e6
-    lifted = cap.bisect_task(replace(task, ceiling=cap.CEILING))
-    assert lifted.capacity == cap.CEILING == 1e7
+    assert b.to_dict()["ceiling_rps"] == 2e6                             # capped, and the JSON says where
+    lifted = cap.bisect_task(replace(task, allow_large=True))
+    assert lifted.capacity == cap.CEILING == 1e7 == lifted.to_dict()["ceiling_rps"]
 
 
 def test_capacity_is_the_lowest_seed():

@@ -245,17 +245,17 @@ def test_a_scaled_rate_reaches_every_unit_and_its_command():
 
 
 def test_allow_large_reaches_the_capacity_searches_and_every_command():
-    """--allow-large lifts the capacity searches' ceiling to CEILING (none: the limits') and is
+    """--allow-large lifts the capacity searches' ceiling to CEILING (else: the limits') and is
     in every command quoted, so each reproduces past the same limits."""
     from dataclasses import replace
 
     from helmgr.experiments import commands
     large = replace(TINY, allow_large=True)
-    for ev, ceiling in ((TINY, None), (large, ev_mod.CEILING)):
-        assert {u.payload.ceiling for u in ev_mod.capacity_units(replace(ev, routers=("helm",)), {})} == {ceiling}
+    for ev, lifted in ((TINY, False), (large, True)):
+        assert {u.payload.allow_large for u in ev_mod.capacity_units(replace(ev, routers=("helm",)), {})} == {lifted}
         quoted = [commands.unit_command(ev, u) for u in first_units(ev)] + [commands.check_command(ev, "steady"),
                                                                             commands.static_best_command(ev, "steady", 1, "helm")]
-        assert all(("--allow-large" in q) == (ceiling is not None) for q in quoted)
+        assert all(("--allow-large" in q) == lifted for q in quoted)
     assert "allow_large" not in ev_mod.config_dict(TINY) and ev_mod.config_dict(large)["allow_large"] is True
 
 

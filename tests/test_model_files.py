@@ -317,8 +317,10 @@ def address_space_capped(extra_bytes):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def test_model_train_refuses_a_model_too_large_for_memory_before_building_it(tmp_path, capsys):
-    # large/1: 16 features x 1024 floats a row, each row 4 times (weight, gradient, Adam's moments): 256 KiB an item
+def test_model_train_refuses_a_model_too_large_for_memory_before_building_it(tmp_path, capsys, monkeypatch):
+    # large/1: 16 features x 1024 floats a row, each row 4 times (weight, gradient, Adam's moments): 256 KiB an item;
+    # 50,000 items ask for over 12 GiB, more than half of a machine of 16 GiB (said to be this one's)
+    monkeypatch.setattr("helmgr.core.validate.host_memory_bytes", lambda: float(16 << 30))
     log = tmp_path / "wide.inter"
     log.write_text("user_id:token\titem_id:token\ttimestamp:float\n" + "".join(f"u{i % 500}\ti{i}\t{i}\n"
                                                                                for i in range(50_000)))
@@ -326,7 +328,8 @@ def test_model_train_refuses_a_model_too_large_for_memory_before_building_it(tmp
         assert main(["model", "train", "--trace", str(log), "--out", str(tmp_path / "ck"), "--preset", "large",
                      "--shrink", "1"]) == 2
     err = capsys.readouterr().err
-    assert "--preset large --shrink 1 on 50,000 items needs ~" in err and not (tmp_path / "ck").exists()
+    assert "--preset large --shrink 1 on 50,000 items ask for ~" in err and "half this machine's 16 GiB" in err
+    assert not (tmp_path / "ck").exists()
     for preset, shrink in [("large", 4), ("small", 16)]:
         p = runtime_model(preset, shrink)
         assert nextitem.param_count(p) == sum(w.numel() for w in HSTUModel(p, torch.Generator()).parameters())

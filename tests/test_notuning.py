@@ -57,3 +57,19 @@ def test_a_widened_log_alone(capsys):
     assert rc == 0, err
     (c,) = json.loads(out)["conditions"]
     assert c["condition"] == "a100-80g/small/trace log.txt" and set(c["p99_ms"]) == {"0.3", "0.8"}
+
+
+def test_allow_large_reaches_every_capacity_search(monkeypatch):
+    """--allow-large lifts the capacity searches' ceiling as it does capacity's and evaluate's: each
+    search of the study is handed it (the runner stands in; the searches are capacity's own)."""
+    from helmgr.experiments import notuning
+    from helmgr.experiments.capacity import Bracket
+    conditions = notuning.grid_conditions(["a100-80g"], ["small"], ["steady"], time_compression=36.0)
+    out = {"best_ratio": [0.4], "minimax": {"ratio": 0.5}, "default_tuned": {"ratio": 0.4}}
+    for allow in (False, True):
+        handed = []
+        monkeypatch.setattr(notuning, "run_all", lambda fn, tasks, *a, **k: handed.extend(tasks) or
+                            [Bracket(100.0, 110.0, ()) for _ in tasks])
+        rows = notuning._capacities(conditions, out, notuning.SimConfig(), ("steady",), 1, None, 0.05, None, None,
+                                    allow)
+        assert len(handed) == 4 and {t.allow_large for t in handed} == {allow} and rows[0]["helm"] == 100.0

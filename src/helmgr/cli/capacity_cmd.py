@@ -13,7 +13,7 @@ from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_
 from helmgr.cli.simulate_cmd import build_config, class_options, sim_options
 from helmgr.cli.types import POSITIVE, Finite, allow_large_option, check_options, parallel_options, seed_list
 from helmgr.cli.workload_cmd import cluster_defaults
-from helmgr.experiments.capacity import CEILING, TARGET, TOL, capacity
+from helmgr.experiments.capacity import TARGET, TOL, capacity
 from helmgr.experiments.showcase import HELM, stack_revision
 from helmgr.workload import WorkloadSpec
 
@@ -63,7 +63,7 @@ def capacity_cmd(regime, duration, time_compression, seeds, rps, nodes, policy, 
     with progress("bisecting", len(seed_values)) as bar:
         task = bar.add_task(f"capacity of {policy}@{router}: {len(seed_values)} seeds", total=len(seed_values))
         out = capacity(spec, cfg, seed_values, jobs or os.cpu_count() or 1, ray_address, tol, target, rps,
-                       lambda: bar.advance(task), CEILING if allow_large else None)
+                       lambda: bar.advance(task), allow_large)
     result = {"workload": regime, "nodes": nodes, "policy": policy, "router": router,
               "ratio": ratio, "tol": tol, "target": target, "wall_s": time.perf_counter() - wall,
               "classes": None if class_table is None else class_table.source, "tenancy": tenancy,

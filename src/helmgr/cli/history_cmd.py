@@ -84,8 +84,6 @@ def _show(stat: dict, title: str, as_json: bool) -> None:
         emit_json(stat)
     else:
         stdout.print(table(title, stat))
-        if stat["torn_bytes_cut"]:
-            stderr.print(f"[yellow]a torn last append ({stat['torn_bytes_cut']} bytes, never acknowledged) was cut[/yellow]")
         if stat["torn_bytes_left"]:
             stderr.print(f"[yellow]journal.bin ends in {stat['torn_bytes_left']} bytes that are no whole append "
                          f"(torn or corrupt, never acknowledged): left as is, the next writer cuts them[/yellow]")

@@ -2,7 +2,6 @@
 folder that `helmgr serve --model` loads, and evaluated (HR@10, NDCG@10) beside popularity."""
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from helmgr.cli.output import check_out, emit_json, json_option, progress, stdou
 from helmgr.cli.types import SEED, Finite
 from helmgr.core.errors import HelmInputError
 from helmgr.core.extras import require
-from helmgr.core.validate import GIB, LIMITS, host_memory_bytes
+from helmgr.core.validate import check_host_memory
 from helmgr.workload import FORMATS
 
 STEPS_MAX = 10_000_000       # 2,500 times the default: a typo, not a run, past it
@@ -131,15 +130,10 @@ def eval_cmd(model_dir, url, trace, trace_format, seed, eval_users, as_json):
 
 
 def _check_memory(cfg, n_items: int) -> None:
-    """Refuse, before the model is built, a training whose memory estimate passes the limit
-    (`LIMITS.memory_gib`, or this machine's memory where that is less)."""
+    """Refuse, before the model is built, a training whose memory estimate is over half this
+    machine's memory."""
     from helmgr.real.nextitem import train_memory_bytes
-
-    need = train_memory_bytes(cfg, n_items) / GIB
-    limit = min(LIMITS.memory_gib, (host_memory_bytes() or math.inf) / GIB)
-    if need > limit:
-        raise HelmInputError(f"--preset {cfg.preset} --shrink {cfg.shrink} on {n_items:,} items needs ~{need:.1f} GiB "
-                             f"to train (limit {limit:.1f} GiB): raise --shrink or use a smaller preset")
+    check_host_memory(train_memory_bytes(cfg, n_items), f"--preset {cfg.preset} --shrink {cfg.shrink} on {n_items:,} items")
 
 
 def _show(result: dict, as_json: bool) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 
 import click
 from rich.table import Table
@@ -70,7 +69,8 @@ def notuning_cmd(hardware, models, workloads, traces, trace_format, clone_users,
     nodes = SimConfig().nodes
     costs = [c for spec in dict.fromkeys(c.spec for c in conditions) for c in _costs(spec, nodes)]
     costs += [c for r in cap for c in spec_costs(WorkloadSpec(r, capacity_duration, seed, time_compression=time_compression),
-                                                 nodes, f"{r}: capacity probe, ")]
+                                                 nodes, f"{r}: capacity probe, ",
+                                                 NODES | {"duration": "--capacity-duration {:g}"})]
     costs.append(Cost("runs", len(conditions) * (len(grid) + 1), LIMITS.runs,
                       f"{len(conditions)} conditions x (--ratios {ratios!r} + full HELM)"))
     check_costs(costs, allow_large)
@@ -81,7 +81,7 @@ def notuning_cmd(hardware, models, workloads, traces, trace_format, clone_users,
         task = bar.add_task(f"{len(conditions)} conditions x {len(grid) + 1} runs", total=None)
         result = no_tuning(conditions, grid, jobs=jobs or os.cpu_count() or 1, ray_address=ray_address,
                            on_done=lambda: bar.advance(task), capacity_regimes=cap, tol=capacity_tol,
-                           capacity_s=capacity_duration)
+                           capacity_s=capacity_duration, allow_large=allow_large)
     result = {"seed": seed, "time_compression": time_compression, "wall_s": time.perf_counter() - wall} | result
     with result_dir(out_dir) as scratch:
         if scratch is not None:
@@ -93,12 +93,14 @@ def notuning_cmd(hardware, models, workloads, traces, trace_format, clone_users,
     stdout.print(summary_table(result))
 
 
+NODES = {"nodes": "{} nodes"}               # the study's cluster: the default scenario's, no option
+
+
 def _costs(spec: WorkloadSpec, nodes: int) -> list[Cost]:
     """A condition's run's costs, a log's named by its own options (--trace-duration, ...)."""
     if spec.trace is None:
-        return spec_costs(spec, nodes, f"{spec.regime}: ")
-    return [replace(c, because=c.because.replace("--duration", "--trace-duration"))
-            for c in spec_costs(spec, nodes, f"--trace {spec.trace!r}: ")]
+        return spec_costs(spec, nodes, f"{spec.regime}: ", NODES)
+    return spec_costs(spec, nodes, f"--trace {spec.trace!r}: ", NODES | {"duration": "--trace-duration {:g}"})
 
 
 def _rows(result: dict) -> list[tuple[str, str, str, str]]:

@@ -58,7 +58,8 @@ def scenario_cmd(check, workloads, seeds, duration, rps, time_compression, nodes
     cfg = build_config(nodes, "static", grid[0], router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, 0, engine, sim_path, emb_sample)
     specs = [WorkloadSpec(r, duration, s, rps, time_compression=time_compression) for r in regimes for s in seed_values]
-    costs = [c for w in specs[::len(seed_values)] for c in spec_costs(w, nodes)]       # each regime's run
+    costs = [c for w in specs[::len(seed_values)]                                       # each regime's run
+             for c in spec_costs(w, nodes, f"{w.regime}: ", tick_ms=tick_ms, refresh_s=refresh_s)]
     costs.append(Cost("runs", len(specs) * len(grid), LIMITS.runs,
                       f"--workloads {workloads!r} x --seeds {seeds!r} x --ratios {ratios!r}"))
     check_costs(costs, allow_large)

@@ -13,7 +13,7 @@ from helmgr.cli.simulate_cmd import GROUP_SHOWN, fairness_line, group_rows
 from helmgr.cli.types import NON_NEGATIVE, POSITIVE, SEED, Finite
 from helmgr.core.classes import load_table
 from helmgr.core.errors import HelmInputError
-from helmgr.core.validate import host_memory_bytes
+from helmgr.core.validate import check_host_memory
 from helmgr.core.extras import require
 from helmgr.serve.config import ServeConfig
 
@@ -125,11 +125,8 @@ def check_fits_here(cfg: ServeConfig, num_cpus: int | None) -> None:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus < cfg.replicas:
             raise HelmInputError(f"--device cuda takes a GPU a replica: {cfg.replicas} replicas, this machine has {gpus}")
-    elif host_memory_bytes() is not None:
-        memory_mib = host_memory_bytes() / (1 << 20)
-        if cfg.replicas * cfg.pool_mib > 0.5 * memory_mib:
-            raise HelmInputError(f"--replicas {cfg.replicas} x --pool-mib {cfg.pool_mib:g} is more than half this "
-                                 f"machine's memory ({memory_mib:,.0f} MiB)")
+    else:
+        check_host_memory(cfg.replicas * cfg.pool_mib * (1 << 20), f"--replicas {cfg.replicas} x --pool-mib {cfg.pool_mib:g}")
 
 
 def _table_name(name_or_path: str | None) -> str | None:

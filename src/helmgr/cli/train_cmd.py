@@ -18,7 +18,6 @@ from helmgr.workload.trace import FORMATS, OVERLAYS, WIDEN
 
 TRACE_TRAIN_S = 600.0       # a log's replay for training, by default: episodes of 15 + 120 s in its first 480 s
 ENV_GIB = 0.5               # one environment's worker process: interpreter, torch and its workload (~0.4 GB measured)
-VALIDATE_NODES = 8          # the validation runs' cluster (the default scenario's)
 
 
 @click.command("train")
@@ -152,13 +151,20 @@ def _costs(regimes, episode_s: float, nodes: int, n_envs: int, validated, valida
     """What training asks for: each regime's episode workload (its run, or warm-up and episode if
     longer) on `nodes`, the environments' worker processes, and with `validated` regimes each
     validation run."""
-    from helmgr.workload import WorkloadSpec
-    costs = [c for r in regimes for c in spec_costs(WorkloadSpec(r, max(WorkloadSpec(r).seconds, episode_s + 16.0)),
-                                                     nodes, f"{r} episodes (--episode-s {episode_s:g}): ")]
+    from helmgr.learn.env import episode_run_s
+    from helmgr.sim import SimConfig
+    from helmgr.workload import WorkloadSpec, default_config
+    default_nodes = SimConfig().nodes                      # the validation runs' cluster, the default scenario's
+    share = nodes / default_nodes                          # an episode's nodes carry their share of the rate
+    episodes = [WorkloadSpec(r, episode_run_s(WorkloadSpec(r).seconds, episode_s), rps=default_config(r).rps * share)
+                for r in regimes]
+    costs = [c for w in episodes for c in spec_costs(w, nodes, f"{w.regime} episodes: ", {
+        "duration": f"{{:g}} s (--episode-s {episode_s:g})", "rps": "{:g} req/s", "nodes": "--nodes {}"})]
     costs.append(Cost("GiB of memory", n_envs * ENV_GIB, LIMITS.memory_gib,
                       f"--envs {n_envs} worker processes x ~{ENV_GIB:g} GiB"))
-    return costs + [c for r in validated or () for c in spec_costs(WorkloadSpec(r, validate_duration), VALIDATE_NODES,
-                                                                    f"{r} validation: ")]
+    return costs + [c for r in validated or () for c in spec_costs(
+        WorkloadSpec(r, validate_duration), default_nodes, f"{r} validation: ",
+        {"duration": "--validate-duration {:g}", "nodes": "{} nodes"})]
 
 
 def _traced(env: dict, workloads: str, seeds, trace, fmt, duration, time_compression, clone_users, overlay, widen,

@@ -162,50 +162,61 @@ def _run_count(o: dict) -> tuple[float, str] | None:
     return routers * (len(names) + grid_runs), f"--ratios {o['ratios']!r} with --policies {o['policies']!r}"
 
 
-def option_costs(o: dict) -> list[Cost]:
-    """What the options ask of one run (requests, ticks, memory) and of the command (runs)."""
+LABELS = {"rps": "--rps {:g}", "duration": "--duration {:g}", "tick_ms": "--tick-ms {:g}", "refresh_s": "--refresh-s {:g}",
+          "nodes": "--nodes {}", "clone_users": "--clone-users {}"}
+
+
+def option_costs(o: dict, labels: dict[str, str] | None = None) -> list[Cost]:
+    """What the options ask of one run (requests, ticks, memory) and of the command (runs).
+    `labels`: how a cost names a value (a format with one field), by key, over `LABELS`."""
+    lab = LABELS | (labels or {})
     duration, nodes = o.get("duration", 0.0), o.get("nodes", 0)
+    dur = lab["duration"].format(duration)
     costs, trace_rows, requests = [], 0.0, 0.0
     if o.get("trace") is not None:
         lines = count_lines(o["trace"])
         if lines is not None:
             trace_rows = requests = float(lines) * o.get("clone_users", 1)
             costs.append(Cost("requests", requests, LIMITS.requests,
-                              f"--trace {o['trace']!r} ({lines:,} lines) x --clone-users {o.get('clone_users', 1)}"))
+                              f"--trace {o['trace']!r} ({lines:,} lines) x {lab['clone_users'].format(o.get('clone_users', 1))}"))
     else:
         rps = o.get("rps") or (default_config(o["regime"]) if o.get("regime") else SyntheticConfig()).rps
         requests = rps * duration
-        costs.append(Cost("requests", requests, LIMITS.requests, f"--rps {rps:g} x --duration {duration:g}"))
+        costs.append(Cost("requests", requests, LIMITS.requests, f"{lab['rps'].format(rps)} x {dur}"))
     if "tick_ms" in o:
         ticks = duration / (o["tick_ms"] / 1e3) + duration
-        costs.append(Cost("controller ticks", ticks, LIMITS.events,
-                          f"--duration {duration:g} / --tick-ms {o['tick_ms']:g}"))
+        costs.append(Cost("controller ticks", ticks, LIMITS.events, f"{dur} / {lab['tick_ms'].format(o['tick_ms'])}"))
     memory = run_memory_bytes(requests, nodes, trace_rows) / GIB
     costs.append(Cost("GiB of memory", memory, LIMITS.memory_gib,
-                      f"--nodes {nodes} with ~{requests:.3g} requests" + (" replayed" if trace_rows else "")))
+                      f"{lab['nodes'].format(nodes)} with ~{requests:.3g} requests" + (" replayed" if trace_rows else "")))
     if "refresh_s" in o and o.get("trace") is None:
         items = SyntheticConfig().n_items
         rows = (duration / o["refresh_s"] + 1) * max(nodes, 1) * items
         costs.append(Cost("EMB rows re-ranked", rows, LIMITS.refresh_rows,
-                          f"--duration {duration:g} / --refresh-s {o['refresh_s']:g} x --nodes {nodes} x {items:,} items"))
+                          f"{dur} / {lab['refresh_s'].format(o['refresh_s'])} x {lab['nodes'].format(nodes)} x "
+                          f"{items:,} items"))
     runs = _run_count(o)
     if runs is not None:
         costs.append(Cost("runs", runs[0], LIMITS.runs, runs[1]))
     return costs
 
 
-def spec_costs(spec, nodes: int, what: str = "") -> list[Cost]:
-    """What one run of a workload spec (`WorkloadSpec`) asks for on `nodes` nodes of the default
-    tick and refresh, `what` (e.g. "steady: ") before each cost's options."""
+def spec_costs(spec, nodes: int, what: str = "", labels: dict[str, str] | None = None, tick_ms: float | None = None,
+               refresh_s: float | None = None) -> list[Cost]:
+    """What one run of a workload spec (`WorkloadSpec`) asks for on `nodes` nodes, `what` (e.g.
+    "steady: ") before each cost's options, `labels` (see `option_costs`) naming the options the
+    values came from. The rate, duration, tick and refresh a command did not set are named as the
+    defaults they are."""
     default = SimConfig()
     o = {"rps": spec.rps, "regime": spec.regime, "duration": spec.seconds, "nodes": nodes, "trace": spec.trace,
-         "clone_users": spec.clone_users, "tick_ms": default.tick_s * 1e3, "refresh_s": default.refresh_s}
-    costs = option_costs(o)
-    if spec.trace is None and spec.duration_s is None and spec.time_compression is not None:
-        costs = [replace(c, because=c.because.replace(f"--duration {spec.seconds:g}",
-                                                      f"{spec.seconds:g} s (--time-compression {spec.time_compression:g})"))
-                 for c in costs]
-    return [replace(c, because=what + c.because) for c in costs]
+         "clone_users": spec.clone_users, "tick_ms": tick_ms or default.tick_s * 1e3,
+         "refresh_s": refresh_s or default.refresh_s}
+    compressed = f" (--time-compression {spec.time_compression:g})" if spec.time_compression is not None else ""
+    auto = {"rps": "--rps {:g}" if spec.rps is not None else "{:g} req/s",
+            "duration": "--duration {:g}" if spec.duration_s is not None else "{:g} s" + compressed,
+            "tick_ms": "--tick-ms {:g}" if tick_ms is not None else "a {:g}-ms tick",
+            "refresh_s": "--refresh-s {:g}" if refresh_s is not None else "a refresh every {:g} s"}
+    return [replace(c, because=what + c.because) for c in option_costs(o, auto | (labels or {}))]
 
 
 def check_options(o: dict, allow_large: bool = False) -> None:

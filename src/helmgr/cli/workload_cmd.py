@@ -10,8 +10,7 @@ from helmgr.cli.output import (check_out, emit_json, json_option, json_text, mar
 from helmgr.cli.types import POSITIVE as positive, SEED, checked
 from helmgr.core.errors import HelmInputError
 from helmgr.sim.config import SimConfig
-from helmgr.workload import FORMATS, OVERLAYS, WorkloadSpec, default_config, describe
-from helmgr.workload.spec import TRACE_DURATION_S
+from helmgr.workload import FORMATS, OVERLAYS, WorkloadSpec, describe
 from helmgr.workload.trace import WIDEN
 
 
@@ -55,10 +54,8 @@ def cluster_defaults(f):
     @functools.wraps(f)
     def command(*args, **options):
         if "regime" in options and options.get("duration") is None:
-            tc = options.get("time_compression")
-            cfg = default_config(options["regime"])
-            options["duration"] = (TRACE_DURATION_S if options.get("trace") is not None
-                                   else (cfg.compressed(tc) if tc else cfg).duration_s)
+            options["duration"] = WorkloadSpec(options["regime"], trace=options.get("trace"),
+                                               time_compression=options.get("time_compression")).seconds
         default = SimConfig()
         for key in CLUSTER_OPTIONS:
             if key in options and options[key] is None:

@@ -158,6 +158,8 @@ def _check_numbers(arrays: dict[str, np.ndarray], obs_clip: float, obs_eps: floa
 def _open_npz(path):
     """np.load of the archive at `path`; ValueError where the file is empty or no zip archive
     (np.load would read other bytes as a single array or a pickle)."""
+    if Path(path).exists() and not Path(path).is_file():          # a folder; a pipe would block the read
+        raise ValueError("it is not a regular file")
     with open(path, "rb") as fh:
         head = fh.read(4)
     if not head:

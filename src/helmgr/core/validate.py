@@ -178,6 +178,15 @@ def host_memory_bytes() -> float | None:
     return None
 
 
+def check_host_memory(need_bytes: float, what: str) -> None:
+    """Refuse what asks for more than half this machine's memory (`what`: the options it comes
+    from); nothing where the OS does not say how much there is."""
+    have = host_memory_bytes()
+    if have is not None and need_bytes > 0.5 * have:
+        raise HelmInputError(f"{what} ask for ~{need_bytes / GIB:.3g} GiB of memory, more than half this machine's "
+                             f"{have / GIB:.3g} GiB")
+
+
 def count_lines(path: str) -> int | None:
     """Lines in a file (an upper bound on its rows), or None if it cannot be read or is no regular
     file (a pipe would block); reading errors are left to the trace reader, which names them."""

@@ -54,9 +54,10 @@ class Bracket:
     capacity: float | None                   # the highest rate measured to pass; None: none passed
     fails_at: float | None                   # the lowest rate above it measured to fail; None: none failed
     probes: tuple[Probe, ...]
+    ceiling: float = CEILING                 # the highest rate the search would probe
 
     def to_dict(self) -> dict:
-        return {"capacity_rps": self.capacity, "fails_at_rps": self.fails_at,
+        return {"capacity_rps": self.capacity, "fails_at_rps": self.fails_at, "ceiling_rps": self.ceiling,
                 "probes": [asdict(p) for p in self.probes]}
 
 
@@ -91,7 +92,7 @@ def bisect_rate(probe: Callable[[float], Probe], start: float, tol: float = TOL,
             lo = mid
         else:
             hi = mid
-    return Bracket(lo, hi, tuple(probes))
+    return Bracket(lo, hi, tuple(probes), ceiling)
 
 
 def run_probe(spec: WorkloadSpec, cfg: SimConfig, rate: float, target: float = TARGET) -> Probe:
@@ -152,7 +153,7 @@ class CapacityTask:
     start: float
     tol: float = TOL
     target: float = TARGET
-    ceiling: float | None = None             # the highest rate probed (None: the limits' max_rate)
+    allow_large: bool = False                # probe up to CEILING, not only to the limits' max_rate
 
     @property
     def name(self) -> str:
@@ -161,16 +162,16 @@ class CapacityTask:
 
 
 def bisect_task(task: CapacityTask) -> Bracket:
-    ceiling = max(max_rate(task.spec.seconds, task.cfg.nodes), 1.0) if task.ceiling is None else task.ceiling
+    ceiling = CEILING if task.allow_large else max(max_rate(task.spec.seconds, task.cfg.nodes), 1.0)
     return bisect_rate(lambda rate: run_probe(task.spec, task.cfg, rate, task.target), task.start, task.tol,
                        ceiling=ceiling)
 
 
 def capacity_tasks(spec: WorkloadSpec, cfg: SimConfig, seeds: Sequence[int], tol: float = TOL,
                    target: float = TARGET, start: float | None = None,
-                   ceiling: float | None = None) -> list[CapacityTask]:
+                   allow_large: bool = False) -> list[CapacityTask]:
     """One bisection per seed, each from `start` (None: the workload's own base rate) up to
-    `ceiling` (None: the limits' `max_rate`)."""
+    the limits' `max_rate` (`allow_large`: CEILING)."""
     if spec.trace is not None:
         raise HelmInputError("capacity at SLO scales a synthetic workload's base rate (--rps); "
                              "a trace has none (use --time-compression to replay it faster)")
@@ -179,7 +180,8 @@ def capacity_tasks(spec: WorkloadSpec, cfg: SimConfig, seeds: Sequence[int], tol
     if not 0 < tol < 1:
         raise HelmInputError(f"capacity tolerance {tol!r} must be in (0, 1)")
     first = start if start is not None else base_rate(spec)
-    return [CapacityTask(replace(spec, seed=s), replace(cfg, seed=s), float(first), tol, target, ceiling) for s in seeds]
+    return [CapacityTask(replace(spec, seed=s), replace(cfg, seed=s), float(first), tol, target, allow_large)
+            for s in seeds]
 
 
 def base_rate(spec: WorkloadSpec) -> float:
@@ -196,9 +198,9 @@ def summarize_capacity(brackets: Sequence[Bracket], seeds: Sequence[int]) -> dic
 
 def capacity(spec: WorkloadSpec, cfg: SimConfig, seeds: Sequence[int], jobs: int = 1,
              ray_address: str | None = None, tol: float = TOL, target: float = TARGET,
-             start: float | None = None, on_done=None, ceiling: float | None = None) -> dict:
+             start: float | None = None, on_done=None, allow_large: bool = False) -> dict:
     """Capacity at SLO of `cfg` (its policy and router) on `spec`, one bisection per seed."""
-    tasks = capacity_tasks(spec, cfg, seeds, tol, target, start, ceiling)
+    tasks = capacity_tasks(spec, cfg, seeds, tol, target, start, allow_large)
     brackets = run_all(bisect_task, tasks, jobs, ray_address, [t.name for t in tasks],
                        on_done and (lambda _: on_done()))
     return summarize_capacity(brackets, seeds)

@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from helmgr.core.classes import load_table
-from helmgr.experiments.capacity import CEILING, CapacityTask, base_rate, bisect_task
+from helmgr.experiments.capacity import CapacityTask, base_rate, bisect_task
 from helmgr.experiments.parallel import run_all
 from helmgr.experiments.phase_oracle import LOOKAHEAD_S, oracle_blocks, run_phase_oracle
 from helmgr.experiments.scenario import PhaseRun, phase_point
@@ -238,7 +238,7 @@ def static_best_ratio(points: dict, regime: str, seed: int, router: str, grid) -
 def capacity_units(ev: EvalConfig, points: dict) -> list[Unit]:
     """Stage 2: one bisection per capacity pair, regime and seed (a pair whose router or policy
     the evaluation does not run is left out); with a class table, one per tenancy too."""
-    out, ceiling = [], CEILING if ev.allow_large else None
+    out = []
     for regime in ev.regimes if ev.capacity_regimes is None else ev.capacity_regimes:
         for seed in ev.seeds:
             spec = ev.spec(regime, seed, ev.capacity_duration_s)
@@ -249,10 +249,10 @@ def capacity_units(ev: EvalConfig, points: dict) -> list[Unit]:
                 ratio = static_best_ratio(points, regime, seed, router, ev.grid) if policy == "static-best" else None
                 cfg = ev.cfg("static" if policy == "static-best" else policy, router, seed, ratio)
                 out.append(Unit("capacity", regime, seed, policy, router, ratio,
-                                CapacityTask(spec, cfg, start, ev.capacity_tol, ceiling=ceiling)))
+                                CapacityTask(spec, cfg, start, ev.capacity_tol, allow_large=ev.allow_large)))
             if ev.classes is not None:
                 out += [Unit("class-capacity", regime, seed, "helm", "helm", None,
-                             CapacityTask(spec, cfg, start, ev.capacity_tol, ceiling=ceiling))
+                             CapacityTask(spec, cfg, start, ev.capacity_tol, allow_large=ev.allow_large))
                         for cfg in ev.tenancy_cfgs(seed)]
     return out
 

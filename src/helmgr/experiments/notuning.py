@@ -63,7 +63,8 @@ def _run(args: tuple[WorkloadSpec, SimConfig]) -> dict:
 
 def no_tuning(conditions: list[Condition], ratios, cluster: SimConfig = SimConfig(), jobs: int = 1,
               ray_address: str | None = None, on_done: Callable[[], None] | None = None,
-              capacity_regimes: tuple[str, ...] = (), tol: float = 0.05, capacity_s: float | None = None) -> dict:
+              capacity_regimes: tuple[str, ...] = (), tol: float = 0.05, capacity_s: float | None = None,
+              allow_large: bool = False) -> dict:
     """The study's runs (experiments.parallel), its per-condition table and its summary."""
     ratios = [float(r) for r in ratios]
     tasks = [(c.spec, _cfg(cluster, c, "static", r)) for c in conditions for r in ratios]
@@ -88,7 +89,7 @@ def no_tuning(conditions: list[Condition], ratios, cluster: SimConfig = SimConfi
         for i, c in enumerate(conditions)]
     if capacity_regimes:
         out["capacity"] = _capacities(conditions, out, cluster, capacity_regimes, jobs, ray_address, tol,
-                                      capacity_s, on_done)
+                                      capacity_s, on_done, allow_large)
     return out
 
 
@@ -113,7 +114,7 @@ def summarize(p99: np.ndarray, helm: np.ndarray, ratios: list[float]) -> dict:
 
 
 def _capacities(conditions, out: dict, cluster: SimConfig, regimes, jobs, ray_address, tol, capacity_s,
-                on_done) -> list[dict]:
+                on_done, allow_large: bool = False) -> list[dict]:
     """Capacity at SLO, per condition of `regimes`: full HELM, and static at the hindsight, the
     minimax and the default-tuned splits; each against the hindsight split's."""
     picks = [(i, c) for i, c in enumerate(conditions) if c.spec.trace is None and c.spec.regime in regimes]
@@ -122,8 +123,10 @@ def _capacities(conditions, out: dict, cluster: SimConfig, regimes, jobs, ray_ad
         spec = replace(c.spec, duration_s=capacity_s) if capacity_s else c.spec
         splits = {"hindsight": out["best_ratio"][i], "minimax": out["minimax"]["ratio"],
                   "default_tuned": out["default_tuned"]["ratio"]}
-        configs += [(i, "helm", CapacityTask(spec, _cfg(cluster, c, "helm"), base_rate(spec), tol))]
-        configs += [(i, k, CapacityTask(spec, _cfg(cluster, c, "static", r), base_rate(spec), tol))
+        configs += [(i, "helm", CapacityTask(spec, _cfg(cluster, c, "helm"), base_rate(spec), tol,
+                                             allow_large=allow_large))]
+        configs += [(i, k, CapacityTask(spec, _cfg(cluster, c, "static", r), base_rate(spec), tol,
+                                        allow_large=allow_large))
                     for k, r in splits.items()]
     brackets = run_all(bisect_task, [t for _, _, t in configs], jobs, ray_address,
                        [f"{conditions[i].name} capacity {k}" for i, k, _ in configs], on_done and (lambda _: on_done()))

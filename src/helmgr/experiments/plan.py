@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from helmgr.experiments.capacity import CEILING, TARGET, CapacityTask, base_rate, bisect_task, run_probe, summarize_capacity
+from helmgr.experiments.capacity import TARGET, CapacityTask, base_rate, bisect_task, run_probe, summarize_capacity
 from helmgr.core.validate import GIB, LIMITS, run_memory_bytes
 from helmgr.experiments.parallel import run_all
 from helmgr.sim import SimConfig
@@ -49,8 +49,7 @@ class PlanConfig:
 
 
 def _tasks(pc: PlanConfig, pairs, nodes: int, start: float) -> list[CapacityTask]:
-    ceiling = CEILING if pc.allow_large else None
-    return [CapacityTask(pc.spec(s), pc.cfg(p, rt, nodes, s), start, pc.tol, ceiling=ceiling)
+    return [CapacityTask(pc.spec(s), pc.cfg(p, rt, nodes, s), start, pc.tol, allow_large=pc.allow_large)
             for p, rt in pairs for s in pc.seeds]
 
 

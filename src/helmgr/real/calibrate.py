@@ -32,7 +32,7 @@ import torch
 
 from helmgr.core.errors import HelmInputError
 from helmgr.core.records import NodeConfig
-from helmgr.core.validate import host_memory_bytes
+from helmgr.core.validate import check_host_memory
 from helmgr.core.profiles import GIB, MIB, HardwareProfile, ModelProfile, NodeProfile, load_hardware
 from helmgr.real.fits import BatchFit, Fit, fit_affine, fit_batch, fit_compute
 from helmgr.real.measure import Measure, Shape, sizes
@@ -48,15 +48,14 @@ ACTIVATION_TENSORS = 8             # live (tokens + candidates) x d_model tensor
 
 def check_fits(need: dict[str, float], device: str) -> None:
     """Refuse a calibration whose estimate (`CalibrateConfig.memory_bytes`) is over half the
-    host's memory, or over the CUDA device's."""
-    have = {"host": host_memory_bytes()}
+    host's memory (`check_host_memory`), or over the CUDA device's."""
+    what = "--n-items, --pool-mib, --max-batch, --max-tokens and --candidates"
+    check_host_memory(need["host"], what)
     if "device" in need and device == "cuda" and torch.cuda.is_available():
-        have["device"] = torch.cuda.get_device_properties(0).total_memory
-    for where, n in need.items():
-        limit = have.get(where)
-        if limit is not None and n > (0.5 * limit if where == "host" else limit):
-            raise HelmInputError(f"--n-items, --pool-mib, --max-batch, --max-tokens and --candidates ask for "
-                                 f"~{n / GIB:.3g} GiB of {where} memory; this machine has {limit / GIB:.3g} GiB")
+        have = torch.cuda.get_device_properties(0).total_memory
+        if need["device"] > have:
+            raise HelmInputError(f"{what} ask for ~{need['device'] / GIB:.3g} GiB of device memory; the GPU has "
+                                 f"{have / GIB:.3g} GiB")
 
 
 # CPU: the small preset shrunk so that a request takes milliseconds. CUDA: the small preset

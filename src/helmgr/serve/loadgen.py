@@ -14,7 +14,7 @@ import http.client
 import json
 import time
 import urllib.request
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
@@ -56,6 +56,9 @@ class Sent(NamedTuple):
     body: dict
 
 
+APP_KEYS = ("replicas", "pool_mib", "model", "n_items", "seed")       # what every helmgr app's /v1/config names
+
+
 def server_config(url: str, timeout_s: float = 10.0) -> ServeConfig:
     if not url.startswith(("http://", "https://")):
         raise HelmInputError(f"--url must start with http:// or https://, got {url!r}")
@@ -68,7 +71,7 @@ def server_config(url: str, timeout_s: float = 10.0) -> ServeConfig:
         d = json.loads(body)
     except ValueError:
         d = None
-    missing = [f.name for f in fields(ServeConfig) if not isinstance(d, dict) or f.name not in d]
+    missing = [k for k in APP_KEYS if not isinstance(d, dict) or k not in d]     # (others: from_dict's defaults)
     if missing:
         raise HelmInputError(f"--url {url!r} does not answer as a helmgr app: its /v1/config is not a serving "
                              f"configuration (it lacks {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")

@@ -54,8 +54,7 @@ class WorkloadSpec:
 
     def _build(self) -> Workload:
         if self.trace is not None:
-            duration = TRACE_DURATION_S if self.duration_s is None else self.duration_s
-            return trace_workload(self.trace, self.trace_format, duration, self.seed, self.time_compression,
+            return trace_workload(self.trace, self.trace_format, self.seconds, self.seed, self.time_compression,
                                   self.clone_users, tuple(self.overlays))
         parse_regime(self.regime)
         cfg = default_config(self.regime)
