@@ -110,7 +110,7 @@ def trace(tmp_path):
     (["capacity", "--workload", "trend", "--nodes", "3000"], ("--nodes 3000", "GiB of memory")),
     (["scenario", "--check", "--rps", "1e5"], ("--rps 100000 x 360 s", "requests")),
     (["scenario", "--check", "--ratios", "0:1:0.0001"], ("--seeds '1,2,3' x --ratios '0:1:0.0001'", "90,009 runs")),
-    (["plan", "--rps", "1e6"], ("--rps 1e+06 x --duration 60", "requests")),
+    (["plan", "--rps", "1e6"], ("--rps 1e+06 x 60 s", "requests")),
     (["evaluate", "--capacity-duration", "1e5"], ("steady: capacity probe, 1300 req/s", "130,000,000 requests")),
 ])
 def test_runs_past_a_limit_are_refused_before_they_start(capsys, argv, needles):
@@ -147,11 +147,11 @@ NT = ["no-tuning", "--hardware", "a100-80g", "--models", "small", "--workloads",
     (NT + ["--time-compression", "1e-300"], ("3.6e+302 s (--time-compression 1e-300)", "requests")),
     (NT[:-1] + ["0:1:0.000001"], ("--ratios '0:1:0.000001' + full HELM", "1,000,002 runs")),
     (NT + ["--capacity-workloads", "steady", "--capacity-duration", "1e308"], ("capacity probe", "inf requests")),
-    (["train", "--episode-s", "1e9"], ("162.5 req/s x 1e+09 s (--episode-s 1e+09)", "requests")),
+    (["train", "--episode-s", "1e9"], ("162.5 req/s x 1e+09 s (--episode-s 1e+09 after a 15-s warm-up)", "requests")),
     (["train", "--envs", "256"], ("--envs 256", "128 GiB of memory")),
     (["train", "--seeds", "1", "--validate-duration", "1e308"], ("steady validation: 1300 req/s x --validate-duration 1e+308",)),
-    (["train", "--nodes", "8", "--episode-s", "16000"], ("steady episodes: 1300 req/s x 16016 s (--episode-s 16000)",
-                                                         "20,820,800 requests")),
+    (["train", "--nodes", "8", "--episode-s", "16000"], ("steady episodes: 1300 req/s x 16015 s (--episode-s 16000 after a 15-s warm-up)",
+                                                         "20,819,500 requests")),
     (["scenario", "--check", "--refresh-s", "0.0001", "--workloads", "steady", "--seeds", "1", "--duration", "5"],
      ("steady: --duration 5 / --refresh-s 0.0001 x --nodes 8", "EMB rows re-ranked")),
     (NT + ["--capacity-workloads", "steady", "--capacity-duration", "1e9"], ("--capacity-duration 1e+09",)),
@@ -531,3 +531,23 @@ def test_emb_sampling_rates_are_powers_of_two(capsys, argv, needle):
 
 def test_bench_sim_names_an_unknown_policy(capsys):
     refused(capsys, ["bench", "--sim", "--policies", "static,helmm"], "--policies 'static,helmm': unknown helmm")
+
+
+def test_second_audit_cases():
+    """Legitimate sizes pass and past-limit ones name what they come from: train's 64 nodes (the
+    option's top) within the limits, an episode being its warm-up and control only; a plan's check
+    past the EMB re-rank limit; a grid's count at a tiny step."""
+    from helmgr.cli.train_cmd import _costs
+    from helmgr.core.validate import check_costs
+    from helmgr.experiments.plan import PlanConfig, _past_limits
+    check_costs(_costs(("steady", "trend", "burst"), 120.0, 64, 1, False, None))     # (135 / 2 + 1) x 64 x 2e6 rows
+    pc = PlanConfig(rps=1000.0, cluster=SimConfig(), duration_s=20.0)
+    assert _past_limits(pc, 100) is None
+    # (20 / 2 + 1) x 1,000 nodes x 2,000,000 items = 2.2e10 rows re-ranked, past 2e10
+    assert _past_limits(pc, 1000) == "~2.2e+10 EMB rows re-ranked (limit 2e+10)"
+    assert grid_size("0:1:1e-9") == 1_000_000_001
+
+
+def test_capacity_names_the_option_a_run_s_length_comes_from(capsys):
+    refused(capsys, ["capacity", "--time-compression", "1e-300"], "1300 req/s x 3.6e+302 s (--time-compression 1e-300)")
+    refused(capsys, ["calibrate", "--out", "x.toml", "--shrink", "1", "--n-items", "1000000000"], "--shrink 1 --n-items")

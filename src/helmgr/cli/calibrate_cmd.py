@@ -18,7 +18,7 @@ from helmgr.core.extras import require
 @click.option("--model", default="small", show_default=True, help="Model preset the runtime runs ...")
 @click.option("--shrink", type=click.IntRange(min=1), default=None,
               help="... with d_qk, d_v, d_model and emb_dim divided by this [default: cpu 16, cuda 1].")
-@click.option("--candidates", type=click.IntRange(min=1), default=None,
+@click.option("--candidates", type=click.IntRange(1, 1 << 20), default=None,
               help="Candidates per request [default: cpu 64, cuda 512].")
 @click.option("--n-items", type=click.IntRange(min=1), default=None,
               help="Rows of the synthetic host embedding table [default: cpu 100,000, cuda 200,000].")

@@ -51,7 +51,7 @@ def capacity_cmd(regime, duration, time_compression, seeds, rps, nodes, policy, 
     helmgr capacity --workload burst --ratio 0.7 --router prefix-aware --duration 120 --json
     """
     check_options({"rps": rps, "regime": regime, "duration": duration, "nodes": nodes, "tick_ms": tick_ms,
-                   "refresh_s": refresh_s}, allow_large)
+                   "refresh_s": refresh_s, "time_compression": time_compression}, allow_large)
     check_out(out_dir)
     wall = time.perf_counter()
     seed_values = seed_list(seeds)

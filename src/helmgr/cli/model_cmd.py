@@ -75,7 +75,13 @@ def train_cmd(trace, trace_format, out_dir, steps, preset, shrink, lr, seed, eva
     t0 = time.perf_counter()
     with progress("model train", steps) as bar:
         task = bar.add_task(f"next-item training on {Path(trace).name}", total=steps)
-        net, items, loss = nextitem.train(seqs, cfg, lambda n, _: bar.update(task, completed=n))
+        try:
+            net, items, loss = nextitem.train(seqs, cfg, lambda n, _: bar.update(task, completed=n))
+        except (MemoryError, RuntimeError) as exc:          # torch's allocator: a RuntimeError naming memory
+            if not isinstance(exc, MemoryError) and "memory" not in str(exc).lower():
+                raise
+            raise HelmInputError(f"--preset {preset} --shrink {shrink} ran out of memory while training (a process "
+                                 "memory limit is below the estimate's half of the machine?): raise --shrink") from None
     train_s = time.perf_counter() - t0
     scores = nextitem.evaluate(net, items, seqs, eval_users, seed)
     info = {"trace": Path(trace).name, "trace_format": trace_format, "users": len(seqs.offsets) - 1,

@@ -151,15 +151,16 @@ def _costs(regimes, episode_s: float, nodes: int, n_envs: int, validated, valida
     """What training asks for: each regime's episode workload (its run, or warm-up and episode if
     longer) on `nodes`, the environments' worker processes, and with `validated` regimes each
     validation run."""
-    from helmgr.learn.env import episode_run_s
+    from helmgr.learn.env import WARMUP_S
     from helmgr.sim import SimConfig
     from helmgr.workload import WorkloadSpec, default_config
     default_nodes = SimConfig().nodes                      # the validation runs' cluster, the default scenario's
     share = nodes / default_nodes                          # an episode's nodes carry their share of the rate
-    episodes = [WorkloadSpec(r, episode_run_s(WorkloadSpec(r).seconds, episode_s), rps=default_config(r).rps * share)
-                for r in regimes]
+    simulated = WARMUP_S + episode_s                       # an episode ends after its warm-up and control
+    episodes = [WorkloadSpec(r, simulated, rps=default_config(r).rps * share) for r in regimes]
     costs = [c for w in episodes for c in spec_costs(w, nodes, f"{w.regime} episodes: ", {
-        "duration": f"{{:g}} s (--episode-s {episode_s:g})", "rps": "{:g} req/s", "nodes": "--nodes {}"})]
+        "duration": f"{{:g}} s (--episode-s {episode_s:g} after a {WARMUP_S:g}-s warm-up)", "rps": "{:g} req/s",
+        "nodes": "--nodes {}"})]
     costs.append(Cost("GiB of memory", n_envs * ENV_GIB, LIMITS.memory_gib,
                       f"--envs {n_envs} worker processes x ~{ENV_GIB:g} GiB"))
     return costs + [c for r in validated or () for c in spec_costs(

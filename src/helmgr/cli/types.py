@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 
 import click
+from click.core import ParameterSource
 
 from helmgr.core.classes import load_table
 from helmgr.core.errors import HelmInputError
@@ -126,7 +127,7 @@ def grid_size(text: str) -> float:
             if not all(map(math.isfinite, (start, stop, step))) or step <= 0 or stop < start:
                 raise ValueError
             steps = (stop - start) / step          # whole steps that stay within stop (a hair of rounding kept)
-            return math.floor(steps + 1e-9) + 1 if math.isfinite(steps) else math.inf
+            return math.floor(steps * (1 + 1e-12) + 1e-9) + 1 if math.isfinite(steps) else math.inf
         return len([float(x) for x in text.split(",")])
     except ValueError:
         raise HelmInputError(f"--ratios {text!r} is not start:stop:step or a comma list of numbers") from None
@@ -136,7 +137,8 @@ def ratio_grid(text: str) -> list[float]:
     """'0.05:0.95:0.05' (start:stop:step, inclusive) or '0.1,0.3,0.5': every ratio in [0, 1]."""
     n = grid_size(text)
     if n > GRID_POINTS_MAX:
-        raise HelmInputError(f"--ratios {text!r} has {n:,} points (at most {GRID_POINTS_MAX:,})")
+        count = f"{n:,}" if n < 1e12 else f"{float(n):.3g}"
+        raise HelmInputError(f"--ratios {text!r} has {count} points (at most {GRID_POINTS_MAX:,})")
     if ":" in text:
         start, _, step = (float(x) for x in text.split(":"))
         values = [round(start + k * step, 10) for k in range(n)]
@@ -220,11 +222,25 @@ def spec_costs(spec, nodes: int, what: str = "", labels: dict[str, str] | None =
 
 
 def check_options(o: dict, allow_large: bool = False) -> None:
-    """The checks that need several options at once, before the command does any work."""
+    """The checks that need several options at once, before the command does any work; a cost
+    names the options the command was given, and a value it was not as the default it is."""
     if o.get("faults"):
         nodes = o.get("nodes")
         check_faults(tuple(parse_fault(f, nodes) for f in o["faults"]), o.get("duration"))
-    check_costs(option_costs(o), allow_large)
+    check_costs(option_costs(o, default_labels(o)), allow_large)
+
+
+def default_labels(o: dict) -> dict[str, str]:
+    """`option_costs` labels for the values of `o` the running command's line did not give."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return {}
+    given = {k for k in ("rps", "duration", "tick_ms", "refresh_s", "nodes")
+             if k in ctx.params and ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE}
+    tc = o.get("time_compression")
+    auto = {"rps": "{:g} req/s", "duration": "{:g} s" + (f" (--time-compression {tc:g})" if tc else ""),
+            "tick_ms": "a {:g}-ms tick", "refresh_s": "a refresh every {:g} s", "nodes": "{} nodes"}
+    return {k: v for k, v in auto.items() if k not in given}
 
 
 def checked(f):

@@ -8,7 +8,7 @@ which router, and the headroom left, from capacity runs.
 3. The candidate needing the fewest nodes (then: the highest capacity) is checked by simulating
    it back at that size and the target rate, every seed; if a seed misses the SLO (window SLO
    satisfaction < 95 % or overloaded) one node is added and it is checked again.
-   A check whose runs would pass the memory limit every run is held to is not simulated (unless
+   A check whose runs would pass the memory or EMB re-rank limit runs are held to is not simulated (unless
    `allow_large`): the plan is then the linear estimate, with `met_slo` null and why in `unchecked`.
 4. Unless `quick`, the chosen size's own capacity is measured: the headroom is capacity / target - 1,
    and the plot of capacity against nodes gets its second point. With `quick` the headroom is
@@ -23,7 +23,7 @@ from helmgr.experiments.capacity import TARGET, CapacityTask, base_rate, bisect_
 from helmgr.core.validate import GIB, LIMITS, run_memory_bytes
 from helmgr.experiments.parallel import run_all
 from helmgr.sim import SimConfig
-from helmgr.workload import WorkloadSpec
+from helmgr.workload import WorkloadSpec, default_config
 
 CANDIDATES = (("helm", "helm"), ("static", "prefix-aware"), ("static", "least-loaded"))
 MAX_GROW = 4                   # nodes added at most when the simulated check misses
@@ -72,6 +72,19 @@ def _check(args: tuple[PlanConfig, str, str, int, int]) -> dict:
             "utilization": p.utilization, "overloaded": p.overloaded}
 
 
+def _past_limits(pc: PlanConfig, nodes: int) -> str | None:
+    """What a check of `nodes` at the target rate asks for past the limits every run is held to
+    (memory, EMB rows re-ranked), or None."""
+    seconds = pc.spec(pc.seeds[0]).seconds
+    memory = run_memory_bytes(pc.rps * seconds, nodes) / GIB
+    rows = (seconds / pc.cluster.refresh_s + 1) * nodes * default_config(pc.regime).n_items
+    if memory > LIMITS.memory_gib:
+        return f"~{memory:.3g} GiB of memory (limit {LIMITS.memory_gib:g})"
+    if rows > LIMITS.refresh_rows:
+        return f"~{rows:.3g} EMB rows re-ranked (limit {LIMITS.refresh_rows:.3g})"
+    return None
+
+
 def plan(pc: PlanConfig, jobs: int = 1, ray_address: str | None = None, on_done=None) -> dict:
     probe_nodes = pc.cluster.nodes
     base = base_rate(pc.spec(pc.seeds[0])) * probe_nodes / SimConfig().nodes     # the regime's rate is for the default cluster
@@ -88,11 +101,11 @@ def plan(pc: PlanConfig, jobs: int = 1, ray_address: str | None = None, on_done=
                 "reason": "no candidate met the SLO at any rate on the probe cluster"}
     best = min(ok, key=lambda r: (r["nodes"], -r["capacity_rps"]))
     nodes, checks = best["nodes"], []
-    memory = run_memory_bytes(pc.rps * pc.spec(pc.seeds[0]).seconds, nodes + MAX_GROW) / GIB
-    if memory > LIMITS.memory_gib and not pc.allow_large:       # the linear estimate, not simulated
+    past = None if pc.allow_large else _past_limits(pc, nodes + MAX_GROW)
+    if past is not None:                                     # the linear estimate, not simulated
         chosen = {"policy": best["policy"], "router": best["router"], "nodes": nodes, "met_slo": None, "checks": [],
-                  "unchecked": f"simulating {nodes} nodes at {pc.rps:g} req/s asks for ~{memory:.3g} GiB of memory "
-                               f"(limit {LIMITS.memory_gib:g}); pass --allow-large to check it",
+                  "unchecked": f"simulating {nodes} nodes at {pc.rps:g} req/s asks for {past}; pass --allow-large "
+                               "to check it",
                   "capacity_rps": nodes * best["per_node_rps"], "capacity_measured": False}
         chosen["headroom"] = chosen["capacity_rps"] / pc.rps - 1
         return {"target_rps": pc.rps, "candidates": table, "plan": chosen, "target": TARGET}

@@ -47,12 +47,6 @@ from helmgr.workload import WorkloadSpec, default_config, synthetic_workload
 WARMUP_S = 15.0           # an episode's warm-up before its control, by default
 
 
-def episode_run_s(base_s: float, episode_s: float, warmup_s: float = WARMUP_S) -> float:
-    """The simulated seconds of an episode's synthetic run: the regime's own, or its warm-up,
-    control and a second where that is longer."""
-    return max(base_s, warmup_s + episode_s + 1.0)
-
-
 def shifted(chunks, start: int):
     """The 1-s chunks from second `start` on, their times moved back by `start` (the cluster's
     clock starts at 0)."""
@@ -120,7 +114,7 @@ class HelmEnv(gym.Env):
         base = default_config(regime, **self.workload)
         rps = self.rps_per_node or base.rps * self.share
         users = self.users_per_node or int(base.n_users * self.share)
-        duration = episode_run_s(base.duration_s, self.episode_s, self.warmup_s)
+        duration = max(base.duration_s, self.warmup_s + self.episode_s + 1.0)
         cfg = self.workload_config = replace(base, rps=rps * self.nodes, n_users=users * self.nodes, duration_s=duration)
         latest = int(duration - self.warmup_s - self.episode_s - 1.0)
         return synthetic_workload(cfg, wseed), int(rng.integers(latest + 1)) if latest > 0 else 0

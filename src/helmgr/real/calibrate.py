@@ -46,12 +46,14 @@ FLOOR = 1e-3                       # the profile loader wants every constant > 0
 ACTIVATION_TENSORS = 8             # live (tokens + candidates) x d_model tensors a request, in the estimate
 
 
-def check_fits(need: dict[str, float], device: str) -> None:
+def check_fits(cfg: "CalibrateConfig") -> None:
     """Refuse a calibration whose estimate (`CalibrateConfig.memory_bytes`) is over half the
     host's memory (`check_host_memory`), or over the CUDA device's."""
-    what = "--n-items, --pool-mib, --max-batch, --max-tokens and --candidates"
+    need = cfg.memory_bytes()
+    what = (f"--shrink {cfg.shrink} --n-items {cfg.n_items:,} --pool-mib {cfg.pool_mib:g} --max-batch {cfg.max_batch} "
+            f"--max-tokens {cfg.max_tokens} --candidates {cfg.candidates}")
     check_host_memory(need["host"], what)
-    if "device" in need and device == "cuda" and torch.cuda.is_available():
+    if "device" in need and cfg.device == "cuda" and torch.cuda.is_available():
         have = torch.cuda.get_device_properties(0).total_memory
         if need["device"] > have:
             raise HelmInputError(f"{what} ask for ~{need['device'] / GIB:.3g} GiB of device memory; the GPU has "
@@ -108,7 +110,7 @@ class CalibrateConfig:
         if self.pool_mib < MIN_POOL_PAGES * PAGE_MIB:
             raise HelmInputError(f"--pool-mib must be >= {MIN_POOL_PAGES * PAGE_MIB:g} (the runtime's pool holds "
                                  f"{MIN_POOL_PAGES} pages of {PAGE_MIB * 1024:g} KiB at least), got {self.pool_mib:g}")
-        check_fits(self.memory_bytes(), self.device)
+        check_fits(self)
         return self
 
     def memory_bytes(self) -> dict[str, float]:
