@@ -63,16 +63,17 @@ def seed(name: str, value) -> int:
     return number(name, value, Range(0, SEED_MAX), integer=True)
 
 
-def check_numbers(config, ranges: dict[str, Range] | None = None, default: Range = POSITIVE) -> None:
+def check_numbers(config, ranges: dict[str, Range] | None = None, default: Range = POSITIVE, prefix: str = "") -> None:
     """Every int and float field of the dataclass `config` through `number` (`ranges` by field,
     else `default`; an int field must be an integer; `seed` as a seed; a `... | None` field may be
-    None). The option-style name (dashes) is the one an error names."""
+    None). The option-style name (dashes, after `prefix`: "--" where fields are options) is the
+    one an error names."""
     for f in fields(config):
         kind = str(f.type).removesuffix(" | None")
         v = getattr(config, f.name)
         if kind not in ("int", "float") or (v is None and str(f.type).endswith("| None")):
             continue
-        name = f.name.replace("_", "-")
+        name = prefix + f.name.replace("_", "-")
         if f.name == "seed":
             seed(name, v)
         else:

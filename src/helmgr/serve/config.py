@@ -97,7 +97,8 @@ class ServeConfig:
         ms = Range(MIN_MS, MAX_MS)
         check_numbers(self, {"replica_cpus": Range(0, MAX_CPUS), "ratio": Range(0, 1, low_open=True, high_open=True),
                              "replicas": Range(1, MAX_REPLICAS), "pool_mib": Range(MIN_POOL_PAGES * PAGE_MIB, MAX_POOL_MIB),
-                             "slo_ms": ms, "deadline_ms": ms, "max_cost_ms": ms, "max_body_bytes": Range(1, MAX_BODY_BYTES)})
+                             "slo_ms": ms, "deadline_ms": ms, "max_cost_ms": ms, "max_body_bytes": Range(1, MAX_BODY_BYTES)},
+                      prefix="--")                        # (each a `helmgr serve` option but max-body-bytes: --max-body-kib)
         if self.max_cost_s > self.deadline_s:
             raise HelmInputError(f"max-cost-ms ({self.max_cost_s * 1e3:g}) must not exceed deadline-ms "
                                  f"({self.deadline_s * 1e3:g}): such a request could never be answered in time")
