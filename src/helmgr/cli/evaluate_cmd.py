@@ -15,7 +15,7 @@ from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, progress, result_dir, stderr, stdout
 from helmgr.cli.simulate_cmd import build_config, sim_options
-from helmgr.cli.types import (NON_NEGATIVE, POSITIVE, Finite, allow_large_option, names, option_costs,
+from helmgr.cli.types import (NON_NEGATIVE, POSITIVE, Finite, allow_large_option, default_labels, names, option_costs,
                               parallel_options, positive_list, ratio_grid, seed_list)
 from helmgr.cli.workload_cmd import cluster_defaults
 from helmgr.experiments import commands, report
@@ -166,8 +166,8 @@ def _run_costs(ev: EvalConfig, durations: dict) -> list[Cost]:
              "tick_ms": ev.cluster.tick_s * 1e3, "refresh_s": ev.cluster.refresh_s}
         rate = (f"{default_config(g).rps:g} req/s x --rate-scale {ev.rate_scale:g}"
                 + (f" x --class-loads {load:g}" if load != 1.0 else ""))
-        costs += [replace(c, because=f"{g}: {what}" + (f"{rate} x {seconds:g} s" if c.quantity == "requests"
-                                                        else c.because)) for c in option_costs(o)]
+        labels = default_labels(o) | {"rps": rate, "duration": "{:g} s"}      # (rate: our words, no field)
+        costs += [replace(c, because=f"{g}: {what}{c.because}") for c in option_costs(o, labels)]
     return costs
 
 

@@ -9,7 +9,8 @@ import click
 from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
-from helmgr.cli.types import POSITIVE, Finite, allow_large_option, names, parallel_options, ratio_grid, spec_costs
+from helmgr.cli.types import (POSITIVE, Finite, allow_large_option, defaulted, names, parallel_options, ratio_grid,
+                              spec_costs)
 from helmgr.core.profiles import available
 from helmgr.core.validate import LIMITS, Cost, check_costs
 from helmgr.experiments.evaluate import DEFAULT_GRID
@@ -93,7 +94,7 @@ def notuning_cmd(hardware, models, workloads, traces, trace_format, clone_users,
     stdout.print(summary_table(result))
 
 
-NODES = {"nodes": "{} nodes"}               # the study's cluster: the default scenario's, no option
+NODES = defaulted(["nodes"])               # the study's cluster: the default scenario's, no option
 
 
 def _costs(spec: WorkloadSpec, nodes: int) -> list[Cost]:

@@ -7,7 +7,7 @@ import click
 from click.core import ParameterSource
 
 from helmgr.cli.output import emit_json, json_option, progress, stdout, table
-from helmgr.cli.types import POSITIVE, SEED, Finite, allow_large_option, names, seed_list, spec_costs
+from helmgr.cli.types import POSITIVE, SEED, Finite, allow_large_option, defaulted, names, seed_list, spec_costs
 from helmgr.core.errors import HelmInputError
 from helmgr.core.profiles import available
 from helmgr.core.validate import LIMITS, Cost, check_costs
@@ -158,14 +158,13 @@ def _costs(regimes, episode_s: float, nodes: int, n_envs: int, validated, valida
     share = nodes / default_nodes                          # an episode's nodes carry their share of the rate
     simulated = WARMUP_S + episode_s                       # an episode ends after its warm-up and control
     episodes = [WorkloadSpec(r, simulated, rps=default_config(r).rps * share) for r in regimes]
-    costs = [c for w in episodes for c in spec_costs(w, nodes, f"{w.regime} episodes: ", {
-        "duration": f"{{:g}} s (--episode-s {episode_s:g} after a {WARMUP_S:g}-s warm-up)", "rps": "{:g} req/s",
-        "nodes": "--nodes {}"})]
+    costs = [c for w in episodes for c in spec_costs(w, nodes, f"{w.regime} episodes: ", defaulted(["rps"]) | {
+        "duration": f"{{:g}} s (--episode-s {episode_s:g} after a {WARMUP_S:g}-s warm-up)"})]
     costs.append(Cost("GiB of memory", n_envs * ENV_GIB, LIMITS.memory_gib,
                       f"--envs {n_envs} worker processes x ~{ENV_GIB:g} GiB"))
     return costs + [c for r in validated or () for c in spec_costs(
         WorkloadSpec(r, validate_duration), default_nodes, f"{r} validation: ",
-        {"duration": "--validate-duration {:g}", "nodes": "{} nodes"})]
+        defaulted(["nodes"]) | {"duration": "--validate-duration {:g}"})]
 
 
 def _traced(env: dict, workloads: str, seeds, trace, fmt, duration, time_compression, clone_users, overlay, widen,

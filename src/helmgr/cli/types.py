@@ -166,6 +166,17 @@ def _run_count(o: dict) -> tuple[float, str] | None:
 
 LABELS = {"rps": "--rps {:g}", "duration": "--duration {:g}", "tick_ms": "--tick-ms {:g}", "refresh_s": "--refresh-s {:g}",
           "nodes": "--nodes {}", "clone_users": "--clone-users {}"}
+# how a cost names a value the command was not given: as the default it is
+DEFAULTED = {"rps": "{:g} req/s", "duration": "{:g} s", "tick_ms": "a {:g}-ms tick", "refresh_s": "a refresh every {:g} s",
+             "nodes": "{} nodes"}
+
+
+def defaulted(keys, time_compression: float | None = None) -> dict[str, str]:
+    """`DEFAULTED`'s labels of `keys` (a run's length after its --time-compression)."""
+    out = {k: DEFAULTED[k] for k in keys}
+    if "duration" in out and time_compression:
+        out["duration"] += f" (--time-compression {time_compression:g})"
+    return out
 
 
 def option_costs(o: dict, labels: dict[str, str] | None = None) -> list[Cost]:
@@ -213,11 +224,9 @@ def spec_costs(spec, nodes: int, what: str = "", labels: dict[str, str] | None =
     o = {"rps": spec.rps, "regime": spec.regime, "duration": spec.seconds, "nodes": nodes, "trace": spec.trace,
          "clone_users": spec.clone_users, "tick_ms": tick_ms or default.tick_s * 1e3,
          "refresh_s": refresh_s or default.refresh_s}
-    compressed = f" (--time-compression {spec.time_compression:g})" if spec.time_compression is not None else ""
-    auto = {"rps": "--rps {:g}" if spec.rps is not None else "{:g} req/s",
-            "duration": "--duration {:g}" if spec.duration_s is not None else "{:g} s" + compressed,
-            "tick_ms": "--tick-ms {:g}" if tick_ms is not None else "a {:g}-ms tick",
-            "refresh_s": "--refresh-s {:g}" if refresh_s is not None else "a refresh every {:g} s"}
+    unset = [k for k, v in (("rps", spec.rps), ("duration", spec.duration_s), ("tick_ms", tick_ms),
+                            ("refresh_s", refresh_s)) if v is None]
+    auto = defaulted(unset, spec.time_compression)
     return [replace(c, because=what + c.because) for c in option_costs(o, auto | (labels or {}))]
 
 
@@ -235,12 +244,8 @@ def default_labels(o: dict) -> dict[str, str]:
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return {}
-    given = {k for k in ("rps", "duration", "tick_ms", "refresh_s", "nodes")
-             if k in ctx.params and ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE}
-    tc = o.get("time_compression")
-    auto = {"rps": "{:g} req/s", "duration": "{:g} s" + (f" (--time-compression {tc:g})" if tc else ""),
-            "tick_ms": "a {:g}-ms tick", "refresh_s": "a refresh every {:g} s", "nodes": "{} nodes"}
-    return {k: v for k, v in auto.items() if k not in given}
+    unset = [k for k in DEFAULTED if not (k in ctx.params and ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE)]
+    return defaulted(unset, o.get("time_compression"))
 
 
 def checked(f):

@@ -7,7 +7,8 @@ A checkpoint is a folder:
 - `model.safetensors`: the HSTU weights, named as the model's `state_dict` (`w_in`,
   `blocks.0.w_uvqk`, ..., `w_head`);
 - `items.safetensors`: one tensor, `items`, the item table (n_items, features_per_token x
-  emb_dim), float32. It is memory-mapped, never read whole: the host table a node's EMB cache
+  emb_dim), float32. It is memory-mapped, never copied whole (loading reads it through once, 64 MiB
+  at a time, for NaN or inf): the host table a node's EMB cache
   gathers its misses from is the file's pages (on CUDA the cache pins a copy, since an H2D copy
   from pageable memory cannot be asynchronous).
 
