@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from helmgr.cli import main
 from helmgr.core.classes import ClassTable, SloClass, Tenant, load_table, parse_table
@@ -11,7 +12,8 @@ from helmgr.core.errors import HelmInputError
 from helmgr.policy.base import MemoryPolicy
 from helmgr.sim import SimConfig, simulate
 from helmgr.sim.config import parse_fault
-from helmgr.sim.class_metrics import client_figures, group_figures, jain, max_service_gap
+from helmgr.sim.class_metrics import (client_figures, fair_shares, group_figures, jain, max_service_gap,
+                                      normalised_service)
 from helmgr.workload.arrivals import Burst
 from tests.test_sim import short_burst, small
 
@@ -154,6 +156,51 @@ def test_jain():
     assert math.isnan(jain(np.zeros(0)))
 
 
+def test_fair_shares_by_hand():
+    one = np.ones(2)
+    assert fair_shares(np.array([10.0]), np.array([[2.0], [10.0]]), one).ravel().tolist() == [2.0, 8.0]
+    assert fair_shares(np.array([8.0]), np.array([[10.0], [10.0]]), np.array([1.0, 3.0])).ravel().tolist() == [2.0, 6.0]
+    assert fair_shares(np.array([9.0]), np.array([[1.0], [5.0], [10.0]]), np.ones(3)).ravel().tolist() == [1.0, 4.0, 4.0]
+    # windows settle after different numbers of passes: each still gets its own level
+    got = fair_shares(np.array([5.0, 3.0, 0.0]), np.array([[5.0, 5.0, 0.0], [1.0, 5.0, 2.0]]), one)
+    assert got.tolist() == [[4.0, 1.5, 0.0], [1.0, 1.5, 0.0]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(1, 4)), min_size=1, max_size=6), st.integers(0, 300))
+def test_fair_shares_are_max_min_fair(tenants, cap):
+    demand = np.array([[float(d)] for d, _ in tenants])
+    weight = np.array([float(w) for _, w in tenants])
+    cap = min(float(cap), demand.sum())
+    share = fair_shares(np.array([cap]), demand, weight).ravel()
+    assert share.sum() == pytest.approx(cap) and (share <= demand.ravel() + 1e-9).all()
+    short = share < demand.ravel() - 1e-9                  # capped: no one with demand left holds more per weight
+    if short.any():
+        level = (share / weight)[short]
+        assert np.allclose(level, level[0]) and ((share / weight)[~short] <= level[0] + 1e-9).all()
+
+
+def test_normalised_service_by_hand():
+    # band 0: a and b (weight 1 each); band 1: c alone; band 2: d, with nothing. Work 1 per request.
+    # window [0, 1): a has 4 arrive and 3 served, b 1 arrives, none served: demands 4 and 1, the
+    # band served 3, fair 2 and 1. Window [1, 2): a's and b's last served; demands 1 and 1, fair 1 and 1.
+    # a: 4 served of 3 fair, b: 1 of 2; c: served all it was owed.
+    tenant = np.array([0, 0, 0, 0, 1, 2, 2])
+    arrival = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 1.7])
+    served = np.array([0.2, 0.3, 0.4, 1.1, 1.5, 1.2, 1.8])
+    band, weight = np.array([0, 0, 1, 2]), np.ones(4)
+    x = normalised_service(tenant, arrival, served, np.ones(7), band, weight, 1.0, 0.0, 2.0)
+    assert x[:3].tolist() == pytest.approx([4 / 3, 1 / 2, 1.0]) and math.isnan(x[3])
+    assert jain(x[:3]) == pytest.approx((4 / 3 + 1 / 2 + 1) ** 2 / (3 * (16 / 9 + 1 / 4 + 1)))
+    # from 1 s (a warm-up): a's request waiting since 0.4 is demand in [1, 2); the first window is not counted
+    x = normalised_service(tenant, arrival, served, np.ones(7), band, weight, 1.0, 1.0, 2.0)
+    assert x[:3].tolist() == pytest.approx([1.0, 1.0, 1.0])
+    # work, not requests: b's one request of 3 tokens against a's 4 of 1
+    x = normalised_service(tenant, arrival, served, np.array([1, 1, 1, 1, 3, 1, 1.0]), band, weight, 1.0, 0.0, 2.0)
+    # window 0: demands 4 and 3, served 3 -> fair 1.5 each; window 1: demands 1 and 3, served 4 -> 1 and 3
+    assert x[:2].tolist() == pytest.approx([4 / 2.5, 3 / 4.5])
+
+
 ONE = ClassTable((SloClass("all", 20.0),), (Tenant("everyone", "all", 1.0),))
 
 
@@ -197,7 +244,8 @@ def test_cli_classes(capsys, tmp_path):
                  "surfaces", "--json", "--out", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / "p99_windows_by_class.png").stat().st_size > 0
     s = json.loads(capsys.readouterr().out)
-    assert set(s["classes"]) == {"feed", "interactive", "refresh"} and set(s["fairness"]) == {"jain", "max_gap_s"}
+    assert set(s["classes"]) == {"feed", "interactive", "refresh"}
+    assert set(s["fairness"]) == {"jain", "jain_attainment", "max_gap_s"}
     assert s["classes"]["feed"]["slo_ms"] == 15.0
     assert sum(t["requests"] for t in s["tenants"].values()) == s["requests"]
 
@@ -407,10 +455,11 @@ def test_a_clients_figures_count_answers_refusals_and_failures_by_tenant():
     ta, tb = f["tenants"]["a"], f["tenants"]["b"]
     assert (ta["requests"], ta["completed"], ta["shed"], tb["requests"], tb["completed"], tb["shed"]) == (3, 2, 1, 2, 1, 0)
     assert ta["slo_attainment"] == 0.5 and tb["slo_attainment"] == 1.0 and ta["kv_hit_rate"] == 0.25
-    assert f["fairness"]["jain"] == pytest.approx(1.5 ** 2 / (2 * 1.25))
+    assert f["fairness"]["jain_attainment"] == pytest.approx(1.5 ** 2 / (2 * 1.25))
+    assert f["fairness"]["jain"] == 1.0                              # a and b alone in their bands
     assert math.isnan(f["fairness"]["max_gap_s"]) and "replicas' queues" in f["fairness"]["nulls"]["max_gap_s"]
     late = client_figures(t, tenant, status, arrival, latency + 1.0, np.full(5, 100), np.zeros(5, np.int64), 1.0)
-    assert late["fairness"]["nulls"]["jain"] == "no tenant had a request answered within its target"
+    assert late["fairness"]["nulls"]["jain_attainment"] == "no tenant had a request answered within its target"
 
 
 @pytest.mark.parametrize("tenancy", ["strict", "helm"])

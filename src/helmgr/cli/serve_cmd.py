@@ -233,8 +233,8 @@ def loadgen_cmd(url, regime, duration, rps, concurrency, max_requests, slo_ms, t
     else:
         stderr.print(table(title, shown, headers))
         if "classes" in result:
-            stderr.print(table(f"per class and tenant ({fairness_line(result['fairness'])})", group_rows(result),
-                               GROUP_SHOWN))
+            stderr.print(table("per class and tenant", group_rows(result), GROUP_SHOWN))
+            stderr.print(fairness_line(result["fairness"]))
         stderr.print(f"requests per node: {result['requests_per_node']}")
         if result["split_ms"]:
             stderr.print("a request's time, ms (p50 / p99 of each part): " + ", ".join(

@@ -78,6 +78,11 @@ class ClassTable:
         return np.array([self.classes[k].band for k in self.tenant_class], np.int64)
 
     @property
+    def tenant_weight(self) -> np.ndarray:
+        """Each tenant's class's weight: its deficit round robin quantum's multiple."""
+        return np.array([self.classes[k].weight for k in self.tenant_class], float)
+
+    @property
     def band_floors(self) -> list[float]:
         """Per band 0..max: the part of a node's KV cache its classes' prefixes keep (the sum of
         their `kv_floor`)."""

@@ -71,6 +71,54 @@ def jain(x: np.ndarray) -> float:
     return float(x.sum() ** 2 / (len(x) * (x * x).sum())) if len(x) and (x * x).sum() > 0 else NAN
 
 
+def fair_shares(capacity: np.ndarray, demand: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Weighted max-min fair shares, per column (a window): `capacity[w]` split over the rows (the
+    tenants of one band) by `weight`, none given more than its `demand[:, w]` — the water level at
+    which every tenant either has all it asked or its weight's share of what is left. `capacity`
+    must not exceed a column's total demand."""
+    share = np.zeros(demand.shape)
+    open_ = demand > 0
+    left = capacity.astype(float)
+    while True:                                 # each pass gives at least one tenant all it asked
+        wsum = (weight[:, None] * open_).sum(axis=0)
+        level = np.divide(left, wsum, out=np.zeros_like(left), where=wsum > 0)
+        full = open_ & (demand <= level * weight[:, None])         # asked no more than the level: all of it
+        if not full.any():
+            return share + np.where(open_, level * weight[:, None], 0.0)
+        share += np.where(full, demand, 0.0)
+        left -= np.where(full, demand, 0.0).sum(axis=0)
+        open_ &= ~full
+
+
+def normalised_service(tenant: np.ndarray, arrival: np.ndarray, served: np.ndarray, work: np.ndarray,
+                       band: np.ndarray, weight: np.ndarray, window_s: float, from_s: float,
+                       to_s: float) -> np.ndarray:
+    """Per tenant, the work it was served over the work that was its fair share (Jain's normalised
+    allocation; NaN for a tenant that asked for none). In each window from `from_s` to `to_s`, a
+    band's service (the `work` of its tenants' requests `served` in it) is what its tenants share:
+    each tenant's fair share is its weighted max-min share of it (`fair_shares`), its demand the
+    work it had waiting (arrived, not yet served) at the window's start plus the work that arrived
+    in it. Bands are served strictly, so a band is fair to its tenants or not; what the lower bands
+    get is their minimum share's measure (`band_share_backlogged`)."""
+    edges = np.append(np.arange(from_s, to_s, window_s), to_s)
+    n_t, n_w = len(band), len(edges) - 1
+    arrived, done = np.zeros((n_t, n_w + 1)), np.zeros((n_t, n_w + 1))     # by each edge, cumulative
+    for j in range(n_t):
+        m = tenant == j
+        for out, t in ((arrived, arrival[m]), (done, served[m])):
+            order = np.argsort(t, kind="stable")
+            cum = np.concatenate([[0.0], np.cumsum(work[m][order], dtype=float)])
+            out[j] = cum[np.searchsorted(t[order], edges, side="left")]
+    demand = arrived[:, 1:] - done[:, :-1]
+    got = np.diff(done, axis=1)
+    fair = np.zeros_like(got)
+    for b in np.unique(band):
+        rows = band == b
+        fair[rows] = fair_shares(got[rows].sum(axis=0), demand[rows], weight[rows])
+    total, owed = got.sum(axis=1), fair.sum(axis=1)
+    return np.divide(total, owed, out=np.full(n_t, NAN), where=owed > 0)
+
+
 def max_service_gap(arrival: np.ndarray, start: np.ndarray, node: np.ndarray, tenant: np.ndarray,
                     band: np.ndarray, n_nodes: int, from_s: float) -> float:
     """The largest service gap between backlogged tenants of one band: the longest a tenant, with
@@ -152,7 +200,9 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
     if len(set(band.tolist())) < len(band):
         gap, why = max_service_gap(arrival, np.asarray(rec.start), np.asarray(rec.node, np.int64), tenant, band,
                                    rec.n_nodes, warmup_s), "no request started after the warm-up"
-    return {"shed": len(rec.shed)} | out | {"fairness": fairness(out["tenants"], gap, why, after_warmup=True)}
+    service = normalised_service(tenant, arrival, np.asarray(rec.start), np.asarray(rec.ids, float), band,
+                                 table.tenant_weight, window_s, warmup_s, duration)
+    return {"shed": len(rec.shed)} | out | {"fairness": fairness(out["tenants"], service, gap, why, after_warmup=True)}
 
 
 def groups(table: ClassTable, tenant: np.ndarray, arrival: np.ndarray, latency: np.ndarray, requests: np.ndarray,
@@ -175,15 +225,19 @@ def groups(table: ClassTable, tenant: np.ndarray, arrival: np.ndarray, latency: 
     return {"classes": classes, "tenants": tenants}
 
 
-def fairness(tenants: dict, max_gap_s: float, no_gap: str, after_warmup: bool) -> dict:
-    """`fairness`: Jain's index over the tenants' SLO attainment, and the largest service gap
-    (NaN: `no_gap` says why)."""
+def fairness(tenants: dict, service: np.ndarray, max_gap_s: float, no_gap: str, after_warmup: bool) -> dict:
+    """`fairness`: Jain's index over the tenants' normalised `service` (`normalised_service`) and
+    over their SLO attainment, and the largest service gap (NaN: `no_gap` says why)."""
     attained = np.array([f["slo_attainment"] for f in tenants.values()])
     attained = attained[np.isfinite(attained)]
-    out, nulls = {"jain": jain(attained), "max_gap_s": max_gap_s}, {}
+    out = {"jain": jain(service[np.isfinite(service)]), "jain_attainment": jain(attained), "max_gap_s": max_gap_s}
+    after = " after the warm-up" if after_warmup else ""
+    nulls = {}
     if not np.isfinite(out["jain"]):
-        nulls["jain"] = ("no tenant had a request answered within its target" if len(attained) else
-                         "no tenant had a request completed" + (" after the warm-up" if after_warmup else ""))
+        nulls["jain"] = "no tenant had a request served" + after
+    if not np.isfinite(out["jain_attainment"]):
+        nulls["jain_attainment"] = ("no tenant had a request answered within its target" if len(attained) else
+                                    "no tenant had a request completed" + after)
     if not np.isfinite(max_gap_s):
         nulls["max_gap_s"] = no_gap
     return out | ({"nulls": nulls} if nulls else {})
@@ -203,7 +257,11 @@ def client_figures(table: ClassTable, tenant: np.ndarray, status: np.ndarray, ar
                  float((arrival + latency).max()) if len(arrival) else 0.0, window_s, 0.0, prefix[ok], kv[ok],
                  ids=None if ids is None else ids[ok].astype(float),
                  misses=None if ids is None else (ids * (1.0 - emb_hit))[ok])
-    return out | {"fairness": fairness(out["tenants"], NAN, "a client does not see the replicas' queues",
+    end = arrival + latency
+    service = normalised_service(tenant[ok], arrival[ok], end[ok], np.ones(int(ok.sum())) if ids is None else
+                                 ids[ok].astype(float), table.tenant_band, table.tenant_weight, window_s, 0.0,
+                                 float(end[ok].max()) if ok.any() else 0.0)
+    return out | {"fairness": fairness(out["tenants"], service, NAN, "a client does not see the replicas' queues",
                                        after_warmup=False)}
 
 

@@ -47,7 +47,7 @@ def class_queues(table, fair: bool, nodes: int, count_from: float = 0.0) -> tupl
     cq = (np.zeros((nodes * lines, 2), np.int64), np.zeros((nodes, b)), np.zeros(nodes), np.zeros((nodes, t)),
           np.zeros((nodes * b, t), np.int64), np.zeros((nodes * b, 2), np.int64), np.zeros((nodes, b), np.int64),
           np.full((nodes, 2), -1, np.int64), np.array([bands.index(x) for x in band_of], np.int64),
-          np.array([QUANTUM_TOKENS * table.classes[c].weight for c in table.tenant_class]), np.array(minsh),
+          QUANTUM_TOKENS * table.tenant_weight, np.array(minsh),
           np.zeros((nodes, b)), np.zeros((nodes, b)), np.array([count_from]))
     return lines, b, cq
 

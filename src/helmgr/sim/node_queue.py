@@ -34,7 +34,7 @@ class ClassQueue:
         `count_from`: the time from which `own` and `during` count (the run's warm-up)."""
         k = table.tenant_class
         self.band_of = [table.classes[c].band for c in k]
-        self.quantum = [QUANTUM_TOKENS * table.classes[c].weight for c in k]
+        self.quantum = (QUANTUM_TOKENS * table.tenant_weight).tolist()
         bands = sorted(set(self.band_of))
         self.bands = bands
         self.min_share = {b: max(cl.min_share for cl in table.classes if cl.band == b) for b in bands}
