@@ -448,6 +448,7 @@ def test_seed_bounds_inclusive():
     (2.5, True, Range(), "must be an integer"), (math.nan, False, Range(), "finite"),
     (-math.inf, False, Range(), "finite"), (0, False, Range(0, None, low_open=True), "> 0"),
     (1.5, False, Range(0.0, 1.0, low_open=True), "in (0, 1]"), (-1, True, Range(0), ">= 0"),
+    (2e6, False, Range(0.25, float(1 << 20)), "in [0.25, 1048576]"), (2e20, False, Range(None, 1e20), "<= 1e+20"),
 ])
 def test_number_names_the_value(value, integer, allowed, needle):
     with pytest.raises(HelmInputError, match="x must") as exc:

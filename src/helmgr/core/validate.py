@@ -32,11 +32,20 @@ class Range:
         return self.high is None or (x < self.high if self.high_open else x <= self.high)
 
     def __str__(self) -> str:
+        lo, hi = _bound(self.low), _bound(self.high)
         if self.high is None:
-            return "any number" if self.low is None else f"{'>' if self.low_open else '>='} {self.low:g}"
+            return "any number" if self.low is None else f"{'>' if self.low_open else '>='} {lo}"
         if self.low is None:
-            return f"{'<' if self.high_open else '<='} {self.high:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            return f"{'<' if self.high_open else '<='} {hi}"
+        return f"in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
+
+
+def _bound(x: float | None) -> str:
+    """A bound as written: whole numbers in full up to 10**15 (1 TiB in MiB is 1048576, not
+    1.04858e+06), others in `g` form."""
+    if x is None:
+        return ""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
 POSITIVE = Range(0, None, low_open=True)
