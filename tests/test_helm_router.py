@@ -11,7 +11,7 @@ from helmgr.routing.residency import (BLOCKED, CHUNK_S, HISTORY_MIN_IDS, HISTORY
 from helmgr.routing import kernel as route_kernel
 from helmgr.routing.kernel import FREE, LINK_WASTE, MEMO, MISS, N_CONSTS
 from helmgr.routing.helm import Helm
-from helmgr.routing.routers import ROUTERS, make_router
+from helmgr.routing.routers import ROUTERS
 from tests.conftest import tiny_node_profile
 from tests.test_node import N_ITEMS, history
 from tests.test_sim import small

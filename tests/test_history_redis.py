@@ -10,7 +10,7 @@ pytest.importorskip("redis")
 
 from helmgr.cli import main  # noqa: E402
 from helmgr.core.errors import HelmInputError  # noqa: E402
-from helmgr.history import HistoryStore, build  # noqa: E402
+from helmgr.history import build  # noqa: E402
 from helmgr.history.redis_store import RedisStore, build_redis, connect  # noqa: E402
 from tests.test_history import ITEM, TIME, USER  # noqa: E402
 
