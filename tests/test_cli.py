@@ -129,9 +129,29 @@ def test_compare_reports_every_policy_and_its_distance_from_the_oracle(capsys, t
                                                               "compare_ratios.png", "compare_cdf.png"}
 
 
+def test_compare_with_classes_reports_each_runs_figures_per_class(capsys, tmp_path):
+    common = ["--duration", "5", "--rps", "300", "--nodes", "2", "--classes", "surfaces", "--tenancy", "helm"]
+    code, out, _ = run(capsys, "compare", *common, "--ratios", "0.2,0.8", "--policies", "static,static-best,oracle",
+                       "--jobs", "1", "--json", "--out", str(tmp_path / "cmp"))
+    assert code == 0
+    s = json.loads(out)
+    assert (s["class_table"], s["tenancy"]) == ("class table 'surfaces'", "helm")
+    static, best, oracle = s["results"]
+    assert set(static["classes"]) == set(best["classes"]) == {"feed", "interactive", "refresh"}
+    assert "classes" not in oracle                               # stitched from blocks: no class figures
+    code, out, _ = run(capsys, "simulate", *common, "--policy", "static", "--json")
+    one = json.loads(out)
+    assert static["classes"] == one["classes"] and static["fairness"] == one["fairness"]    # the same run
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "Per class (class table 'surfaces', `--tenancy helm`)" in md and "| feed p99_ms |" in md
+    code, out, _ = run(capsys, "compare", *common, "--ratios", "0.2,0.8", "--policies", "static", "--jobs", "1")
+    assert code == 0 and "per class (class table 'surfaces', --tenancy helm)" in out
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["compare", "--policies", "static,magic"], "unknown magic"),
     (["compare", "--routers", "nope"], "unknown nope"),
+    (["compare", "--tenancy", "strict"], "--tenancy strict needs a class table"),
 ])
 def test_compare_bad_lists(capsys, argv, needle):
     code, out, err = run(capsys, *argv)

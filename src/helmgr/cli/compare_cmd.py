@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import click
 from rich.table import Table
 
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out_option, progress,
                                result_dir, stdout)
-from helmgr.cli.simulate_cmd import build_config, sim_options
+from helmgr.cli.simulate_cmd import build_config, class_options, sim_options
 from helmgr.cli.types import NON_NEGATIVE, names, parallel_options, ratio_grid
 from helmgr.cli.workload_cmd import workload_options, workload_spec
 from helmgr.experiments.compare import ALL, OFFLINE, compare, oracle_check
@@ -26,6 +27,7 @@ COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo
 @click.command("compare")
 @workload_options
 @sim_options
+@class_options
 @click.option("--policies", default=",".join(ALL), show_default=True, help="Comma list of memory policies.")
 @click.option("--routers", default=None, help="Comma list of routers [default: --router].")
 @click.option("--ratios", default="0.05:0.95:0.05", show_default=True,
@@ -38,7 +40,7 @@ COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo
 @out_option
 def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                 nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine,
-                sim_path, emb_sample, policies, routers, ratios, oracle_lookahead, jobs, ray_address, as_json, out_dir):
+                sim_path, emb_sample, class_table, tenancy, policies, routers, ratios, oracle_lookahead, jobs, ray_address, as_json, out_dir):
     """Run every policy on the same workload and seed; P99, SLO and distance from the oracle.
 
     static-best is the grid ratio with the lowest P99 (a sweep of this run, in hindsight). The
@@ -51,10 +53,12 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     (P99 / the oracle's - 1) are reported, and its mean |r - held r*|, held r* being per window
     the best of the sweep's held ratios. On a workload with one kind of phase (steady) the
     oracle's check: the splits inside every block's band after the warm-up, and static-best's
-    regret (<= 1 %).
+    regret (<= 1 %). With --classes, each run's figures per class against its own target, and
+    the fairness between tenants, under --tenancy.
 
     \b
     helmgr compare --workload burst --out results/compare-burst
+    helmgr compare --workload burst --classes surfaces --tenancy helm --router helm --policies helm,static
     helmgr compare --workload steady --policies static,adaptive,oracle --ratios 0.1:0.9:0.1
     helmgr compare --workload trend --ray-address auto
     """
@@ -66,8 +70,9 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     grid = ratio_grid(ratios)
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     w = spec.build()                                     # validates the workload options up front
-    cfgs = {rt: build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
-                             max_batch, seed, engine, sim_path, emb_sample) for rt in router_names}
+    cfgs = {rt: replace(build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms,
+                                     refresh_s, max_batch, seed, engine, sim_path, emb_sample),
+                        classes=class_table, tenancy=tenancy).validate(w.duration_s) for rt in router_names}
     with progress("comparing", None) as bar:
         def track(label: str, total: int):
             task = bar.add_task(f"{w.name} / {label}", total=total)
@@ -75,6 +80,8 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
         c = compare(spec, cfgs, policy_names, grid, jobs or os.cpu_count() or 1, track, ray_address, oracle_lookahead)
     rows, timelines, r_star = c.rows, c.timelines, c.r_star
     result = {"workload": w.name, "nodes": nodes, "seed": seed, "grid": grid, "wall_s": time.perf_counter() - wall,
+              "class_table": None if class_table is None else class_table.source,
+              "tenancy": None if class_table is None else tenancy,
               "r_star": _floats(r_star), "held_r_star": _floats(c.held_r_star),
               "oracle_blocks": {rt: o.block_table() for rt, o in c.oracles.items()} or None, "results": rows,
               "oracle_check": oracle_check(c)}
@@ -93,6 +100,34 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
         for row in rows:
             t.add_row(*(_fmt(row.get(c)) for c in COLUMNS))
         stdout.print(t)
+        if class_table is not None:
+            heads, body = class_columns(rows)
+            t = Table(title=f"per class ({class_table.source}, --tenancy {tenancy}): P99 ms and window SLO satisfaction "
+                            "against each class's own target")
+            for c in heads:
+                t.add_column(c, justify="right")
+            for cells in body:
+                t.add_row(*(_fmt(v) for v in cells))
+            stdout.print(t)
+
+
+def class_columns(rows: list[dict]) -> tuple[list[str], list[list]]:
+    """Each run's figures per class (P99, window SLO satisfaction), its shed and its fairness (Jain's
+    index over normalised service, the largest service gap): headers and one row per run. A run
+    with no class figures (the phase oracle's, stitched from blocks) has none."""
+    names = next((list(r["classes"]) for r in rows if "classes" in r), [])
+    heads = ["policy", "router"] + [f"{c} {k}" for c in names for k in ("p99_ms", "window_slo")] + \
+        ["goodput_rps", "shed", "jain", "max_gap_s"]
+    body = []
+    for r in rows:
+        cls, fair = r.get("classes", {}), r.get("fairness", {})
+        cells = [r["policy"], r["router"]]
+        for c in names:
+            f = cls.get(c, {})
+            cells += [f.get("p99_ms"), f.get("window_slo_satisfaction")]
+        goodput = sum(f["goodput_rps"] for f in cls.values()) if cls else None
+        body.append(cells + [goodput, r.get("shed") if cls else None, fair.get("jain"), fair.get("max_gap_s")])
+    return heads, body
 
 
 def _floats(x) -> list[float] | None:
@@ -116,5 +151,13 @@ def _markdown(result: dict) -> str:
              "--oracle-lookahead); regret: P99 / the oracle's - 1.", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in COLUMNS) + " |" for r in result["results"]]
+    if any("classes" in r for r in result["results"]):
+        heads, body = class_columns(result["results"])
+        lines += ["", f"Per class ({result['class_table']}, `--tenancy {result['tenancy']}`): P99 (ms) "
+                  "and window SLO satisfaction against each class's own target; goodput, shed, and fairness: Jain's "
+                  "index over the tenants' normalised service and the largest service gap (s) between tenants of a "
+                  "band. The oracle's run is stitched from blocks and has none.", "",
+                  "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+        lines += ["| " + " | ".join(_fmt(v) for v in cells) + " |" for cells in body]
     return "\n".join(lines) + "\n\n![P99 and SLO](compare_p99_slo.png)\n![ratios](compare_ratios.png)\n" \
                               "![latency CDFs](compare_cdf.png)\n"
