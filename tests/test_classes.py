@@ -246,6 +246,7 @@ def test_cli_classes(capsys, tmp_path):
     s = json.loads(capsys.readouterr().out)
     assert set(s["classes"]) == {"feed", "interactive", "refresh"}
     assert set(s["fairness"]) == {"jain", "jain_attainment", "max_gap_s"}
+    assert s["tenancy"] == "helm"                                     # the default with a class table
     assert s["classes"]["feed"]["slo_ms"] == 15.0
     assert sum(t["requests"] for t in s["tenants"].values()) == s["requests"]
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 import functools
 import os
 import time
-from dataclasses import replace
 
 import click
 from rich.table import Table
 
 from helmgr.cli.output import check_out, emit_json, json_option, json_text, out_option, progress, result_dir, stdout
-from helmgr.cli.simulate_cmd import build_config, class_options, sim_options
+from helmgr.cli.simulate_cmd import build_config, class_options, sim_options, with_classes
 from helmgr.cli.types import POSITIVE, Finite, allow_large_option, check_options, parallel_options, seed_list
 from helmgr.cli.workload_cmd import cluster_defaults
 from helmgr.experiments.capacity import TARGET, TOL, capacity
@@ -57,7 +56,7 @@ def capacity_cmd(regime, duration, time_compression, seeds, rps, nodes, policy, 
     seed_values = seed_list(seeds)
     cfg = build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
                        max_batch, seed_values[0], engine, sim_path, emb_sample)
-    cfg = replace(cfg, classes=class_table, tenancy=tenancy).validate()
+    cfg = with_classes(cfg, class_table, tenancy)
     spec = WorkloadSpec(regime, duration, seed_values[0], time_compression=time_compression)
     spec.build()                                       # validates the workload options up front
     with progress("bisecting", len(seed_values)) as bar:
@@ -66,7 +65,7 @@ def capacity_cmd(regime, duration, time_compression, seeds, rps, nodes, policy, 
                        lambda: bar.advance(task), allow_large)
     result = {"workload": regime, "nodes": nodes, "policy": policy, "router": router,
               "ratio": ratio, "tol": tol, "target": target, "wall_s": time.perf_counter() - wall,
-              "classes": None if class_table is None else class_table.source, "tenancy": tenancy,
+              "classes": None if class_table is None else class_table.source, "tenancy": cfg.tenancy,
               "helm_revision": stack_revision() if (policy, router) == HELM else None} | out
     with result_dir(out_dir) as scratch:
         if scratch is not None:

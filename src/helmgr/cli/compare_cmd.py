@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 
 import click
 from rich.table import Table
 
 from helmgr.cli.output import (check_out, emit_json, json_option, json_text, out_option, progress,
                                result_dir, stdout)
-from helmgr.cli.simulate_cmd import build_config, class_options, sim_options
+from helmgr.cli.simulate_cmd import build_config, class_options, sim_options, with_classes
 from helmgr.cli.types import NON_NEGATIVE, names, parallel_options, ratio_grid
 from helmgr.cli.workload_cmd import workload_options, workload_spec
 from helmgr.experiments.compare import ALL, OFFLINE, compare, oracle_check
@@ -70,9 +69,10 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
     grid = ratio_grid(ratios)
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     w = spec.build()                                     # validates the workload options up front
-    cfgs = {rt: replace(build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms,
-                                     refresh_s, max_batch, seed, engine, sim_path, emb_sample),
-                        classes=class_table, tenancy=tenancy).validate(w.duration_s) for rt in router_names}
+    cfgs = {rt: with_classes(build_config(nodes, "static", ratio, rt, hardware, model, slo_ms, refill, faults, tick_ms,
+                                          refresh_s, max_batch, seed, engine, sim_path, emb_sample),
+                             class_table, tenancy).validate(w.duration_s) for rt in router_names}
+    tenancy = next(iter(cfgs.values())).tenancy
     with progress("comparing", None) as bar:
         def track(label: str, total: int):
             task = bar.add_task(f"{w.name} / {label}", total=total)

@@ -85,9 +85,10 @@ def sim_options(f=None, *, showcase: bool = False):
 
 
 def class_options(f):
-    """--classes and --tenancy (simulate, capacity): the class table and how nodes serve it."""
-    f = click.option("--tenancy", type=click.Choice(TENANCIES), default="blind", show_default=True,
-                     help="How each node serves the classes: blind (FCFS, one LRU; figures per class only), strict "
+    """--classes and --tenancy (simulate, compare, capacity): the class table and how nodes serve it."""
+    f = click.option("--tenancy", type=click.Choice(TENANCIES), default=None,
+                     help="How each node serves the classes [default: helm]: blind (FCFS, one LRU; figures per "
+                          "class only), strict "
                           "(priority bands, FCFS in each), quota (FCFS; each tenant a static KV partition, its "
                           "share), pools (separate nodes per class, sized by the classes' traffic shares; FCFS), "
                           "helm (bands with minimum shares; tenants by deficit round robin on uncached work; KV "
@@ -96,6 +97,13 @@ def class_options(f):
     return click.option("--classes", "class_table", default=None, metavar="NAME|FILE", callback=classes_checked,
                         help=f"SLO classes and tenants ({', '.join(available('classes'))}, or a TOML file): "
                              "figures per class and tenant, each against its class's target.")(f)
+
+
+def with_classes(cfg: SimConfig, class_table, tenancy: str | None) -> SimConfig:
+    """`cfg` serving `class_table` under `tenancy`, by default `helm` (`blind` without a table:
+    nothing is served by class)."""
+    default = "blind" if class_table is None else "helm"
+    return replace(cfg, classes=class_table, tenancy=tenancy or default).validate()
 
 
 def build_config(nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s,
@@ -133,7 +141,7 @@ def simulate_cmd(regime, duration, seed, rps, trace, trace_format, time_compress
     side_by_side = policy is None and router is None
     cfg = build_config(nodes, policy or "static", ratio, router or "prefix-aware", hardware, model, slo_ms, refill,
                        faults, tick_ms, refresh_s, max_batch, seed, engine, sim_path, emb_sample)
-    cfg = replace(cfg, classes=class_table, tenancy=tenancy).validate()
+    cfg = with_classes(cfg, class_table, tenancy)
     spec = workload_spec(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay)
     w = spec.build()                         # a bad trace or fault is refused here, before any work
     cfg.validate(w.duration_s)
