@@ -185,6 +185,9 @@ def test_with_classes_every_class_must_keep_its_target():
     assert classed["capacity_rps"] == plain["capacity_rps"]
     assert [p["rate"] for p in classed["seeds"]["1"]["probes"]] == [p["rate"] for p in plain["seeds"]["1"]["probes"]]
     assert {p["worst_class"] for p in classed["seeds"]["1"]["probes"] if p["satisfaction"] is not None} == {"all"}
+    for p in classed["seeds"]["1"]["probes"]:                      # each class's own figure, here the one
+        assert p["classes"] == ({"all": p["satisfaction"]} if p["satisfaction"] is not None else None)
+    assert all(p["classes"] is None for p in plain["seeds"]["1"]["probes"])
     tighter = capacity(spec, replace(cfg, classes=ClassTable((SloClass("all", 17.0),), one.tenants)), seeds=[1],
                        tol=0.3)
     assert tighter["capacity_rps"] < plain["capacity_rps"]

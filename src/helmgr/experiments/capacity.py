@@ -47,6 +47,7 @@ class Probe:
     p99_ms: float | None = None
     stopped: str | None = None               # why the run was cut short (it had failed already)
     worst_class: str | None = None           # with a class table: the class whose satisfaction was read
+    classes: dict | None = None              # with a class table: each class's window SLO satisfaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +107,9 @@ def run_probe(spec: WorkloadSpec, cfg: SimConfig, rate: float, target: float = T
         return Probe(float(rate), False, overloaded=True, stopped=str(e))
     sat, worst = satisfaction(s)
     ok = sat is not None and math.isfinite(sat) and sat >= target and not s["overloaded"]
-    return Probe(float(rate), bool(ok), sat, s["utilization"], bool(s["overloaded"]), s["p99_ms"], worst_class=worst)
+    classes = {name: c["window_slo_satisfaction"] for name, c in s["classes"].items()} if "classes" in s else None
+    return Probe(float(rate), bool(ok), sat, s["utilization"], bool(s["overloaded"]), s["p99_ms"], worst_class=worst,
+                 classes=classes)
 
 
 def satisfaction(summary: dict) -> tuple[float, str | None]:
