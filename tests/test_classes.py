@@ -216,7 +216,7 @@ def test_one_class_figures_are_the_runs_own(path):
     assert {k: v for k, v in s.items() if k not in ("shed", "classes", "tenants", "fairness", "class_table",
                                                    "tenancy")} == plain
     c = s["classes"]["all"]
-    assert s["tenants"]["everyone"] == {"class": "all"} | c
+    assert s["tenants"]["everyone"] == {"class": "all", "normalised_service": 1.0} | c
     for k in ("p50_ms", "p99_ms", "slo_attainment", "window_slo_satisfaction", "goodput_rps", "completed",
               "kv_hit_rate", "emb_hit_rate"):
         assert c[k] == pytest.approx(plain[k]), k
@@ -246,6 +246,8 @@ def test_cli_classes(capsys, tmp_path):
     s = json.loads(capsys.readouterr().out)
     assert set(s["classes"]) == {"feed", "interactive", "refresh"}
     assert set(s["fairness"]) == {"jain", "jain_attainment", "max_gap_s"}
+    x = [t["normalised_service"] for t in s["tenants"].values()]
+    assert s["fairness"]["jain"] == pytest.approx(jain(np.array(x)))
     assert s["tenancy"] == "helm"                                     # the default with a class table
     assert s["classes"]["feed"]["slo_ms"] == 15.0
     assert sum(t["requests"] for t in s["tenants"].values()) == s["requests"]

@@ -202,7 +202,16 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
                                    rec.n_nodes, warmup_s), "no request started after the warm-up"
     service = normalised_service(tenant, arrival, np.asarray(rec.start), np.asarray(rec.ids, float), band,
                                  table.tenant_weight, window_s, warmup_s, duration)
+    with_service(out["tenants"], service)
     return {"shed": len(rec.shed)} | out | {"fairness": fairness(out["tenants"], service, gap, why, after_warmup=True)}
+
+
+def with_service(tenants: dict, service: np.ndarray) -> None:
+    """Each tenant's figures gain its `normalised_service` (null where it asked for no work)."""
+    for f, x in zip(tenants.values(), service.tolist()):
+        f["normalised_service"] = x
+        if not np.isfinite(x):
+            f["nulls"] = f.get("nulls", {}) | {"normalised_service": "none of its work was waiting or served in the windows measured"}
 
 
 def groups(table: ClassTable, tenant: np.ndarray, arrival: np.ndarray, latency: np.ndarray, requests: np.ndarray,
@@ -261,6 +270,7 @@ def client_figures(table: ClassTable, tenant: np.ndarray, status: np.ndarray, ar
     service = normalised_service(tenant[ok], arrival[ok], end[ok], np.ones(int(ok.sum())) if ids is None else
                                  ids[ok].astype(float), table.tenant_band, table.tenant_weight, window_s, 0.0,
                                  float(end[ok].max()) if ok.any() else 0.0)
+    with_service(out["tenants"], service)
     return out | {"fairness": fairness(out["tenants"], service, NAN, "a client does not see the replicas' queues",
                                        after_warmup=False)}
 
