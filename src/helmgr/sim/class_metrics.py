@@ -127,8 +127,8 @@ def max_service_gap(arrival: np.ndarray, start: np.ndarray, node: np.ndarray, te
     node from a request's arrival to its start (taken from the queue) while it has any queued.
     Requests started at one instant (one batch) overtake none of each other, nor a request that
     arrived at that instant. 0 where no tenant was ever overtaken in its band; NaN where no
-    request started after `from_s`. What deficit round robin bounds and FCFS does not. (A
-    request routed again after a node fault counts as queued from its first arrival.)"""
+    request started after `from_s`. What deficit round robin bounds and FCFS does not. A request a
+    node fault routed again is queued at its new node from the fault (`arrival` is then that time)."""
     t = np.concatenate([arrival, start])
     kind = np.repeat(np.array([0, 1], np.int64), len(arrival))
     order = np.argsort(t, kind="stable")
@@ -179,7 +179,8 @@ def _gap(t, kind, node, tenant, band, n_nodes, from_s):
 def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: float, warmup_s: float,
                   bursts=(), band_share: dict[str, float] | None = None) -> dict:
     """`classes` and `tenants` (name -> figures) and `fairness`: Jain's index over the tenants'
-    SLO attainment (the share of each one's requests answered within its class's target) and the
+    normalised service (`normalised_service`, each tenant's own in its figures) and over their SLO
+    attainment (the share of each one's requests answered within its class's target), and the
     largest service gap between backlogged tenants of one band (`max_service_gap`). With the
     workload's `bursts`, each group's figures also hold its window SLO satisfaction in them; with
     the queues' `band_share` (sim/tenancy.py `band_shares`), each class its band's."""
@@ -198,12 +199,28 @@ def class_figures(rec: Recorder, table: ClassTable, duration: float, window_s: f
     band = table.tenant_band
     gap, why = NAN, "no band has two tenants"
     if len(set(band.tolist())) < len(band):
-        gap, why = max_service_gap(arrival, np.asarray(rec.start), np.asarray(rec.node, np.int64), tenant, band,
-                                   rec.n_nodes, warmup_s), "no request started after the warm-up"
+        gap, why = max_service_gap(queued(rec, arrival), np.asarray(rec.start), np.asarray(rec.node, np.int64),
+                                   tenant, band, rec.n_nodes, warmup_s), "no request started after the warm-up"
     service = normalised_service(tenant, arrival, np.asarray(rec.start), np.asarray(rec.ids, float), band,
                                  table.tenant_weight, window_s, warmup_s, duration)
     with_service(out["tenants"], service)
     return {"shed": len(rec.shed)} | out | {"fairness": fairness(out["tenants"], service, gap, why, after_warmup=True)}
+
+
+def queued(rec: Recorder, arrival: np.ndarray) -> np.ndarray:
+    """When each completed request joined the queue of the node that served it: its arrival, or
+    for one a node fault routed again, the fault (`Recorder.requeued`)."""
+    if not rec.requeued:
+        return arrival
+    rid = np.asarray(rec.rid)
+    order = np.argsort(rid)
+    moved = np.fromiter(rec.requeued, np.int64)
+    at = np.searchsorted(rid[order], moved)
+    done = at < len(rid)
+    done[done] = rid[order][at[done]] == moved[done]         # (one still waiting at the end is not there)
+    out = arrival.copy()
+    out[order[at[done]]] = np.fromiter(rec.requeued.values(), float)[done]
+    return out
 
 
 def with_service(tenants: dict, service: np.ndarray) -> None:

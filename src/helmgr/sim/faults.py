@@ -27,6 +27,7 @@ class Faults:
         self.rec.ratio_change(self.now, n, None)
         for req in stranded:
             req.rerouted = 1
+            self.rec.requeued[req.rid] = self.now
         self.rerouted += len(stranded)
         if self.cfg.central_queue:
             self.shared.extendleft(reversed(stranded))

@@ -74,6 +74,7 @@ class Recorder:
         self.ids, self.misses, self.prefix, self.kv_tokens, self.unfilled = (Column(i) for _ in range(5))
         self.fetch, self.launch = Column(f), Column(f)   # its own rows' fetch (s); when its compute began
         self.tenant, self.shed = Column(np.int32), Column(i)   # by rid, the tenant (a class table); rids shed
+        self.requeued: dict[int, float] = {}    # rid -> when a node fault last put it in another node's queue
         self.timeline: list[tuple[float, int, float | None]] = []   # (t, node, ratio or None = down)
         self.window_t, self.window_queues = [], []                  # per window: its end, the nodes' queues
         self.window_loads: list[list[float]] = []   # per node: its busier engine's share of the window
