@@ -160,7 +160,8 @@ def test_fair_shares_by_hand():
     one = np.ones(2)
     assert fair_shares(np.array([10.0]), np.array([[2.0], [10.0]]), one).ravel().tolist() == [2.0, 8.0]
     assert fair_shares(np.array([8.0]), np.array([[10.0], [10.0]]), np.array([1.0, 3.0])).ravel().tolist() == [2.0, 6.0]
-    assert fair_shares(np.array([9.0]), np.array([[1.0], [5.0], [10.0]]), np.ones(3)).ravel().tolist() == [1.0, 4.0, 4.0]
+    three = fair_shares(np.array([9.0]), np.array([[1.0], [5.0], [10.0]]), np.ones(3))
+    assert three.ravel().tolist() == [1.0, 4.0, 4.0]
     # windows settle after different numbers of passes: each still gets its own level
     got = fair_shares(np.array([5.0, 3.0, 0.0]), np.array([[5.0, 5.0, 0.0], [1.0, 5.0, 2.0]]), one)
     assert got.tolist() == [[4.0, 1.5, 0.0], [1.0, 1.5, 0.0]]

@@ -390,7 +390,8 @@ def test_loadgen_refuses_a_server_that_is_not_a_helmgr_app_and_a_bad_out_before_
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--pool-mib", "1e308"], "--pool-mib must be in [0.25, 1048576], got 1e+308"), (["--pool-mib", "1e-300"], "pool-mib"),
+    (["--pool-mib", "1e308"], "--pool-mib must be in [0.25, 1048576], got 1e+308"),
+    (["--pool-mib", "1e-300"], "pool-mib"),
     (["--replica-cpus", "1e300"], "--replica-cpus"), (["--replicas", "1000000"], "--replicas must be in [1, 1024]"),
     (["--slo-ms", "1e-300"], "slo-ms"), (["--max-body-kib", str(10**23)], "--max-body-kib"),
     (["--replicas", "1000"], "need 250.25 Ray CPUs"),

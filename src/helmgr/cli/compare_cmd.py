@@ -39,7 +39,8 @@ COLUMNS = ("policy", "router", "p99_ms", "p50_ms", "slo_attainment", "window_slo
 @out_option
 def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compression, clone_users, overlay,
                 nodes, policy, ratio, router, hardware, model, slo_ms, refill, faults, tick_ms, refresh_s, max_batch, engine,
-                sim_path, emb_sample, class_table, tenancy, policies, routers, ratios, oracle_lookahead, jobs, ray_address, as_json, out_dir):
+                sim_path, emb_sample, class_table, tenancy, policies, routers, ratios, oracle_lookahead, jobs,
+                ray_address, as_json, out_dir):
     """Run every policy on the same workload and seed; P99, SLO and distance from the oracle.
 
     static-best is the grid ratio with the lowest P99 (a sweep of this run, in hindsight). The
@@ -102,8 +103,8 @@ def compare_cmd(regime, duration, seed, rps, trace, trace_format, time_compressi
         stdout.print(t)
         if class_table is not None:
             heads, body = class_columns(rows)
-            t = Table(title=f"per class ({class_table.source}, --tenancy {tenancy}): P99 ms and window SLO satisfaction "
-                            "against each class's own target")
+            t = Table(title=f"per class ({class_table.source}, --tenancy {tenancy}): P99 ms and window SLO "
+                            "satisfaction against each class's own target")
             for c in heads:
                 t.add_column(c, justify="right")
             for cells in body:

@@ -87,7 +87,8 @@ def markdown(result: dict, pngs: list[str]) -> str:
         lines += ["## Tenants and SLO classes: full HELM under each tenancy", "",
                   f"Class table `{c['classes']}`; each class's P99 (ms, the mean of the seeds) and window SLO "
                   "satisfaction against its own target (the worst seed's); goodput, shed and Jain's index over "
-                  "the tenants' normalised service, the means; `max_gap_s`: the longest a tenant with a request queued at a node went unserved "
+                  "the tenants' normalised service, the means; `max_gap_s`: the longest a tenant with a request "
+                  "queued at a node went unserved "
                   "after another tenant of its band was served (the worst seed's); `others_burst_window_slo`: the worst window SLO satisfaction of a tenant other than "
                   "the noisy one in the windows of the bursts; `unaccounted`: requests neither completed nor "
                   "shed, over the runs, classes and tenants.", ""]

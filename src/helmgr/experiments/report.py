@@ -215,9 +215,10 @@ def _mean(values) -> float | None:
 def tenancy_table(ev: EvalConfig, results: dict[Unit, object]) -> list[dict]:
     """The multi-tenant section: per regime, load and tenancy, over the seeds, each class's P99
     (mean) and window SLO satisfaction (the worst seed's), the total goodput, shed and Jain's
-    index over normalised service (means), the largest service gap between tenants of a band (the worst seed's); on a
-    regime with bursts, the worst window SLO satisfaction in the bursts' windows of any tenant but
-    the noisy ones; and `unaccounted`, requests neither completed nor shed (0)."""
+    index over normalised service (means), the largest service gap between tenants of a band
+    (the worst seed's); on a regime with bursts, the worst window SLO satisfaction in the bursts'
+    windows of any tenant but the noisy ones; and `unaccounted`, requests neither completed nor
+    shed (0)."""
     runs: dict[tuple, list[dict]] = {}
     quiet: list[str] = []
     for u, r in results.items():

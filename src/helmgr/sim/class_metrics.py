@@ -223,12 +223,15 @@ def queued(rec: Recorder, arrival: np.ndarray) -> np.ndarray:
     return out
 
 
+NO_SERVICE = "none of its work was waiting or served in the windows measured"
+
+
 def with_service(tenants: dict, service: np.ndarray) -> None:
     """Each tenant's figures gain its `normalised_service` (null where it asked for no work)."""
     for f, x in zip(tenants.values(), service.tolist()):
         f["normalised_service"] = x
         if not np.isfinite(x):
-            f["nulls"] = f.get("nulls", {}) | {"normalised_service": "none of its work was waiting or served in the windows measured"}
+            f["nulls"] = f.get("nulls", {}) | {"normalised_service": NO_SERVICE}
 
 
 def groups(table: ClassTable, tenant: np.ndarray, arrival: np.ndarray, latency: np.ndarray, requests: np.ndarray,
