@@ -191,3 +191,14 @@ def test_with_classes_every_class_must_keep_its_target():
     tighter = capacity(spec, replace(cfg, classes=ClassTable((SloClass("all", 17.0),), one.tenants)), seeds=[1],
                        tol=0.3)
     assert tighter["capacity_rps"] < plain["capacity_rps"]
+
+
+def test_a_probe_kept_before_a_field_was_added_reads_back_with_its_default():
+    import pickle
+    from dataclasses import astuple
+    from helmgr.experiments.capacity import Probe
+    p = Probe(100.0, True, 0.99, 0.5, False, 12.0, worst_class="feed", classes={"feed": 0.99})
+    assert pickle.loads(pickle.dumps(p)) == p
+    old = Probe.__new__(Probe)
+    old.__setstate__(list(astuple(p))[:-1])           # what an evaluation kept before `classes`
+    assert old == Probe(100.0, True, 0.99, 0.5, False, 12.0, worst_class="feed")

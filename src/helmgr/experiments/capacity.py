@@ -21,7 +21,7 @@ lowest: the rate every seed sustains.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Callable, Sequence
 
 from helmgr.core.errors import HelmInputError
@@ -48,6 +48,12 @@ class Probe:
     stopped: str | None = None               # why the run was cut short (it had failed already)
     worst_class: str | None = None           # with a class table: the class whose satisfaction was read
     classes: dict | None = None              # with a class table: each class's window SLO satisfaction
+
+    def __setstate__(self, state):
+        """A probe an evaluation kept before a field was added reads back with that field's default."""
+        every = fields(self)
+        for f, value in zip(every, list(state) + [f.default for f in every[len(state):]]):
+            object.__setattr__(self, f.name, value)
 
 
 @dataclass(frozen=True, slots=True)
