@@ -183,23 +183,27 @@ def test_fair_shares_are_max_min_fair(tenants, cap):
 
 def test_normalised_service_by_hand():
     # band 0: a and b (weight 1 each); band 1: c alone; band 2: d, with nothing. Work 1 per request.
-    # window [0, 1): a has 4 arrive and 3 served, b 1 arrives, none served: demands 4 and 1, the
-    # band served 3, fair 2 and 1. Window [1, 2): a's and b's last served; demands 1 and 1, fair 1 and 1.
-    # a: 4 served of 3 fair, b: 1 of 2; c: served all it was owed.
-    tenant = np.array([0, 0, 0, 0, 1, 2, 2])
-    arrival = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 1.7])
-    served = np.array([0.2, 0.3, 0.4, 1.1, 1.5, 1.2, 1.8])
+    # window [0, 1): a's first is served; b's two arrive and wait (demand from the next window's
+    # start). [1, 2): b has 2 waiting, a 3 arriving and served there: the band served 4, fair 2
+    # and 2, a got 3 and b 1. [2, 3): b's last, fair. a: 4 served of 3 fair; b: 2 of 3.
     band, weight = np.array([0, 0, 1, 2]), np.ones(4)
-    x = normalised_service(tenant, arrival, served, np.ones(7), band, weight, 1.0, 0.0, 2.0)
-    assert x[:3].tolist() == pytest.approx([4 / 3, 1 / 2, 1.0]) and math.isnan(x[3])
-    assert jain(x[:3]) == pytest.approx((4 / 3 + 1 / 2 + 1) ** 2 / (3 * (16 / 9 + 1 / 4 + 1)))
-    # from 1 s (a warm-up): a's request waiting since 0.4 is demand in [1, 2); the first window is not counted
-    x = normalised_service(tenant, arrival, served, np.ones(7), band, weight, 1.0, 1.0, 2.0)
-    assert x[:3].tolist() == pytest.approx([1.0, 1.0, 1.0])
-    # work, not requests: b's one request of 3 tokens against a's 4 of 1
-    x = normalised_service(tenant, arrival, served, np.array([1, 1, 1, 1, 3, 1, 1.0]), band, weight, 1.0, 0.0, 2.0)
-    # window 0: demands 4 and 3, served 3 -> fair 1.5 each; window 1: demands 1 and 3, served 4 -> 1 and 3
-    assert x[:2].tolist() == pytest.approx([4 / 2.5, 3 / 4.5])
+    tenant = np.array([0, 0, 0, 0, 1, 1, 2, 2])
+    arrival = np.array([0.1, 1.1, 1.2, 1.3, 0.5, 0.6, 0.3, 2.1])
+    served = np.array([0.2, 1.2, 1.3, 1.4, 2.5, 1.9, 1.5, 2.2])
+    x = normalised_service(tenant, arrival, served, np.ones(8), band, weight, 1.0, 0.0, 3.0)
+    assert x[:3].tolist() == pytest.approx([4 / 3, 2 / 3, 1.0]) and math.isnan(x[3])
+    assert jain(x[:3]) == pytest.approx((4 / 3 + 2 / 3 + 1) ** 2 / (3 * (16 / 9 + 4 / 9 + 1)))
+    # from 1 s (a warm-up): b's two waiting since 0.5 and 0.6 are demand in [1, 2); [0, 1) is not counted
+    x = normalised_service(tenant, arrival, served, np.ones(8), band, weight, 1.0, 1.0, 3.0)
+    assert x[:2].tolist() == pytest.approx([3 / 2, 2 / 3])
+    # work, not requests: b's requests of 3 tokens each; in [1, 2) the band served 6, fair 3 and 3: b got its 3
+    work = np.array([1, 1, 1, 1, 3, 3, 1, 1.0])
+    assert normalised_service(tenant, arrival, served, work, band, weight, 1.0, 0.0, 3.0)[:2].tolist() == [1.0, 1.0]
+    # a request arriving after its band mate was served is not owed that service: a's at 0.9,
+    # started at 1.05; b's at 0.1 (served 0.2) and 1.5 (served 1.6)
+    x = normalised_service(np.array([0, 1, 1]), np.array([0.9, 0.1, 1.5]), np.array([1.05, 0.2, 1.6]), np.ones(3),
+                           band, weight, 1.0, 0.0, 2.0)
+    assert x[:2].tolist() == [1.0, 1.0]
 
 
 ONE = ClassTable((SloClass("all", 20.0),), (Tenant("everyone", "all", 1.0),))

@@ -97,20 +97,27 @@ def normalised_service(tenant: np.ndarray, arrival: np.ndarray, served: np.ndarr
     allocation; NaN for a tenant that asked for none). In each window from `from_s` to `to_s`, a
     band's service (the `work` of its tenants' requests `served` in it) is what its tenants share:
     each tenant's fair share is its weighted max-min share of it (`fair_shares`), its demand the
-    work it had waiting (arrived, not yet served) at the window's start plus the work that arrived
-    in it. Bands are served strictly, so a band is fair to its tenants or not; what the lower bands
-    get is their minimum share's measure (`band_share_backlogged`)."""
+    work it had waiting at the window's start plus the work that arrived in the window and was
+    served in it (work arriving in a window and served in a later one is demand from the next
+    window's start: within a window it may have arrived after the band's service was given).
+    Bands are served strictly, so a band is fair to its tenants or not; what the lower bands get
+    is their minimum share's measure (`band_share_backlogged`)."""
     edges = np.append(np.arange(from_s, to_s, window_s), to_s)
     n_t, n_w = len(band), len(edges) - 1
-    arrived, done = np.zeros((n_t, n_w + 1)), np.zeros((n_t, n_w + 1))     # by each edge, cumulative
+    waiting, got, same = np.zeros((n_t, n_w)), np.zeros((n_t, n_w)), np.zeros((n_t, n_w))
     for j in range(n_t):
         m = tenant == j
-        for out, t in ((arrived, arrival[m]), (done, served[m])):
-            order = np.argsort(t, kind="stable")
-            cum = np.concatenate([[0.0], np.cumsum(work[m][order], dtype=float)])
-            out[j] = cum[np.searchsorted(t[order], edges, side="left")]
-    demand = arrived[:, 1:] - done[:, :-1]
-    got = np.diff(done, axis=1)
+        w, a, s = work[m], arrival[m], served[m]
+        into = np.searchsorted(edges, a, side="right") - 1      # a request's window (-1: before, n_w: after)
+        out = np.searchsorted(edges, s, side="right") - 1
+        before = np.concatenate([[0.0], np.cumsum(np.bincount(np.clip(into + 1, 0, n_w + 1), w, n_w + 2))])
+        gone = np.concatenate([[0.0], np.cumsum(np.bincount(np.clip(out + 1, 0, n_w + 1), w, n_w + 2))])
+        waiting[j] = before[1:n_w + 1] - gone[1:n_w + 1]          # arrived before window k, not served before it
+        inside = (out >= 0) & (out < n_w)
+        got[j] = np.bincount(out[inside], w[inside], n_w)
+        both = inside & (into == out)
+        same[j] = np.bincount(out[both], w[both], n_w)
+    demand = waiting + same
     fair = np.zeros_like(got)
     for b in np.unique(band):
         rows = band == b
