@@ -161,7 +161,11 @@ def test_capacity_json_names_the_helm_it_measured(capsys):
     small = ["capacity", "--duration", "2", "--nodes", "2", "--seeds", "1", "--tol", "0.5", "--jobs", "1", "--json"]
     for policy, router, revision in (("helm", "helm", stack_revision()), ("static", "helm", None)):
         assert main(small + ["--policy", policy, "--router", router]) == 0
-        assert json.loads(capsys.readouterr().out)["helm_revision"] == revision
+        out = json.loads(capsys.readouterr().out)
+        assert out["helm_revision"] == revision and out["class_table"] is None and out["tenancy"] is None
+    assert main(small + ["--classes", "surfaces"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["class_table"], out["tenancy"]) == ("class table 'surfaces'", "helm")     # helm: the default
 
 
 def test_with_classes_every_class_must_keep_its_target():

@@ -65,7 +65,8 @@ def capacity_cmd(regime, duration, time_compression, seeds, rps, nodes, policy, 
                        lambda: bar.advance(task), allow_large)
     result = {"workload": regime, "nodes": nodes, "policy": policy, "router": router,
               "ratio": ratio, "tol": tol, "target": target, "wall_s": time.perf_counter() - wall,
-              "class_table": None if class_table is None else class_table.source, "tenancy": cfg.tenancy,
+              "class_table": None if class_table is None else class_table.source,
+              "tenancy": None if class_table is None else cfg.tenancy,
               "helm_revision": stack_revision() if (policy, router) == HELM else None} | out
     with result_dir(out_dir) as scratch:
         if scratch is not None:

@@ -87,7 +87,7 @@ def sim_options(f=None, *, showcase: bool = False):
 def class_options(f):
     """--classes and --tenancy (simulate, compare, capacity): the class table and how nodes serve it."""
     f = click.option("--tenancy", type=click.Choice(TENANCIES), default=None,
-                     help="How each node serves the classes [default: helm]: blind (FCFS, one LRU; figures per "
+                     help="How each node serves the classes [default: helm with --classes]: blind (FCFS, one LRU; figures per "
                           "class only), strict "
                           "(priority bands, FCFS in each), quota (FCFS; each tenant a static KV partition, its "
                           "share), pools (separate nodes per class, sized by the classes' traffic shares; FCFS), "
