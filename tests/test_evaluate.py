@@ -45,6 +45,17 @@ def test_a_retrained_base_policy_is_a_new_unit_for_helm_runs_only(monkeypatch):
     assert [a != b for a, b in zip(before, after)] == [u.policy == "helm" for u in units] == [True, True] + [False] * 4
 
 
+def test_a_new_definition_of_the_class_figures_is_a_new_unit_for_class_units_only(monkeypatch):
+    from helmgr.sim import class_metrics
+    ev = replace(TINY, seeds=(1,), routers=("helm",), classes="surfaces")
+    units = first_units(ev) + ev_mod.tenancy_units(ev) + ev_mod.capacity_units(ev, {})
+    before = [u.key for u in units]
+    monkeypatch.setattr(class_metrics, "FIGURES_REVISION", class_metrics.FIGURES_REVISION + 1)
+    changed = [a != b for a, b in zip(before, (u.key for u in units))]
+    assert changed == [u.kind in ("tenancy", "class-capacity") for u in units]
+    assert {u.kind for u in units} == {"run", "point", "capacity", "tenancy", "class-capacity"}
+
+
 def test_first_run_runs_every_unit_and_stores_it(done):
     folder, out = done
     kinds = sorted(u.kind for u in out["results"])

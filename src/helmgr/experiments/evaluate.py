@@ -45,6 +45,7 @@ from helmgr.policy.policies import POLICIES
 from helmgr.routing.helm import Helm
 from helmgr.routing.routers import ROUTERS
 from helmgr.sim import SimConfig, simulate
+from helmgr.sim import class_metrics
 from helmgr.sim.config import TENANCIES
 from helmgr.sim.metrics import slim, window_ratios
 from helmgr.workload import WorkloadSpec, default_config
@@ -143,6 +144,8 @@ class Unit:
             parts += (helm_revision(POLICIES[self.policy]),)
         if self.router in ROUTERS and issubclass(ROUTERS[self.router], Helm):   # another router default: another run
             parts += (ROUTERS[self.router].revision(),)
+        if self.kind in ("tenancy", "class-capacity"):              # another definition of a class figure
+            parts += (class_metrics.FIGURES_REVISION,)
         text = repr(parts)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 

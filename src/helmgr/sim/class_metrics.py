@@ -11,6 +11,11 @@ from helmgr.core.classes import ClassTable
 from helmgr.sim.bursts import burst_windows
 from helmgr.sim.metrics import NAN, Recorder, window_stats
 
+# What a kept result's class figures mean: an evaluation's units with a class table carry it in
+# their keys (experiments/evaluate.py), so a change of definition here reruns them. 2: Jain's index
+# over normalised service, demand from each window's start; a moved request's gap from the fault.
+FIGURES_REVISION = 2
+
 _NO_REQUEST = "no request of it completed after the warm-up"
 GROUP_NULLS = {"p50_ms": _NO_REQUEST, "p99_ms": _NO_REQUEST, "slo_attainment": _NO_REQUEST,
                "window_slo_satisfaction": "no window after the warm-up had a completed request of it",
