@@ -17,7 +17,8 @@ from click.core import ParameterSource
 from helmgr.core.classes import load_table
 from helmgr.core.errors import HelmInputError
 from helmgr.core.profiles import load_hardware, load_model
-from helmgr.core.validate import GIB, LIMITS, SEED_MAX, Cost, check_costs, count_lines, run_memory_bytes
+from helmgr.core.validate import (GIB, LIMITS, SEED_MAX, Cost, check_costs, count_lines, refresh_rows,
+                                  run_memory_bytes)
 from helmgr.sim.config import SimConfig, check_faults, parse_fault
 from helmgr.workload.synthetic import SyntheticConfig, default_config
 
@@ -204,7 +205,7 @@ def option_costs(o: dict, labels: dict[str, str] | None = None) -> list[Cost]:
                       f"{lab['nodes'].format(nodes)} with ~{requests:.3g} requests" + (" replayed" if trace_rows else "")))
     if "refresh_s" in o and o.get("trace") is None:
         items = SyntheticConfig().n_items
-        rows = (duration / o["refresh_s"] + 1) * max(nodes, 1) * items
+        rows = refresh_rows(duration, o["refresh_s"], nodes, items)
         costs.append(Cost("EMB rows re-ranked", rows, LIMITS.refresh_rows,
                           f"{dur} / {lab['refresh_s'].format(o['refresh_s'])} x {lab['nodes'].format(nodes)} x "
                           f"{items:,} items"))

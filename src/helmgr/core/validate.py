@@ -174,6 +174,11 @@ def run_memory_bytes(requests: float = 0.0, nodes: int = 0, trace_rows: float = 
     return requests * REQUEST_BYTES + nodes * NODE_BYTES + trace_rows * TRACE_ROW_BYTES
 
 
+def refresh_rows(duration_s: float, refresh_s: float, nodes: int, n_items: int) -> float:
+    """EMB rows a run re-ranks: every node's table at each refresh, and once at the start."""
+    return (duration_s / refresh_s + 1) * max(nodes, 1) * n_items
+
+
 def max_rate(duration_s: float, nodes: int) -> float:
     """The highest base rate (requests/s) whose run of `duration_s` on `nodes` stays within the
     request and memory limits (a capacity search probes no higher without --allow-large)."""

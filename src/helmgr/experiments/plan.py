@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, replace
 
 from helmgr.experiments.capacity import TARGET, CapacityTask, base_rate, bisect_task, run_probe, summarize_capacity
-from helmgr.core.validate import GIB, LIMITS, run_memory_bytes
+from helmgr.core.validate import GIB, LIMITS, refresh_rows, run_memory_bytes
 from helmgr.experiments.parallel import run_all
 from helmgr.sim import SimConfig
 from helmgr.workload import WorkloadSpec, default_config
@@ -77,7 +77,7 @@ def _past_limits(pc: PlanConfig, nodes: int) -> str | None:
     (memory, EMB rows re-ranked), or None."""
     seconds = pc.spec(pc.seeds[0]).seconds
     memory = run_memory_bytes(pc.rps * seconds, nodes) / GIB
-    rows = (seconds / pc.cluster.refresh_s + 1) * nodes * default_config(pc.regime).n_items
+    rows = refresh_rows(seconds, pc.cluster.refresh_s, nodes, default_config(pc.regime).n_items)
     if memory > LIMITS.memory_gib:
         return f"~{memory:.3g} GiB of memory (limit {LIMITS.memory_gib:g})"
     if rows > LIMITS.refresh_rows:
