@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helmgr.core.errors import HelmInputError
-from helmgr.experiments.capacity import Probe, bisect_rate, capacity, capacity_tasks, summarize_capacity, Bracket
+from helmgr.experiments.capacity import Bracket, Probe, bisect_rate, capacity, capacity_tasks, summarize_capacity
 from helmgr.sim import SimConfig
 from helmgr.workload import WorkloadSpec
 
@@ -197,12 +197,17 @@ def test_with_classes_every_class_must_keep_its_target():
     assert tighter["capacity_rps"] < plain["capacity_rps"]
 
 
-def test_a_probe_kept_before_a_field_was_added_reads_back_with_its_default():
+def test_a_probe_or_bracket_kept_before_a_field_was_added_reads_back_with_its_default():
     import pickle
     from dataclasses import astuple
-    from helmgr.experiments.capacity import Probe
+    from helmgr.experiments.capacity import CEILING, Probe
     p = Probe(100.0, True, 0.99, 0.5, False, 12.0, worst_class="feed", classes={"feed": 0.99})
     assert pickle.loads(pickle.dumps(p)) == p
     old = Probe.__new__(Probe)
     old.__setstate__(list(astuple(p))[:-1])           # what an evaluation kept before `classes`
     assert old == Probe(100.0, True, 0.99, 0.5, False, 12.0, worst_class="feed")
+    b = Bracket(100.0, 200.0, (p,), ceiling=1e4)
+    assert pickle.loads(pickle.dumps(b)) == b
+    kept = Bracket.__new__(Bracket)
+    kept.__setstate__([100.0, 200.0, (p,)])            # ... and a bracket kept before `ceiling`
+    assert kept.to_dict()["ceiling_rps"] == CEILING

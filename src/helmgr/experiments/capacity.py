@@ -37,6 +37,14 @@ CEILING = 1e7          # the highest rate a search probes with --allow-large
 BACKLOG_S = 1.0       # a probe stops once its queue holds this many seconds of arrivals, window after window
 
 
+def _with_defaults(self, state) -> None:
+    """`__setstate__` of a slotted dataclass an evaluation keeps: one kept before a field was added
+    (slots restore fields by position) reads back with that field's default."""
+    every = fields(self)
+    for f, value in zip(every, list(state) + [f.default for f in every[len(state):]]):
+        object.__setattr__(self, f.name, value)
+
+
 @dataclass(frozen=True, slots=True)
 class Probe:
     rate: float
@@ -49,11 +57,7 @@ class Probe:
     worst_class: str | None = None           # with a class table: the class whose satisfaction was read
     classes: dict | None = None              # with a class table: each class's window SLO satisfaction
 
-    def __setstate__(self, state):
-        """A probe an evaluation kept before a field was added reads back with that field's default."""
-        every = fields(self)
-        for f, value in zip(every, list(state) + [f.default for f in every[len(state):]]):
-            object.__setattr__(self, f.name, value)
+    __setstate__ = _with_defaults
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,8 @@ class Bracket:
     fails_at: float | None                   # the lowest rate above it measured to fail; None: none failed
     probes: tuple[Probe, ...]
     ceiling: float = CEILING                 # the highest rate the search would probe
+
+    __setstate__ = _with_defaults
 
     def to_dict(self) -> dict:
         return {"capacity_rps": self.capacity, "fails_at_rps": self.fails_at, "ceiling_rps": self.ceiling,
