@@ -139,7 +139,8 @@ def _check_memory(cfg, n_items: int) -> None:
     """Refuse, before the model is built, a training whose memory estimate is over half this
     machine's memory."""
     from helmgr.real.nextitem import train_memory_bytes
-    check_host_memory(train_memory_bytes(cfg, n_items), f"--preset {cfg.preset} --shrink {cfg.shrink} on {n_items:,} items")
+    check_host_memory(train_memory_bytes(cfg, n_items),
+                      f"--preset {cfg.preset} --shrink {cfg.shrink} on {n_items:,} items")
 
 
 def _show(result: dict, as_json: bool) -> None:

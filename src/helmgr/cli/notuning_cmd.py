@@ -69,9 +69,9 @@ def notuning_cmd(hardware, models, workloads, traces, trace_format, clone_users,
     conditions = grid_conditions(hw, ms, regimes, seed, time_compression, logs)
     nodes = SimConfig().nodes
     costs = [c for spec in dict.fromkeys(c.spec for c in conditions) for c in _costs(spec, nodes)]
-    costs += [c for r in cap for c in spec_costs(WorkloadSpec(r, capacity_duration, seed, time_compression=time_compression),
-                                                 nodes, f"{r}: capacity probe, ",
-                                                 NODES | {"duration": "--capacity-duration {:g}"})]
+    probes = [WorkloadSpec(r, capacity_duration, seed, time_compression=time_compression) for r in cap]
+    costs += [c for w in probes for c in spec_costs(w, nodes, f"{w.regime}: capacity probe, ",
+                                                    NODES | {"duration": "--capacity-duration {:g}"})]
     costs.append(Cost("runs", len(conditions) * (len(grid) + 1), LIMITS.runs,
                       f"{len(conditions)} conditions x (--ratios {ratios!r} + full HELM)"))
     check_costs(costs, allow_large)

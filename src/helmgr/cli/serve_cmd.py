@@ -7,12 +7,13 @@ import time
 
 import click
 
-from helmgr.cli.output import (check_out, emit_json, json_option, json_text, markdown_table, out_option, progress, result_dir,
-                               stderr, table)
+from helmgr.cli.output import (check_out, emit_json, json_option, json_text, markdown_table, out_option, progress,
+                               result_dir, stderr, table)
 from helmgr.cli.simulate_cmd import GROUP_SHOWN, fairness_line, group_rows
 from helmgr.cli.types import NON_NEGATIVE, POSITIVE, SEED, Finite
 from helmgr.core.classes import load_table
 from helmgr.core.errors import HelmInputError
+from helmgr.core.profiles import MIB
 from helmgr.core.validate import check_host_memory
 from helmgr.core.extras import require
 from helmgr.serve.config import ServeConfig
@@ -124,9 +125,10 @@ def check_fits_here(cfg: ServeConfig, num_cpus: int | None) -> None:
         import torch
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus < cfg.replicas:
-            raise HelmInputError(f"--device cuda takes a GPU a replica: {cfg.replicas} replicas, this machine has {gpus}")
+            raise HelmInputError(f"--device cuda takes a GPU a replica: {cfg.replicas} replicas, this machine has "
+                                 f"{gpus}")
     else:
-        check_host_memory(cfg.replicas * cfg.pool_mib * (1 << 20), f"--replicas {cfg.replicas} x --pool-mib {cfg.pool_mib:g}")
+        check_host_memory(cfg.replicas * cfg.pool_mib * MIB, f"--replicas {cfg.replicas} x --pool-mib {cfg.pool_mib:g}")
 
 
 def _table_name(name_or_path: str | None) -> str | None:

@@ -122,8 +122,8 @@ def train_cmd(timesteps, seed, out_path, workloads, episode_s, hardware, model, 
     if init_path is not None:
         check_init(init_path)
     if seeds is not None:
-        return _select(timesteps, seed_list(seeds), seed_list(validate_seeds, "--validate-seeds"), validate_duration, env, n_envs,
-                       out_path, runs_dir, jobs, as_json, init_path, checkpoint_every, target_kl)
+        return _select(timesteps, seed_list(seeds), seed_list(validate_seeds, "--validate-seeds"), validate_duration,
+                       env, n_envs, out_path, runs_dir, jobs, as_json, init_path, checkpoint_every, target_kl)
     from helmgr.learn.train import train
     with progress("train", timesteps) as bar:
         what = Path(trace).name if trace is not None else "+".join(regimes)
